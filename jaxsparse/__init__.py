@@ -1,0 +1,6 @@
+"""jaxsparse: the DeepSeek Sparse Attention indexer made cheap at long context, in JAX/Pallas."""
+from jaxsparse.indexer import indexer_scores, paged_indexer_scores, row_lengths
+from jaxsparse import prep
+
+__all__ = ["indexer_scores", "paged_indexer_scores", "row_lengths", "prep"]
+__version__ = "0.1.0"

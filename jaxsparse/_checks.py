@@ -1,0 +1,54 @@
+"""Input validation shared by the public entry points (ValueError names the argument)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KEY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
+QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
+IMPLEMENTATIONS = (None, "xla", "pallas")
+
+
+def check_implementation(implementation):
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"{implementation=} must be one of {IMPLEMENTATIONS}")
+
+
+def check_dtype(name: str, x, allowed) -> None:
+  if x.dtype not in [jnp.dtype(a) for a in allowed]:
+    names = ", ".join(jnp.dtype(a).name for a in allowed)
+    raise ValueError(f"{name}.dtype={x.dtype.name} must be one of: {names}")
+
+
+def check_ndim(name: str, x, ndims, what: str) -> None:
+  if x.ndim not in ndims:
+    raise ValueError(f"{name} must be {what}; got shape {tuple(x.shape)}")
+
+
+def check_nonempty(name: str, x) -> None:
+  if x.size == 0:
+    raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
+
+
+def check_key_scale(k, k_scale, expected_shape) -> None:
+  """fp8 keys need float32 per-slot scales of `expected_shape`; other dtypes may take them."""
+  if k.dtype == jnp.float8_e4m3fn and k_scale is None:
+    raise ValueError("k_scale is required when the keys are float8_e4m3fn (one float32 per slot)")
+  if k_scale is None:
+    return
+  if tuple(k_scale.shape) != tuple(expected_shape):
+    raise ValueError(f"k_scale.shape={tuple(k_scale.shape)} must be {tuple(expected_shape)}")
+  check_dtype("k_scale", k_scale, (jnp.float32,))
+
+
+def is_concrete(x) -> bool:
+  """True when `x` holds values we can inspect now (not a tracer under jit)."""
+  return not isinstance(x, jax.core.Tracer)
+
+
+def concrete_values(x):
+  """numpy view of a concrete array, or None under tracing."""
+  if not is_concrete(x):
+    return None
+  return np.asarray(x)

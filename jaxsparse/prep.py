@@ -1,0 +1,146 @@
+"""Indexer input preparation as DeepSeek-V3.2 does it: RoPE, Hadamard rotation, fp8 keys, weights."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def apply_rope(x, positions, *, rope_dims: int = 64, base: float = 10000.0,
+               interleaved: bool = False):
+  """Rotary embedding on the first `rope_dims` dims of the last axis (the rest pass through).
+
+  Args:
+    x: [T, D] or [T, H, D] array (token axis first); the rotated dims are x[..., :rope_dims].
+    positions: [T] int positions.
+    rope_dims: even number of leading dims to rotate (DeepSeek-V3.2's indexer: 64 of 128).
+    base: RoPE frequency base.
+    interleaved: rotate adjacent pairs (x[0::2], x[1::2]) instead of the two halves.
+  Returns: array like x.
+  """
+  d = x.shape[-1]
+  if rope_dims % 2 or not 0 < rope_dims <= d:
+    raise ValueError(f"{rope_dims=} must be even and in (0, {d}]")
+  positions = jnp.asarray(positions)
+  if positions.ndim != 1:
+    raise ValueError(f"positions must be [T]; got shape {tuple(positions.shape)}")
+  half = rope_dims // 2
+  inv = 1.0 / (base ** (np.arange(half, dtype=np.float64) * 2.0 / rope_dims))
+  ang = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv, jnp.float32)[None, :]  # [T, half]
+  if x.ndim not in (2, 3) or x.shape[0] != positions.shape[0]:
+    raise ValueError(f"x.shape={tuple(x.shape)} must be [T, D] or [T, H, D] with "
+                     f"T={positions.shape[0]} matching positions")
+  if x.ndim == 3:
+    ang = ang[:, None, :]
+  cos, sin = jnp.cos(ang), jnp.sin(ang)
+  xr, rest = x[..., :rope_dims].astype(jnp.float32), x[..., rope_dims:]
+  if interleaved:
+    a, b = xr[..., 0::2], xr[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    rot = jnp.stack([ra, rb], axis=-1).reshape(xr.shape)
+  else:
+    a, b = xr[..., :half], xr[..., half:]
+    rot = jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+  return jnp.concatenate([rot.astype(x.dtype), rest], axis=-1)
+
+
+def hadamard_matrix(d: int) -> np.ndarray:
+  """Sylvester Hadamard matrix [d, d] with entries +-1 (d a power of two)."""
+  if d < 1 or d & (d - 1):
+    raise ValueError(f"{d=} must be a power of two for the Hadamard rotation")
+  h = np.ones((1, 1), np.float32)
+  while h.shape[0] < d:
+    h = np.block([[h, h], [h, -h]])
+  return h
+
+
+def hadamard_rotate(x):
+  """Orthonormal Hadamard rotation of the last axis, x @ H / sqrt(D); q.k is preserved.
+
+  DeepSeek-V3.2 rotates both indexer q and k before fp8 quantisation, which spreads outliers.
+  x: [..., D] with D a power of two. Returns the same shape and dtype (computed in float32).
+  """
+  d = x.shape[-1]
+  h = jnp.asarray(hadamard_matrix(d) / math.sqrt(d))
+  return jnp.matmul(x.astype(jnp.float32), h, precision=jax.lax.Precision.HIGHEST).astype(x.dtype)
+
+
+def quantize_fp8(x):
+  """Per-row float8_e4m3fn quantisation with a power-of-two scale (DeepSeek-V3.2 style).
+
+  x: [..., D] float. Returns (x_fp8 [..., D] float8_e4m3fn, scale [...] float32) with
+  x ~= x_fp8 * scale and scale = 2**ceil(log2(amax / 448)). All-zero rows get scale 1.
+  """
+  xf = x.astype(jnp.float32)
+  amax = jnp.max(jnp.abs(xf), axis=-1)
+  safe = jnp.where(amax > 0, amax, FP8_MAX)
+  scale = jnp.exp2(jnp.ceil(jnp.log2(safe / FP8_MAX)))
+  q = (xf / scale[..., None]).astype(jnp.float8_e4m3fn)
+  return q, scale.astype(jnp.float32)
+
+
+def indexer_weights(proj, *, head_dim: int, q_scale=None):
+  """Head weights as DeepSeek-V3.2 computes them: proj * H^-0.5 * D^-0.5 (* q_scale).
+
+  proj: [T, H] output of the weights projection; q_scale: optional [T, H] fp8 query scale.
+  Returns [T, H] float32.
+  """
+  h = proj.shape[-1]
+  w = proj.astype(jnp.float32) * (h ** -0.5) * (head_dim ** -0.5)
+  if q_scale is not None:
+    w = w * q_scale.astype(jnp.float32)
+  return w
+
+
+def prepare_indexer_inputs(q, k, proj, positions_q, positions_k, *, rope_dims: int | None = 64,
+                           rope_base: float = 10000.0, interleaved: bool = False,
+                           hadamard: bool = True, fp8_keys: bool = True):
+  """Full V3.2 preparation, each step optional.
+
+  q: [T, H, D]; k: [N, D]; proj: [T, H]; positions_q: [T]; positions_k: [N].
+  Returns (q [T, H, D] bfloat16, k [N, D] (float8_e4m3fn if fp8_keys else bfloat16),
+  k_scale [N] float32 or None, w [T, H] float32).
+  """
+  d = q.shape[-1]
+  if rope_dims:
+    q = apply_rope(q, positions_q, rope_dims=rope_dims, base=rope_base, interleaved=interleaved)
+    k = apply_rope(k, positions_k, rope_dims=rope_dims, base=rope_base, interleaved=interleaved)
+  if hadamard:
+    q, k = hadamard_rotate(q), hadamard_rotate(k)
+  w = indexer_weights(proj, head_dim=d)
+  if fp8_keys:
+    kq, ks = quantize_fp8(k)
+    return q.astype(jnp.bfloat16), kq, ks, w
+  return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), None, w
+
+
+def unpack_fp8_paged_cache(packed, head_dim: int = 128):
+  """Map a DeepGEMM/vLLM packed fp8 indexer cache onto jaxsparse's paged layout.
+
+  packed: [num_blocks, 64, 1, head_dim + 4] uint8, where each block stores 64 x head_dim fp8
+  values contiguously and then 64 float32 scales (so the last axis is a view, not per-slot data).
+  Returns (k_cache [num_blocks, 64, head_dim] float8_e4m3fn, k_scale [num_blocks, 64] float32).
+  """
+  if packed.dtype != jnp.uint8:
+    raise ValueError(f"packed.dtype={packed.dtype} must be uint8")
+  if packed.ndim != 4 or packed.shape[1:] != (64, 1, head_dim + 4):
+    raise ValueError(f"packed.shape={tuple(packed.shape)} must be [num_blocks, 64, 1, {head_dim + 4}]")
+  nb = packed.shape[0]
+  flat = packed.reshape(nb, 64 * (head_dim + 4))
+  vals = flat[:, : 64 * head_dim].reshape(nb, 64, head_dim)
+  scales = flat[:, 64 * head_dim:].reshape(nb, 64, 4)
+  k = jax.lax.bitcast_convert_type(vals, jnp.float8_e4m3fn)
+  s = jax.lax.bitcast_convert_type(scales, jnp.float32)
+  return k, s
+
+
+def pack_fp8_paged_cache(k_cache, k_scale):
+  """Inverse of `unpack_fp8_paged_cache` (for tests and for exporting to DeepGEMM layout)."""
+  nb, page, d = k_cache.shape
+  vals = jax.lax.bitcast_convert_type(k_cache, jnp.uint8).reshape(nb, page * d)
+  sc = jax.lax.bitcast_convert_type(k_scale, jnp.uint8).reshape(nb, page * 4)
+  return jnp.concatenate([vals, sc], axis=1).reshape(nb, page, 1, d + 4)

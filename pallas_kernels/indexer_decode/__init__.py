@@ -1,0 +1,60 @@
+"""Paged decode indexer scoring: public wrapper over the GPU and TPU kernels."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxsparse.backend import KernelPlatform
+from pallas_kernels._util import is_pow2, next_pow2, pad_axis
+from pallas_kernels.indexer_decode.config import DecodeConfig
+from pallas_kernels.indexer_decode import gpu as _gpu
+from pallas_kernels.indexer_decode import tpu as _tpu
+
+__all__ = ["DecodeConfig", "decode_scores"]
+
+
+def decode_scores(q, k_cache, block_table, lengths, w, *, k_scale=None, config=None,
+                  platform: KernelPlatform, group_max: int = 0):
+  """Kernel path of `jaxsparse.paged_indexer_scores` (inputs already validated).
+
+  q [B, R, H, D], k_cache [num_blocks, 64, D], block_table [B, max_blocks] int32,
+  lengths [B] int32, w [B, R, H] -> [B, R, max_blocks * 64] float32.
+  With group_max=g > 0 (GPU only) also returns [B, R, slots/g] maxima of g consecutive slots.
+  """
+  config = config or DecodeConfig()
+  if not isinstance(config, DecodeConfig):
+    raise ValueError(f"config={config!r} must be a DecodeConfig")
+  return _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max)
+
+
+@functools.partial(jax.jit, static_argnums=(6, 7, 8))
+def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max):
+  from jaxsparse.indexer import row_lengths
+  bsz, rows, heads, d = q.shape
+  max_blocks = block_table.shape[1]
+  if not is_pow2(d):
+    raise NotImplementedError(f"head dim D={d} must be a power of two for the Pallas kernels")
+  lens = row_lengths(lengths, rows)  # [B, R]
+  if platform.kind == "gpu":
+    r2 = next_pow2(rows)
+    h2 = max(next_pow2(heads), 16 // r2)  # Triton dots need M = R * H >= 16
+  else:
+    r2, h2 = rows, -(-heads // 8) * 8
+  qp = pad_axis(pad_axis(q, 1, r2), 2, h2)
+  wp = pad_axis(pad_axis(w.astype(jnp.float32), 1, r2), 2, h2)
+  lp = pad_axis(lens, 1, r2)
+  if platform.kind == "gpu":
+    out = _gpu.decode_scores_gpu(qp, k_cache, block_table, lp, wp, k_scale, config=config,
+                                 interpret=platform.interpret, group_max=group_max)
+  else:
+    if group_max:
+      raise NotImplementedError("group_max is fused only in the GPU decode kernel")
+    out = _tpu.decode_scores_tpu(qp, k_cache, block_table, lp, wp, k_scale, config=config,
+                                 interpret=platform.interpret)
+  slots = max_blocks * k_cache.shape[1]
+  if group_max:
+    z, gm = out
+    return z[:, :rows, :slots], gm[:, :rows, : slots // group_max]
+  return out[:, :rows, :slots]

@@ -1,0 +1,28 @@
+"""Static configuration of the paged decode scoring kernels."""
+from __future__ import annotations
+
+import dataclasses
+
+from pallas_kernels._util import is_pow2
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Tiling of the paged decode kernel.
+
+  pages_per_step: 64-slot pages gathered per inner step (GPU: keys per dot = 64 * this).
+  steps_per_program: inner steps per program (GPU grid: one program per request and run).
+  num_warps, num_stages: Triton launch options (GPU only).
+  """
+  pages_per_step: int = 4
+  steps_per_program: int = 4
+  num_warps: int = 8
+  num_stages: int = 3
+
+  def __post_init__(self):
+    for name in ("pages_per_step", "steps_per_program", "num_warps"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or not is_pow2(v):
+        raise ValueError(f"{name}={v!r} must be a positive power of two")
+    if not isinstance(self.num_stages, int) or self.num_stages < 1:
+      raise ValueError(f"num_stages={self.num_stages!r} must be a positive int")

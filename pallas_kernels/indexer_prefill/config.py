@@ -1,0 +1,34 @@
+"""Static configuration of the causal prefill scoring kernels."""
+from __future__ import annotations
+
+import dataclasses
+
+from pallas_kernels._util import is_pow2
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillConfig:
+  """Tiling of the prefill kernel.
+
+  block_t: queries per tile (the dot has M = block_t * H rows).
+  block_n: keys per tile.
+  tiles_per_program: key tiles looped over inside one GPU program (q stays resident).
+  num_warps, num_stages: Triton launch options (GPU only).
+  """
+  block_t: int = 2
+  block_n: int = 128
+  tiles_per_program: int = 4
+  num_warps: int = 8
+  num_stages: int = 3
+
+  def __post_init__(self):
+    for name in ("block_t", "block_n", "tiles_per_program", "num_warps"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or not is_pow2(v):
+        raise ValueError(f"{name}={v!r} must be a positive power of two")
+    if not isinstance(self.num_stages, int) or self.num_stages < 1:
+      raise ValueError(f"num_stages={self.num_stages!r} must be a positive int")
+
+
+# The TPU kernel needs block_t a multiple of 8 and block_n a multiple of 128.
+TPU_DEFAULT = PrefillConfig(block_t=8, block_n=256, tiles_per_program=1)
