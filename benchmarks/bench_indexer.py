@@ -1,0 +1,61 @@
+"""Indexer scoring benchmark (decode over a paged cache; causal prefill) -> results JSON.
+
+  python benchmarks/bench_indexer.py                 # full H200 sweep
+  python benchmarks/bench_indexer.py --quick         # small shapes (CPU-friendly)
+"""
+from __future__ import annotations
+
+import argparse
+
+from jaxsparse import bench, shapes
+from jaxsparse.benchtools import environment, print_table, write_json
+from pallas_kernels.indexer_decode import DecodeConfig
+from pallas_kernels.indexer_prefill import PrefillConfig
+
+DECODE_CONFIGS = (
+    DecodeConfig(pages_per_step=4, steps_per_program=4, num_warps=8, num_stages=3),
+    DecodeConfig(pages_per_step=2, steps_per_program=8, num_warps=4, num_stages=4),
+    DecodeConfig(pages_per_step=4, steps_per_program=8, num_warps=8, num_stages=4),
+    DecodeConfig(pages_per_step=8, steps_per_program=2, num_warps=8, num_stages=2),
+)
+PREFILL_CONFIGS = (
+    PrefillConfig(block_t=2, block_n=128, tiles_per_program=4, num_warps=8, num_stages=3),
+    PrefillConfig(block_t=4, block_n=128, tiles_per_program=4, num_warps=8, num_stages=3),
+    PrefillConfig(block_t=2, block_n=256, tiles_per_program=2, num_warps=8, num_stages=3),
+    PrefillConfig(block_t=4, block_n=64, tiles_per_program=8, num_warps=4, num_stages=3),
+)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--quick", action="store_true", help="small shapes, one config (CPU-friendly)")
+  p.add_argument("--what", choices=("decode", "prefill", "both"), default="both")
+  p.add_argument("--out", default="benchmarks/results/indexer_h200.json")
+  a = p.parse_args(argv)
+  s = shapes.DEEPSEEK_V32
+  rows = []
+  if a.quick:
+    dec = dict(batches=(1, 2), slots_list=(4096,), heads=8, head_dim=64, configs=(None,),
+               key_dtypes=("bfloat16", "float8_e4m3fn"), reps=2, calls=3)
+    pre = dict(keys_list=(1024,), chunk=128, heads=8, head_dim=64, configs=(None,), reps=2, calls=2)
+  else:
+    dec = dict(batches=shapes.DECODE_BATCHES, slots_list=shapes.DECODE_SLOTS, heads=s.heads,
+               head_dim=s.head_dim, configs=DECODE_CONFIGS,
+               key_dtypes=("bfloat16", "float8_e4m3fn"))
+    pre = dict(keys_list=shapes.PREFILL_KEYS, chunk=shapes.PREFILL_CHUNK, heads=s.heads,
+               head_dim=s.head_dim, configs=PREFILL_CONFIGS,
+               key_dtypes=("bfloat16", "float8_e4m3fn"))
+  if a.what in ("decode", "both"):
+    rows += bench.bench_decode(**dec)
+    print_table([r for r in rows if r["op"] == "decode"],
+                ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "vs_jnp", "error"])
+  if a.what in ("prefill", "both"):
+    prow = bench.bench_prefill(**pre)
+    rows += prow
+    print_table(prow, ["T", "N", "keys", "impl", "config", "ms", "tflops", "roofline", "vs_jnp", "error"])
+  write_json(a.out, dict(environment=environment(), shape=vars(s), rows=rows))
+  print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()

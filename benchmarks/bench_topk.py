@@ -1,0 +1,35 @@
+"""Exact top-K benchmark: lax.top_k, lax.approx_max_k, torch.topk and jaxsparse; fused decode.
+
+  python benchmarks/bench_topk.py            # full H200 sweep
+  python benchmarks/bench_topk.py --quick    # small shapes (CPU-friendly)
+"""
+from __future__ import annotations
+
+import argparse
+
+from jaxsparse import bench, shapes
+from jaxsparse.benchtools import environment, print_table, write_json
+from pallas_kernels.topk import TopkConfig
+
+CONFIGS = (TopkConfig(), TopkConfig(chunk=8192, num_warps=8), TopkConfig(capacity_factor=4))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--quick", action="store_true")
+  p.add_argument("--out", default="benchmarks/results/topk_h200.json")
+  a = p.parse_args(argv)
+  if a.quick:
+    rows = bench.bench_topk((1, 2), (8192,), (64,), configs=(None,), reps=2, calls=3)
+    fused = bench.bench_decode_topk((1,), (8192,), 64, heads=8, head_dim=64, reps=2, calls=3)
+  else:
+    rows = bench.bench_topk(shapes.TOPK_BATCHES, shapes.TOPK_N, shapes.TOPK_K, configs=CONFIGS)
+    fused = bench.bench_decode_topk(shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
+  print_table(rows, ["B", "N", "K", "impl", "config", "us", "tbps", "vs_lax_top_k", "vs_torch", "error"])
+  print_table(fused, ["B", "N", "K", "impl", "us", "vs_jnp", "error"])
+  write_json(a.out, dict(environment=environment(), rows=rows, fused=fused))
+  print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,225 @@
+"""Indexer and top-K benchmarks: shapes in, table rows out (the CLI and benchmarks/ call these)."""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse import indexer as _indexer
+from jaxsparse import selection as _topk
+from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, time_calls
+
+L2_BYTES = 60 << 20
+
+
+def _timed(fn, arg_sets, **kw):
+  """time_calls, but a variant that fails to compile or run is reported, not fatal to a sweep."""
+  try:
+    return time_calls(fn, arg_sets, **kw), ""
+  except Exception as e:  # noqa: BLE001 - any lowering/runtime failure of one variant
+    return float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
+def _sets(nbytes: int) -> int:
+  """How many input copies to rotate so that repeated calls miss in L2."""
+  return 1 if nbytes > 4 * L2_BYTES else 4
+
+
+def _jnp_decode(q, keys, w):
+  s = jnp.einsum("bhd,bnd->bhn", q, keys, preferred_element_type=jnp.float32)
+  return jnp.einsum("bhn,bh->bn", jnp.maximum(s, 0.0), w)
+
+
+def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bfloat16",),
+                 configs=(None,), implementation=None, baseline=True, seed=0, reps=5, calls=20):
+  """Paged decode scoring; one row per (B, N, key dtype, config) plus a plain-jnp baseline row."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for bsz, n in itertools.product(batches, slots_list):
+    pages = n // _indexer.PAGE_SIZE
+    q = jnp.asarray(rng.standard_normal((bsz, heads, head_dim)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((bsz, heads)), jnp.float32)
+    lens = jnp.full((bsz,), n, jnp.int32)
+    table = jnp.asarray(np.stack([rng.permutation(pages) + b * pages for b in range(bsz)]),
+                        jnp.int32)
+    base_us = None
+    if baseline:
+      nbytes = bsz * n * head_dim * 2
+      sets = [(q, jnp.asarray(rng.standard_normal((bsz, n, head_dim)), jnp.bfloat16), w)
+              for _ in range(_sets(nbytes))]
+      f = jax.jit(_jnp_decode)
+      sec = time_calls(f, sets, reps=reps, calls=calls)
+      base_us = sec * 1e6
+      moved = nbytes + bsz * n * 4
+      rows.append(dict(op="decode", B=bsz, N=n, keys="bfloat16", impl="jnp einsum", config="",
+                       us=base_us, tbps=moved / sec / 1e12, roofline=moved / sec / 1e12 / COPY_TBPS,
+                       vs_jnp=1.0))
+      del sets
+    for kd in key_dtypes:
+      item = 1 if kd == "float8_e4m3fn" else 2
+      nbytes = bsz * n * head_dim * item
+      sets = []
+      for _ in range(_sets(nbytes)):
+        kc = jnp.asarray(rng.standard_normal((bsz * pages, 64, head_dim)), jnp.bfloat16)
+        ks = None
+        if kd == "float8_e4m3fn":
+          from jaxsparse.prep import quantize_fp8
+          kc, ks = quantize_fp8(kc)
+        sets.append((q, kc, table, lens, w, ks))
+      for cfg in configs:
+        f = jax.jit(lambda q, kc, t, l, w, ks, cfg=cfg: _indexer.paged_indexer_scores(
+            q, kc, t, l, w, k_scale=ks, implementation=implementation, config=cfg))
+        sec, err = _timed(f, sets, reps=reps, calls=calls)
+        moved = nbytes + bsz * n * 4 + (bsz * n * 4 if kd == "float8_e4m3fn" else 0)
+        rows.append(dict(op="decode", B=bsz, N=n, keys=kd, impl=implementation or "auto",
+                         config=_cfg_str(cfg), error=err, us=sec * 1e6, tbps=moved / sec / 1e12,
+                         roofline=moved / sec / 1e12 / COPY_TBPS,
+                         vs_jnp=(base_us / (sec * 1e6)) if base_us else float("nan")))
+      del sets
+  return rows
+
+
+def _cfg_str(cfg) -> str:
+  if cfg is None:
+    return "default"
+  return ",".join(f"{k}={v}" for k, v in vars(cfg).items())
+
+
+def _jnp_prefill(q, k, w, pos):
+  return _indexer.indexer_scores_xla(q, k, w, None, pos)
+
+
+def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=("bfloat16",),
+                  configs=(None,), implementation=None, baseline_max_keys=65536, seed=0, reps=3,
+                  calls=10):
+  """Causal prefill scoring of the last `chunk` queries against N keys."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for n in keys_list:
+    t = min(chunk, n)
+    q = jnp.asarray(rng.standard_normal((t, heads, head_dim)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((t, heads)), jnp.float32)
+    pos = jnp.arange(n - t, n, dtype=jnp.int32)
+    pairs = float(t) * n - t * (t - 1) / 2  # visible (query, key) pairs
+    flops = 2.0 * heads * head_dim * pairs
+    kb = jnp.asarray(rng.standard_normal((n, head_dim)), jnp.bfloat16)
+    base_ms = None
+    if n <= baseline_max_keys:
+      sec = time_calls(jax.jit(_jnp_prefill), [(q, kb, w, pos)], reps=reps, calls=calls)
+      base_ms = sec * 1e3
+      rows.append(dict(op="prefill", T=t, N=n, keys="bfloat16", impl="jnp einsum", config="",
+                       ms=base_ms, tflops=flops / sec / 1e12,
+                       roofline=flops / sec / 1e12 / MATMUL_TFLOPS, vs_jnp=1.0))
+    for kd in key_dtypes:
+      if kd == "float8_e4m3fn":
+        from jaxsparse.prep import quantize_fp8
+        kk, ks = quantize_fp8(kb)
+      else:
+        kk, ks = kb, None
+      for cfg in configs:
+        f = jax.jit(lambda q, k, w, p, ks, cfg=cfg: _indexer.indexer_scores(
+            q, k, w, k_scale=ks, query_positions=p, implementation=implementation, config=cfg))
+        sec, err = _timed(f, [(q, kk, w, pos, ks)], reps=reps, calls=calls)
+        rows.append(dict(op="prefill", T=t, N=n, keys=kd, impl=implementation or "auto",
+                         config=_cfg_str(cfg), error=err, ms=sec * 1e3, tflops=flops / sec / 1e12,
+                         roofline=flops / sec / 1e12 / MATMUL_TFLOPS,
+                         vs_jnp=(base_ms / (sec * 1e3)) if base_ms else float("nan")))
+  return rows
+
+
+def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), approx=True,
+               torch_topk=True, configs=(None,), seed=0, reps=5, calls=20):
+  """Exact top-k of random float32 rows: lax.top_k, approx_max_k, torch.topk and jaxsparse."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  try:
+    import torch
+    have_torch = torch_topk and torch.cuda.is_available()
+  except ImportError:
+    have_torch = False
+  for bsz, n, k in itertools.product(batches, n_list, k_list):
+    nbytes = bsz * n * 4
+    sets = [(jnp.asarray(rng.standard_normal((bsz, n)), jnp.float32),)
+            for _ in range(_sets(nbytes))]
+    def add(impl, timed, cfg=""):
+      sec, err = timed
+      rows.append(dict(op="topk", B=bsz, N=n, K=k, impl=impl, config=cfg, error=err,
+                       us=sec * 1e6, tbps=nbytes / sec / 1e12))
+
+    if "xla" in implementations:
+      add("lax.top_k", _timed(jax.jit(lambda x: jax.lax.top_k(x, k)), sets, reps=reps,
+                              calls=calls))
+    if approx:
+      add("lax.approx_max_k", _timed(jax.jit(lambda x: jax.lax.approx_max_k(x, k)), sets,
+                                     reps=reps, calls=calls))
+    if have_torch:
+      add("torch.topk", (_time_torch(sets, k, reps=reps, calls=calls), ""))
+    if "pallas" in implementations:
+      for cfg in configs:
+        f = jax.jit(lambda x, cfg=cfg: _topk.topk(x, k, implementation="pallas", config=cfg))
+        add("jaxsparse", _timed(f, sets, reps=reps, calls=calls), _cfg_str(cfg))
+    del sets
+  _add_ratios(rows)
+  return rows
+
+
+def _time_torch(sets, k, *, reps, calls):
+  import torch
+  xs = [torch.from_numpy(np.asarray(s[0])).cuda() for s in sets]
+  for x in xs:
+    torch.topk(x, k, dim=-1)
+  torch.cuda.synchronize()
+  start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+  samples = []
+  for _ in range(reps):
+    start.record()
+    for i in range(calls):
+      torch.topk(xs[i % len(xs)], k, dim=-1)
+    end.record()
+    torch.cuda.synchronize()
+    samples.append(start.elapsed_time(end) / 1e3 / calls)
+  return float(np.median(samples))
+
+
+def _add_ratios(rows):
+  by_shape = {}
+  for r in rows:
+    by_shape.setdefault((r["B"], r["N"], r["K"]), {})[r["impl"]] = r["us"]
+  for r in rows:
+    ref = by_shape[(r["B"], r["N"], r["K"])]
+    r["vs_lax_top_k"] = ref.get("lax.top_k", float("nan")) / r["us"]
+    r["vs_torch"] = ref.get("torch.topk", float("nan")) / r["us"]
+
+
+def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0, reps=5,
+                      calls=20):
+  """Full decode indexer step (scores + top-k): plain jnp + lax.top_k, separate kernels, fused."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for bsz, n in itertools.product(batches, slots_list):
+    pages = n // _indexer.PAGE_SIZE
+    q = jnp.asarray(rng.standard_normal((bsz, heads, head_dim)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((bsz, heads)), jnp.float32)
+    lens = jnp.full((bsz,), n, jnp.int32)
+    table = jnp.asarray(np.stack([rng.permutation(pages) + b * pages for b in range(bsz)]),
+                        jnp.int32)
+    kc = jnp.asarray(rng.standard_normal((bsz * pages, 64, head_dim)), jnp.bfloat16)
+    dense = kc[table].reshape(bsz, n, head_dim)
+    variants = {
+        "jnp einsum + lax.top_k": (jax.jit(lambda q, d, w: jax.lax.top_k(_jnp_decode(q, d, w), k)),
+                                   (q, dense, w)),
+        "kernels, separate": (jax.jit(lambda q, kc, t, l, w: _topk.topk(
+            _indexer.paged_indexer_scores(q, kc, t, l, w, implementation="pallas"), k,
+            lengths=l, implementation="pallas")), (q, kc, table, lens, w)),
+        "indexer_topk (fused)": (jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(
+            q, kc, t, l, w, k, implementation="pallas")), (q, kc, table, lens, w)),
+    }
+    base = None
+    for name, (f, args) in variants.items():
+      sec, err = _timed(f, [args], reps=reps, calls=calls)
+      base = base or sec
+      rows.append(dict(op="decode+topk", B=bsz, N=n, K=k, impl=name, error=err, us=sec * 1e6,
+                       vs_jnp=base / sec))
+  return rows

@@ -1,0 +1,139 @@
+"""Exact top-K over indexer scores: reference, kernel dispatch, and fused decode scoring + top-K."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsparse import _checks
+from jaxsparse import backend
+from jaxsparse import indexer as _indexer
+
+NEG_INF = float("-inf")
+
+
+def topk_xla(scores, k: int, lengths=None):
+  """Reference: [..., N] -> (values [..., k], indices [..., k] int32); see `topk`."""
+  n = scores.shape[-1]
+  x = scores.astype(jnp.float32)
+  valid = ~jnp.isnan(x)
+  if lengths is not None:
+    valid &= jnp.arange(n) < lengths[..., None]
+  x = jnp.where(valid, x, NEG_INF)
+  if k > n:
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, k - n)], constant_values=NEG_INF)
+  v, i = lax.top_k(x, k)  # ties: lower index first
+  return v.astype(scores.dtype), jnp.where(v == NEG_INF, -1, i).astype(jnp.int32)
+
+
+def _validate(scores, k, lengths):
+  if not hasattr(scores, "dtype") or scores.ndim < 1:
+    raise ValueError("scores must be an array of shape [..., N]")
+  _checks.check_dtype("scores", scores, (jnp.float32, jnp.bfloat16))
+  _checks.check_nonempty("scores", scores)
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k={k!r} must be a positive int")
+  if lengths is not None:
+    if tuple(lengths.shape) != tuple(scores.shape[:-1]):
+      raise ValueError(f"lengths.shape={tuple(lengths.shape)} must be scores.shape[:-1]="
+                       f"{tuple(scores.shape[:-1])}")
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+      raise ValueError(f"lengths.dtype={lengths.dtype} must be an integer type")
+
+
+def topk(scores, k: int, *, lengths=None, implementation=None, config=None):
+  """Exact top-k of each row of `scores`.
+
+  Args:
+    scores: [..., N] float32 or bfloat16.
+    k: number of entries to keep (any positive int; k > N pads the tail).
+    lengths: optional [...] int; entries at or past lengths[...] are never chosen.
+    implementation: None, "xla" (sort-based `lax.top_k`) or "pallas" (threshold filter).
+    config: optional `pallas_kernels.topk.TopkConfig`.
+
+  Returns:
+    values [..., k] (scores.dtype) in descending order, ties broken by the lower index, and
+    indices [..., k] int32. Entries past lengths, -inf entries and NaN entries are never chosen
+    (NaN counts as "no score"); when fewer than k entries are valid the tail is index -1 with
+    value -inf.
+  """
+  _checks.check_implementation(implementation)
+  _validate(scores, k, lengths)
+  impl = backend.resolve(implementation)
+  if impl == "xla":
+    return _topk_xla_jit(scores, k, lengths)
+  from pallas_kernels import topk as ktopk
+  config = config or ktopk.TopkConfig()
+  if not isinstance(config, ktopk.TopkConfig):
+    raise ValueError(f"config={config!r} must be a TopkConfig")
+  lead, n = scores.shape[:-1], scores.shape[-1]
+  x = scores.reshape(-1, n)
+  lens = (jnp.full(x.shape[:1], n, jnp.int32) if lengths is None
+          else lengths.reshape(-1).astype(jnp.int32))
+  kk = min(k, n)
+  v, i = ktopk.topk_rows(x, lens, kk, config, backend.kernel_platform())
+  if k > n:
+    v = jnp.pad(v, ((0, 0), (0, k - n)), constant_values=NEG_INF)
+    i = jnp.pad(i, ((0, 0), (0, k - n)), constant_values=-1)
+  return v.astype(scores.dtype).reshape(*lead, k), i.reshape(*lead, k)
+
+
+_topk_xla_jit = jax.jit(topk_xla, static_argnums=(1,))
+
+
+def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
+                 implementation=None, decode_config=None, topk_config=None):
+  """Fused decode path: paged indexer scoring and exact top-k in one call.
+
+  Shapes as `paged_indexer_scores` (q [B, H, D] or [B, R, H, D]); returns (values, indices)
+  of shape [B, (R,) k]. On GPU the scoring kernel also emits the group maxima that the top-k
+  threshold needs, so the score row is read twice (count, compact) instead of three times.
+  """
+  _checks.check_implementation(implementation)
+  impl = backend.resolve(implementation)
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k={k!r} must be a positive int")
+  plat = backend.kernel_platform()
+  if impl == "xla" or plat.kind != "gpu":
+    z = _indexer.paged_indexer_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
+                                      implementation=impl, config=decode_config)
+    lens = _indexer.row_lengths(lengths, 1 if q.ndim == 3 else q.shape[1])
+    lens = lens[:, 0] if q.ndim == 3 else lens
+    return topk(z, k, lengths=lens, implementation=impl, config=topk_config)
+  _indexer._validate_paged(q, k_cache, block_table, lengths, w, k_scale)
+  from pallas_kernels import indexer_decode, topk as ktopk
+  topk_config = topk_config or ktopk.TopkConfig()
+  decode_config = decode_config or indexer_decode.DecodeConfig()
+  single = q.ndim == 3
+  if single:
+    q, w = q[:, None], w[:, None]
+  return _fused(q, k_cache, block_table.astype(jnp.int32), lengths.astype(jnp.int32), w,
+                k_scale, k, decode_config, topk_config, plat, single)
+
+
+@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10))
+def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_config, plat,
+           single):
+  from pallas_kernels import indexer_decode, topk as ktopk
+  bsz, rows = q.shape[:2]
+  slots = block_table.shape[1] * k_cache.shape[1]
+  kk = min(k, slots)
+  g = ktopk.group_size(slots, kk, topk_config, plat.kind)
+  step = decode_config.pages_per_step * k_cache.shape[1]
+  lens = _indexer.row_lengths(lengths, rows).reshape(-1)
+  if g and step % g == 0:
+    z, gm = indexer_decode.decode_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
+                                         config=decode_config, platform=plat, group_max=g)
+    v, i = ktopk.topk_rows(z.reshape(bsz * rows, slots), lens, kk, topk_config, plat,
+                           gm.reshape(bsz * rows, -1))
+  else:
+    z = indexer_decode.decode_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
+                                     config=decode_config, platform=plat)
+    v, i = ktopk.topk_rows(z.reshape(bsz * rows, slots), lens, kk, topk_config, plat)
+  if k > kk:
+    v = jnp.pad(v, ((0, 0), (0, k - kk)), constant_values=NEG_INF)
+    i = jnp.pad(i, ((0, 0), (0, k - kk)), constant_values=-1)
+  v, i = v.reshape(bsz, rows, k), i.reshape(bsz, rows, k)
+  return (v[:, 0], i[:, 0]) if single else (v, i)

@@ -1,0 +1,102 @@
+"""Exact top-K by threshold filtering: public wrapper over the GPU and TPU passes.
+
+Algorithm (exact for any partition of a row into groups): the k-th largest group maximum `t`
+is a lower bound on the k-th largest entry, because k groups each hold an entry >= t. So every
+top-k entry is >= t, and the entries >= t (typically ~k of them) are the only candidates.
+  1. group maxima (one streaming pass; fused into decode scoring by `jaxsparse.indexer_topk`),
+  2. t = k-th largest group maximum (`lax.top_k` over N / g entries),
+  3. count and compact the candidates in index order into a [R, C] buffer,
+  4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index).
+If any row has more than C candidates (adversarial ties), the call falls back to one full
+`lax.top_k` of the masked rows, which is slow but still exact.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsparse.backend import KernelPlatform
+from pallas_kernels._util import next_pow2, pad_axis
+from pallas_kernels.topk.config import TopkConfig
+from pallas_kernels.topk import gpu as _gpu
+from pallas_kernels.topk import tpu as _tpu
+
+__all__ = ["TopkConfig", "topk_rows", "group_size"]
+
+NEG_INF = float("-inf")
+
+
+def group_size(n: int, k: int, config: TopkConfig, kind: str) -> int:
+  """Entries per group so that there are >= groups_per_k * k groups; 0 means "sort directly"."""
+  g = 1
+  while g < 64 and n // (2 * g) >= config.groups_per_k * k:
+    g *= 2
+  min_g = 8 if kind == "tpu" else 2
+  return g if g >= min_g else 0
+
+
+def masked_rows(x, lengths):
+  """x [R, N] -> float32 with entries at/after lengths, NaN and -inf all -inf."""
+  x = x.astype(jnp.float32)
+  idx = jnp.arange(x.shape[1])[None, :]
+  return jnp.where((idx < lengths[:, None]) & ~jnp.isnan(x), x, NEG_INF)
+
+
+def finish(vals, idx):
+  """Tail entries (-inf) get index -1."""
+  return vals, jnp.where(vals == NEG_INF, -1, idx)
+
+
+def full_sort(x, lengths, k):
+  v, i = lax.top_k(masked_rows(x, lengths), k)
+  return finish(v, i.astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, gmax=None):
+  """x [R, N] float32/bfloat16, lengths [R] int32 -> (values [R, k] float32, indices [R, k]).
+
+  gmax: optional [R, N / g] maxima of consecutive groups of g = group_size(...) entries, as
+  emitted by the fused decode scoring kernel (GPU); computed here when None.
+  """
+  r, n = x.shape
+  g = group_size(n, k, config, platform.kind)
+  if g == 0 or n <= k:
+    return full_sort(x, lengths, k)
+  # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
+  chunk = g * _tpu.LANES if platform.kind == "tpu" else max(min(config.chunk, next_pow2(n)), g)
+  n_pad = -(-n // chunk) * chunk
+  xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
+  capacity = next_pow2(config.capacity_factor * k)
+  interp = platform.interpret
+  if platform.kind == "gpu":
+    if gmax is None:
+      gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
+                            interpret=interp)
+    thr = lax.top_k(gmax, k)[0][:, k - 1]
+    counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
+                        interpret=interp)
+    offsets = jnp.cumsum(counts, axis=1) - counts
+    total = counts.sum(axis=1)
+    cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
+                          num_warps=config.num_warps, interpret=interp)
+  else:
+    gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
+    thr = lax.top_k(gm, k)[0][:, k - 1]
+    total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
+    xm = masked_rows(xp, lengths)
+    m = (xm >= thr[:, None]) & (xm > NEG_INF)
+    pos = jnp.where(m, jnp.cumsum(m, axis=1) - 1, capacity)  # capacity: dropped
+    rows = jnp.broadcast_to(jnp.arange(r)[:, None], pos.shape)
+    cv = jnp.full((r, capacity), NEG_INF, jnp.float32).at[rows, pos].set(xm, mode="drop")
+    ci = jnp.full((r, capacity), -1, jnp.int32).at[rows, pos].set(
+        jnp.broadcast_to(jnp.arange(n_pad, dtype=jnp.int32)[None], pos.shape), mode="drop")
+
+  def filtered():
+    v, p = lax.top_k(cv, k)
+    return finish(v, jnp.take_along_axis(ci, p, axis=1))
+
+  return lax.cond(jnp.all(total <= capacity), filtered, lambda: full_sort(x, lengths, k))

@@ -1,0 +1,28 @@
+"""Static configuration of the threshold-filter top-K kernels."""
+from __future__ import annotations
+
+import dataclasses
+
+from pallas_kernels._util import is_pow2
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkConfig:
+  """chunk: scores per program in the filter passes (power of two, >= 128).
+  capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
+    a row with more candidates than that makes the call fall back to a full sort (still exact).
+  groups_per_k: aim for at least this many groups per selected entry (sets the group size).
+  num_warps: Triton launch option (GPU only).
+  """
+  chunk: int = 4096
+  capacity_factor: int = 2
+  groups_per_k: int = 4
+  num_warps: int = 4
+
+  def __post_init__(self):
+    if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
+      raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
+    for name in ("capacity_factor", "groups_per_k", "num_warps"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}={v!r} must be a positive int")

@@ -1,0 +1,110 @@
+"""Threshold-filter top-K passes on GPU (Pallas, Triton backend).
+
+Three streaming passes over a [R, N] float32 score matrix, one program per (row, chunk):
+  group_max: maxima of `g` consecutive entries (invalid entries count as -inf);
+  count:     entries >= the row threshold, per chunk;
+  compact:   scatter those entries (value and index) into a per-row candidate buffer at
+             offsets from an exclusive scan of the counts, in index order.
+Index order is what makes the final `lax.top_k` over candidates break ties by lower index.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+NEG_INF = float("-inf")
+
+
+def _valid(x_ref, len_ref, chunk):
+  c = pl.program_id(1)
+  x = x_ref[...].astype(jnp.float32)
+  idx = c * chunk + lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+  ok = (idx < len_ref[0]) & (x == x)  # NaN is never chosen
+  return jnp.where(ok, x, NEG_INF), idx
+
+
+def _group_max_kernel(x_ref, len_ref, o_ref, *, chunk: int, group: int):
+  x, _ = _valid(x_ref, len_ref, chunk)
+  o_ref[...] = x.reshape(chunk // group, group).max(axis=1)
+
+
+def _count_kernel(x_ref, len_ref, thr_ref, o_ref, *, chunk: int):
+  x, _ = _valid(x_ref, len_ref, chunk)
+  m = (x >= thr_ref[0]) & (x > NEG_INF)
+  o_ref[...] = jnp.sum(m.astype(jnp.int32)).reshape(1)
+
+
+def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_in, i_in, v_ref, i_ref, *, chunk: int,
+                    capacity: int):
+  del v_in, i_in  # aliased with the outputs: the -inf / -1 fill
+  x, idx = _valid(x_ref, len_ref, chunk)
+  m = (x >= thr_ref[0]) & (x > NEG_INF)
+  pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
+  keep = m & (pos < capacity)
+  # masked lanes aim at a trash slot past the buffer proper: interpret mode implements a masked
+  # scatter as read-modify-write, so they must not share a slot with a real candidate
+  pos = jnp.where(keep, pos, capacity)
+  plgpu.store(v_ref.at[pos], x, mask=keep)
+  plgpu.store(i_ref.at[pos], idx, mask=keep)
+
+
+def _row_chunk_specs(chunk):
+  return [pl.BlockSpec((None, chunk), lambda r, c: (r, c)),
+          pl.BlockSpec((1,), lambda r, c: (r,))]
+
+
+def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool):
+  """x [R, N] (N % chunk == 0), lengths [R] -> [R, N / group] float32."""
+  r, n = x.shape
+  return pl.pallas_call(
+      functools.partial(_group_max_kernel, chunk=chunk, group=group),
+      grid=(r, n // chunk),
+      in_specs=_row_chunk_specs(chunk),
+      out_specs=pl.BlockSpec((None, chunk // group), lambda r, c: (r, c)),
+      out_shape=jax.ShapeDtypeStruct((r, n // group), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_group_max",
+  )(x, lengths)
+
+
+def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool):
+  """-> [R, N / chunk] int32 number of candidates per chunk."""
+  r, n = x.shape
+  return pl.pallas_call(
+      functools.partial(_count_kernel, chunk=chunk),
+      grid=(r, n // chunk),
+      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))],
+      out_specs=pl.BlockSpec((None, 1), lambda r, c: (r, c)),
+      out_shape=jax.ShapeDtypeStruct((r, n // chunk), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_count",
+  )(x, lengths, thr)
+
+
+def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
+            interpret: bool):
+  """-> (values [R, capacity] float32, indices [R, capacity] int32), -inf / -1 past the count."""
+  r, n = x.shape
+  width = 2 * capacity  # [capacity, 2 * capacity) is the trash region (power-of-two block)
+  v0 = jnp.full((r, width), NEG_INF, jnp.float32)
+  i0 = jnp.full((r, width), -1, jnp.int32)
+  row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  v, i = pl.pallas_call(
+      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
+      grid=(r, n // chunk),
+      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,)),
+                                          pl.BlockSpec((None, 1), lambda r, c: (r, c)),
+                                          row, row],
+      out_specs=[row, row],
+      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      input_output_aliases={4: 0, 5: 1},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_compact",
+  )(x, lengths, thr, offsets, v0, i0)
+  return v[:, :capacity], i[:, :capacity]

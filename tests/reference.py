@@ -1,0 +1,86 @@
+"""float64 numpy references and random-input builders used by the tests."""
+from __future__ import annotations
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse.prep import quantize_fp8
+
+
+def _f64(x):
+  return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+
+
+def dense(q, k, w, k_scale=None, positions=None):
+  """z[t, i] = sum_h w relu(q.k) (* scale), -inf where i > positions[t]."""
+  s = np.einsum("thd,nd->thn", _f64(q), _f64(k))
+  z = np.einsum("thn,th->tn", np.maximum(s, 0), _f64(w))
+  if k_scale is not None:
+    z = z * _f64(k_scale)[None]
+  if positions is not None:
+    z = np.where(np.arange(k.shape[0])[None] <= np.asarray(positions)[:, None], z, -np.inf)
+  return z
+
+
+def paged(q, k_cache, table, lens, w, k_scale=None):
+  """q [B, R, H, D] -> [B, R, max_blocks * 64]; row r sees lens - (R - 1 - r) slots."""
+  q, kc, w = _f64(q), _f64(k_cache), _f64(w)
+  table, lens = np.asarray(table), np.asarray(lens)
+  bsz, rows = q.shape[:2]
+  nb, page, d = kc.shape
+  slots = table.shape[1] * page
+  out = np.full((bsz, rows, slots), -np.inf)
+  for b in range(bsz):
+    keys = kc[np.clip(table[b], 0, nb - 1)].reshape(slots, d)
+    sc = None if k_scale is None else _f64(k_scale)[np.clip(table[b], 0, nb - 1)].reshape(slots)
+    for r in range(rows):
+      n = max(int(lens[b]) - (rows - 1 - r), 0)
+      z = np.maximum(q[b, r] @ keys[:n].T, 0).T @ w[b, r]
+      if sc is not None:
+        z = z * sc[:n]
+      out[b, r, :n] = z
+  return out
+
+
+np_indexer = types.SimpleNamespace(dense=dense, paged=paged)
+
+
+def np_topk(x, k, lengths=None):
+  """Exact top-k with ties to the lower index; invalid/NaN/-inf never chosen; tail -1/-inf."""
+  x = np.asarray(x, np.float32)
+  lead, n = x.shape[:-1], x.shape[-1]
+  xf = x.reshape(-1, n)
+  lens = np.full(xf.shape[0], n) if lengths is None else np.asarray(lengths).reshape(-1)
+  vals = np.full((xf.shape[0], k), -np.inf, np.float32)
+  idx = np.full((xf.shape[0], k), -1, np.int32)
+  for r in range(xf.shape[0]):
+    row = xf[r, : lens[r]]
+    ok = np.nonzero(~np.isnan(row) & (row > -np.inf))[0]
+    order = ok[np.lexsort((ok, -row[ok]))][:k]
+    vals[r, : len(order)] = row[order]
+    idx[r, : len(order)] = order
+  return vals.reshape(*lead, k), idx.reshape(*lead, k)
+
+
+def random_paged(rng, bsz, rows, heads, d, max_len, num_blocks, key_dtype="bfloat16"):
+  """Random paged decode inputs with ragged lengths and a shuffled block table."""
+  max_blocks = -(-max_len // 64)
+  if num_blocks < max_blocks:
+    raise ValueError(f"{num_blocks=} must cover {max_blocks=}")
+  q = jnp.asarray(rng.standard_normal((bsz, rows, heads, d)), jnp.bfloat16)
+  kc = jnp.asarray(rng.standard_normal((num_blocks, 64, d)), jnp.bfloat16)
+  ks = None
+  if key_dtype == "float8_e4m3fn":
+    kc, ks = quantize_fp8(kc)
+  elif key_dtype == "float32":
+    kc = kc.astype(jnp.float32)
+  w = jnp.asarray(rng.standard_normal((bsz, rows, heads)), jnp.float32)
+  table = np.stack([rng.permutation(num_blocks)[:max_blocks] for _ in range(bsz)])
+  lens = rng.integers(rows, max_len + 1, bsz)
+  lens[0] = max_len
+  # entries past a request's length may be garbage: poison them
+  for b in range(bsz):
+    table[b, -(-int(lens[b]) // 64):] = -7
+  return q, kc, jnp.asarray(table, jnp.int32), jnp.asarray(lens, jnp.int32), w, ks

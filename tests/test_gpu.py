@@ -1,0 +1,60 @@
+"""Compiled kernels on a real GPU against the float64 reference (skipped without a GPU)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsparse
+from jaxsparse.prep import quantize_fp8
+from tests.conftest import assert_scores_close
+from tests.reference import np_indexer, np_topk, random_paged
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("key_dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("bsz,rows,n,num_blocks", [(3, 1, 5000, 300), (2, 4, 70000, 2500)])
+def test_decode_gpu(key_dtype, bsz, rows, n, num_blocks):
+  rng = np.random.default_rng(bsz * n)
+  q, kc, table, lens, w, ks = random_paged(rng, bsz, rows, 64, 128, n, num_blocks, key_dtype)
+  out = jaxsparse.paged_indexer_scores(q, kc, table, lens, w, k_scale=ks, implementation="pallas")
+  ref = np_indexer.paged(q, kc, table, lens, w, ks)
+  assert_scores_close(out, ref, reduction=64 * 128)
+
+
+@pytest.mark.parametrize("key_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_prefill_gpu(key_dtype):
+  rng = np.random.default_rng(7)
+  t, h, d, n = 300, 64, 128, 9000
+  q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
+  ks = None
+  if key_dtype == "float8_e4m3fn":
+    k, ks = quantize_fp8(k)
+  w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
+  pos = jnp.asarray(np.sort(rng.integers(0, n, t)), jnp.int32)
+  out = jaxsparse.indexer_scores(q, k, w, k_scale=ks, query_positions=pos, implementation="pallas")
+  assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
+
+
+@pytest.mark.parametrize("n,k", [(131072, 2048), (1 << 20, 512), (40000, 2048)])
+def test_topk_gpu(n, k):
+  rng = np.random.default_rng(n)
+  x = rng.standard_normal((8, n)).astype(np.float32)
+  x[1, :5000] = 1.5  # ties across the threshold
+  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
+  v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas")
+  rv, ri = np_topk(x, k, lens)
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+
+
+def test_indexer_topk_fused_gpu():
+  rng = np.random.default_rng(3)
+  q, kc, table, lens, w, ks = random_paged(rng, 4, 1, 64, 128, 131072, 2100, "bfloat16")
+  v, i = jaxsparse.indexer_topk(q[:, 0], kc, table, lens, w[:, 0], 2048, implementation="pallas")
+  z = jaxsparse.paged_indexer_scores(q[:, 0], kc, table, lens, w[:, 0], implementation="pallas")
+  rv, ri = np_topk(np.asarray(z), 2048, np.asarray(lens))
+  np.testing.assert_array_equal(np.asarray(i), ri)
