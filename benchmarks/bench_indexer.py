@@ -16,7 +16,6 @@ DECODE_CONFIGS = (
     DecodeConfig(pages_per_step=4, steps_per_program=4, num_warps=8, num_stages=3),
     DecodeConfig(pages_per_step=2, steps_per_program=8, num_warps=4, num_stages=4),
     DecodeConfig(pages_per_step=4, steps_per_program=8, num_warps=8, num_stages=4),
-    DecodeConfig(pages_per_step=8, steps_per_program=2, num_warps=8, num_stages=2),
 )
 PREFILL_CONFIGS = (
     PrefillConfig(block_t=2, block_n=128, tiles_per_program=4, num_warps=8, num_stages=3),
