@@ -90,6 +90,7 @@ def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementatio
   Args:
     q: [T, H, D] bfloat16 or float32 indexer queries.
     k: [N, D] bfloat16, float32 or float8_e4m3fn keys (one key per token, shared by all heads).
+      Keys are converted to q's dtype and the dot accumulates in float32.
     w: [T, H] float32 head weights.
     k_scale: optional [N] float32 per-key scale (required for float8 keys); applied after the
       head sum, which is exact because it is positive (DeepSeek-V3.2 uses power-of-two scales).

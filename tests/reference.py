@@ -14,8 +14,11 @@ def _f64(x):
 
 
 def dense(q, k, w, k_scale=None, positions=None):
-  """z[t, i] = sum_h w relu(q.k) (* scale), -inf where i > positions[t]."""
-  s = np.einsum("thd,nd->thn", _f64(q), _f64(k))
+  """z[t, i] = sum_h w relu(q.k) (* scale), -inf where i > positions[t].
+
+  Keys are first rounded to the query dtype: that is the contract (the dot runs in q's dtype).
+  """
+  s = np.einsum("thd,nd->thn", _f64(q), _f64(jnp.asarray(k).astype(q.dtype)))
   z = np.einsum("thn,th->tn", np.maximum(s, 0), _f64(w))
   if k_scale is not None:
     z = z * _f64(k_scale)[None]
@@ -26,7 +29,7 @@ def dense(q, k, w, k_scale=None, positions=None):
 
 def paged(q, k_cache, table, lens, w, k_scale=None):
   """q [B, R, H, D] -> [B, R, max_blocks * 64]; row r sees lens - (R - 1 - r) slots."""
-  q, kc, w = _f64(q), _f64(k_cache), _f64(w)
+  q, kc, w = _f64(q), _f64(jnp.asarray(k_cache).astype(q.dtype)), _f64(w)
   table, lens = np.asarray(table), np.asarray(lens)
   bsz, rows = q.shape[:2]
   nb, page, d = kc.shape

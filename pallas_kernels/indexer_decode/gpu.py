@@ -55,7 +55,7 @@ def _decode_kernel(table_ref, len_ref, q_ref, w_ref, k_ref, *rest, rows: int, he
     ids = jnp.clip(ids, 0, num_blocks - 1)
     k = k_ref[ids].reshape(step_keys, -1)  # [step_keys, D]
     k = k.astype(q.dtype)
-    sc = pl.dot(q, k, trans_b=True)  # [rows*heads, step_keys] f32
+    sc = plgpu.dot(q, k, trans_b=True)  # [rows*heads, step_keys] f32
     p = jnp.maximum(sc, 0.0) * w[:, None]
     z = p.reshape(rows, heads, step_keys).sum(axis=1)  # [rows, step_keys]
     if has_scale:

@@ -38,7 +38,7 @@ def _prefill_kernel(pos_ref, q_ref, w_ref, k_ref, *rest, heads: int, block_t: in
 
   def body(s, carry):
     k = k_ref[pl.ds(s * block_n, block_n), :].astype(q.dtype)
-    sc = pl.dot(q, k, trans_b=True)  # [block_t*H, block_n] f32
+    sc = plgpu.dot(q, k, trans_b=True)  # [block_t*H, block_n] f32
     p = jnp.maximum(sc, 0.0) * w[:, None]
     z = p.reshape(block_t, heads, block_n).sum(axis=1)
     if has_scale:

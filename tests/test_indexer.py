@@ -1,0 +1,233 @@
+"""Indexer reference and kernels (GPU and TPU kernels in interpret mode) against float64 numpy."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxsparse
+from jaxsparse.backend import KernelPlatform
+from jaxsparse.prep import quantize_fp8
+from pallas_kernels import indexer_decode, indexer_prefill
+from tests.conftest import assert_scores_close
+from tests.reference import np_indexer, random_paged
+
+GPU_I = KernelPlatform("gpu", True)
+TPU_I = KernelPlatform("tpu", True)
+DTYPES = ["bfloat16", "float32", "float8_e4m3fn"]
+
+
+def _dense_inputs(rng, t, h, d, n, key_dtype):
+  q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+  ks = None
+  if key_dtype == "float8_e4m3fn":
+    k, ks = quantize_fp8(k)
+  else:
+    k = k.astype(key_dtype)
+  w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
+  return q, k, w, ks
+
+
+@pytest.mark.parametrize("key_dtype", DTYPES)
+def test_xla_reference_matches_numpy(key_dtype):
+  rng = np.random.default_rng(0)
+  q, k, w, ks = _dense_inputs(rng, 9, 4, 32, 77, key_dtype)
+  pos = jnp.asarray(rng.integers(-1, 77, 9), jnp.int32)
+  out = jaxsparse.indexer_scores(q, k, w, k_scale=ks, query_positions=pos, implementation="xla")
+  assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), dtype_tol=1e-5)
+
+
+@pytest.mark.parametrize("platform", [GPU_I, TPU_I], ids=["gpu", "tpu"])
+@pytest.mark.parametrize("key_dtype", DTYPES)
+@pytest.mark.parametrize("t,h,n,causal", [(13, 8, 300, True), (8, 16, 256, False),
+                                          (1, 8, 129, True)])
+def test_prefill_kernel(platform, key_dtype, t, h, n, causal):
+  rng = np.random.default_rng(t * n + h)
+  q, k, w, ks = _dense_inputs(rng, t, h, 64, n, key_dtype)
+  pos = jnp.asarray(np.sort(rng.integers(0, n, t)), jnp.int32) if causal else None
+  cfg = (indexer_prefill.PrefillConfig(block_t=2, block_n=32, tiles_per_program=2)
+         if platform.kind == "gpu" else indexer_prefill.PrefillConfig(block_t=8, block_n=128,
+                                                                      tiles_per_program=1))
+  out = indexer_prefill.prefill_scores(q, k, w, k_scale=ks, query_positions=pos, config=cfg,
+                                       platform=platform)
+  assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * 64)
+
+
+def test_prefill_skips_tiles_above_diagonal_and_writes_them():
+  """Queries at the very start: nearly every tile is above the diagonal and must still be -inf."""
+  rng = np.random.default_rng(5)
+  q, k, w, _ = _dense_inputs(rng, 4, 8, 64, 512, "bfloat16")
+  pos = jnp.asarray([0, 1, 2, 3], jnp.int32)
+  for platform, cfg in [(GPU_I, indexer_prefill.PrefillConfig(block_t=2, block_n=32,
+                                                              tiles_per_program=2)),
+                        (TPU_I, indexer_prefill.PrefillConfig(block_t=8, block_n=128,
+                                                              tiles_per_program=1))]:
+    out = np.asarray(indexer_prefill.prefill_scores(q, k, w, query_positions=pos, config=cfg,
+                                                    platform=platform))
+    assert np.isneginf(out[:, 4:]).all()
+    assert np.isfinite(out[3, :4]).all()
+
+
+@pytest.mark.parametrize("platform", [GPU_I, TPU_I], ids=["gpu", "tpu"])
+@pytest.mark.parametrize("key_dtype", DTYPES)
+@pytest.mark.parametrize("bsz,rows,heads,max_len", [(3, 1, 8, 300), (2, 3, 8, 130),
+                                                    (1, 4, 16, 64)])
+def test_decode_kernel(platform, key_dtype, bsz, rows, heads, max_len):
+  rng = np.random.default_rng(bsz * 100 + rows * 10 + heads)
+  q, kc, table, lens, w, ks = random_paged(rng, bsz, rows, heads, 64, max_len, 11, key_dtype)
+  cfg = indexer_decode.DecodeConfig(pages_per_step=1, steps_per_program=2)
+  out = indexer_decode.decode_scores(q, kc, table, lens, w, k_scale=ks, config=cfg,
+                                     platform=platform)
+  assert_scores_close(out, np_indexer.paged(q, kc, table, lens, w, ks), reduction=heads * 64)
+
+
+def test_decode_public_api_single_row_and_jit():
+  rng = np.random.default_rng(1)
+  q, kc, table, lens, w, ks = random_paged(rng, 2, 1, 8, 64, 200, 9)
+  ref = np_indexer.paged(q, kc, table, lens, w)[:, 0]
+  for impl in ("xla", "pallas"):
+    out = jaxsparse.paged_indexer_scores(q[:, 0], kc, table, lens, w[:, 0], implementation=impl)
+    assert out.shape == (2, 256)
+    assert_scores_close(out, ref, reduction=8 * 64)
+  f = jax.jit(lambda *a: jaxsparse.paged_indexer_scores(*a, implementation="pallas"))
+  a = f(q[:, 0], kc, table, lens, w[:, 0])
+  b = f(q[:, 0], kc, table, lens, w[:, 0])
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # deterministic
+
+
+def test_decode_group_max_output():
+  rng = np.random.default_rng(2)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 8, 64, 500, 12)
+  z, gm = indexer_decode.decode_scores(q, kc, table, lens, w, platform=GPU_I, group_max=16,
+                                       config=indexer_decode.DecodeConfig(pages_per_step=1,
+                                                                          steps_per_program=2))
+  np.testing.assert_array_equal(np.asarray(gm), np.asarray(z).reshape(2, 1, -1, 16).max(-1))
+
+
+@settings(max_examples=8, deadline=None)
+@given(t=st.integers(1, 12), n=st.integers(1, 200), h=st.sampled_from([4, 8]),
+       seed=st.integers(0, 10_000))
+def test_prefill_kernel_property(t, n, h, seed):
+  rng = np.random.default_rng(seed)
+  q, k, w, _ = _dense_inputs(rng, t, h, 32, n, "bfloat16")
+  pos = jnp.asarray(rng.integers(-1, n + 3, t), jnp.int32)
+  out = jaxsparse.indexer_scores(q, k, w, query_positions=pos, implementation="pallas",
+                                 config=indexer_prefill.PrefillConfig(block_t=2, block_n=32,
+                                                                      tiles_per_program=2))
+  assert_scores_close(out, np_indexer.dense(q, k, w, None, pos), reduction=h * 32)
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_kernels_lower_from_cpu(platform):
+  """TPU kernels lower for TPU (Mosaic) and GPU kernels to Triton IR, without the hardware."""
+  S = jax.ShapeDtypeStruct
+  kind = "tpu" if platform == "tpu" else "gpu"
+  plat = KernelPlatform(kind, False)
+  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  cfg = indexer_prefill.config.TPU_DEFAULT if kind == "tpu" else None
+  for kd in (jnp.bfloat16, jnp.float8_e4m3fn):
+    sc = S((4096,), jnp.float32) if kd == jnp.float8_e4m3fn else None
+    f = lambda q, k, w, s, p: indexer_prefill.prefill_scores(q, k, w, k_scale=s,
+                                                             query_positions=p, platform=plat,
+                                                             config=cfg)
+    ex = jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(
+        S((64, 64, 128), jnp.bfloat16), S((4096, 128), kd), S((64, 64), jnp.float32), sc,
+        S((64,), jnp.int32))
+    assert "jaxsparse_prefill" in ex.mlir_module() or "tpu_custom_call" in ex.mlir_module() \
+        or "triton" in ex.mlir_module()
+    sc2 = S((100, 64), jnp.float32) if kd == jnp.float8_e4m3fn else None
+    g = lambda q, k, t, l, w, s: indexer_decode.decode_scores(q, k, t, l, w, k_scale=s,
+                                                              platform=plat)
+    jax.export.export(jax.jit(g), platforms=[platform], disabled_checks=checks)(
+        S((2, 2, 64, 128), jnp.bfloat16), S((100, 64, 128), kd), S((2, 32), jnp.int32),
+        S((2,), jnp.int32), S((2, 2, 64), jnp.float32), sc2)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _good_dense():
+  rng = np.random.default_rng(0)
+  return _dense_inputs(rng, 4, 8, 32, 50, "bfloat16")
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda q, k, w: (q, k[:, :16], w), "k.shape\\[1\\]"),
+    (lambda q, k, w: (q, k, w[:, :4]), "w.shape"),
+    (lambda q, k, w: (q.astype(jnp.int32), k, w), "q.dtype"),
+    (lambda q, k, w: (q, k.astype(jnp.int8), w), "k.dtype"),
+    (lambda q, k, w: (q[:0], k, w[:0]), "q is empty"),
+    (lambda q, k, w: (q, k[:0], w), "k is empty"),
+    (lambda q, k, w: (q[0], k, w), "q must be"),
+])
+def test_dense_bad_input(mutate, match):
+  q, k, w, _ = _good_dense()
+  with pytest.raises(ValueError, match=match):
+    jaxsparse.indexer_scores(*mutate(q, k, w))
+
+
+def test_dense_bad_scale_positions_implementation():
+  q, k, w, _ = _good_dense()
+  kf, ks = quantize_fp8(k)
+  with pytest.raises(ValueError, match="k_scale is required"):
+    jaxsparse.indexer_scores(q, kf, w)
+  with pytest.raises(ValueError, match="k_scale.shape"):
+    jaxsparse.indexer_scores(q, kf, w, k_scale=ks[:3])
+  with pytest.raises(ValueError, match="k_scale.dtype"):
+    jaxsparse.indexer_scores(q, kf, w, k_scale=ks.astype(jnp.bfloat16))
+  with pytest.raises(ValueError, match="query_positions.shape"):
+    jaxsparse.indexer_scores(q, k, w, query_positions=jnp.zeros((3,), jnp.int32))
+  with pytest.raises(ValueError, match="query_positions.dtype"):
+    jaxsparse.indexer_scores(q, k, w, query_positions=jnp.zeros((4,), jnp.float32))
+  with pytest.raises(ValueError, match="implementation"):
+    jaxsparse.indexer_scores(q, k, w, implementation="cuda")
+
+
+def test_paged_bad_input():
+  rng = np.random.default_rng(0)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 8, 32, 100, 5)
+  q, w = q[:, 0], w[:, 0]
+  call = jaxsparse.paged_indexer_scores
+  with pytest.raises(ValueError, match="block_table\\[0, 1\\]=9 points past the cache"):
+    call(q, kc, table.at[0, 1].set(9), lens, w)
+  with pytest.raises(ValueError, match="lengths must lie in"):
+    call(q, kc, table, lens.at[0].set(10_000), w)
+  with pytest.raises(ValueError, match="lengths must lie in"):
+    call(q, kc, table, lens.at[0].set(-1), w)
+  with pytest.raises(ValueError, match="k_cache.shape\\[1\\]"):
+    call(q, kc[:, :32], table, lens, w)
+  with pytest.raises(ValueError, match="q.shape\\[-1\\]"):
+    call(q[..., :16], kc, table, lens, w)
+  with pytest.raises(ValueError, match="w.shape"):
+    call(q, kc, table, lens, w[:, :3])
+  with pytest.raises(ValueError, match="block_table.shape\\[0\\]"):
+    call(q, kc, table[:1], lens, w)
+  with pytest.raises(ValueError, match="lengths.shape"):
+    call(q, kc, table, lens[:1], w)
+  with pytest.raises(ValueError, match="block_table.dtype"):
+    call(q, kc, table.astype(jnp.float32), lens, w)
+  with pytest.raises(ValueError, match="k_scale is required"):
+    call(q, kc.astype(jnp.float8_e4m3fn), table, lens, w)
+  with pytest.raises(ValueError, match="k_cache is empty"):
+    call(q, kc[:0], table, lens, w)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(pages_per_step=3), "pages_per_step"), (dict(num_warps=0), "num_warps"),
+    (dict(num_stages=0), "num_stages")])
+def test_decode_config_validation(bad, match):
+  with pytest.raises(ValueError, match=match):
+    indexer_decode.DecodeConfig(**bad)
+
+
+def test_prefill_config_validation():
+  with pytest.raises(ValueError, match="block_n"):
+    indexer_prefill.PrefillConfig(block_n=100)
+  rng = np.random.default_rng(0)
+  q, k, w, _ = _dense_inputs(rng, 4, 8, 64, 50, "bfloat16")
+  with pytest.raises(NotImplementedError, match="block_t % 8"):
+    indexer_prefill.prefill_scores(q, k, w, platform=TPU_I,
+                                   config=indexer_prefill.PrefillConfig(block_t=2))
