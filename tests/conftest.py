@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(config, items):
     return
   skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
   for item in items:
-    if "gpu" in item.keywords:
+    if item.get_closest_marker("gpu") is not None:
       item.add_marker(skip)
 
 

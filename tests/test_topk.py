@@ -1,0 +1,135 @@
+"""Exact top-K: reference and threshold-filter kernels (GPU and TPU interpret) against numpy."""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxsparse
+from jaxsparse.backend import KernelPlatform
+from pallas_kernels import topk as ktopk
+from tests.reference import np_topk, random_paged
+
+PLATFORMS = [KernelPlatform("gpu", True), KernelPlatform("tpu", True)]
+IDS = ["gpu", "tpu"]
+
+
+def _rows(x, lens, k, platform, config=ktopk.TopkConfig()):
+  return ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, config, platform)
+
+
+def _check(out, x, k, lens):
+  rv, ri = np_topk(x, k, lens)
+  np.testing.assert_array_equal(np.asarray(out[1]), ri)
+  np.testing.assert_array_equal(np.asarray(out[0]), rv)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
+@pytest.mark.parametrize("n,k", [(70000, 256), (20000, 64), (4096, 100), (65536, 2)])
+def test_random_rows_ragged(platform, n, k):
+  rng = np.random.default_rng(n + k)
+  x = rng.standard_normal((4, n)).astype(np.float32)
+  lens = np.array([n, n // 2 + 3, 1, 0])
+  _check(_rows(x, lens, k, platform), x, k, lens)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
+def test_heavy_ties_and_special_values(platform):
+  rng = np.random.default_rng(1)
+  n, k = 65536, 128
+  x = rng.integers(0, 4, (4, n)).astype(np.float32)  # massive ties: falls back, still exact
+  x[1] = rng.standard_normal(n)
+  x[1, ::7] = np.nan
+  x[2] = -np.inf
+  x[3] = rng.standard_normal(n)
+  x[3, 1000:1300] = 9.0  # ties at the top, in index order
+  lens = np.full(4, n)
+  _check(_rows(x, lens, k, platform), x, k, lens)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
+def test_overflow_falls_back_exactly(platform):
+  """More candidates than the buffer holds (structured rows): the full-sort path is exact."""
+  n, k = 65536, 64
+  x = np.tile(np.arange(64, dtype=np.float32), n // 64)[None].repeat(2, 0)
+  lens = np.array([n, n - 5])
+  _check(_rows(x, lens, k, platform, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
+
+
+def test_public_api_shapes_dtypes_k_larger_than_n():
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((2, 3, 50)).astype(np.float32)
+  lens = np.array([[50, 10, 0], [3, 49, 50]])
+  for impl in ("xla", "pallas"):
+    v, i = jaxsparse.topk(jnp.asarray(x), 60, lengths=jnp.asarray(lens), implementation=impl)
+    assert v.shape == (2, 3, 60) and i.dtype == jnp.int32
+    _check((v, i), x, 60, lens)
+  xb = jnp.asarray(x, jnp.bfloat16)
+  v, i = jaxsparse.topk(xb, 5, implementation="pallas")
+  assert v.dtype == jnp.bfloat16
+  _check((v.astype(jnp.float32), i), np.asarray(xb.astype(jnp.float32)), 5, None)
+
+
+def test_k_equals_n_and_jit_vmap():
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.standard_normal((3, 40)), jnp.float32)
+  _check(jaxsparse.topk(x, 40, implementation="pallas"), np.asarray(x), 40, None)
+  f = jax.jit(jax.vmap(lambda r: jaxsparse.topk(r, 7, implementation="pallas")))
+  _check(f(x), np.asarray(x), 7, None)
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3000), k=st.integers(1, 80), seed=st.integers(0, 9999),
+       ties=st.booleans())
+def test_topk_property(n, k, seed, ties):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((2, n)).astype(np.float32)
+  if ties:
+    x = np.round(x, 1)
+  lens = rng.integers(0, n + 1, 2)
+  v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas")
+  _check((v, i), x, k, lens)
+
+
+@pytest.mark.parametrize("kind", ["gpu", "tpu"])
+def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
+  monkeypatch.setenv("JAXSPARSE_INTERPRET", kind)
+  rng = np.random.default_rng(4)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 2, 8, 64, 4100, 70)
+  z = np.asarray(jaxsparse.paged_indexer_scores(q, kc, table, lens, w, implementation="xla"))
+  v, i = jaxsparse.indexer_topk(q, kc, table, lens, w, 16, implementation="pallas")
+  row_lens = np.asarray(jaxsparse.row_lengths(lens, 2))
+  rv, ri = np_topk(z, 16, row_lens)
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_allclose(np.asarray(v), rv, rtol=1e-5)
+
+
+def test_topk_lowers_for_tpu_and_gpu():
+  S = jax.ShapeDtypeStruct
+  for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
+    f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
+    jax.export.export(jax.jit(f), platforms=[plat], disabled_checks=[
+        jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+            S((8, 131072), jnp.float32), S((8,), jnp.int32))
+
+
+def test_bad_input():
+  x = jnp.zeros((2, 10), jnp.float32) + 1.0
+  with pytest.raises(ValueError, match="k=0"):
+    jaxsparse.topk(x, 0)
+  with pytest.raises(ValueError, match="k=2.5"):
+    jaxsparse.topk(x, 2.5)
+  with pytest.raises(ValueError, match="scores.dtype"):
+    jaxsparse.topk(x.astype(jnp.int32), 2)
+  with pytest.raises(ValueError, match="lengths.shape"):
+    jaxsparse.topk(x, 2, lengths=jnp.zeros((3,), jnp.int32))
+  with pytest.raises(ValueError, match="lengths.dtype"):
+    jaxsparse.topk(x, 2, lengths=jnp.zeros((2,), jnp.float32))
+  with pytest.raises(ValueError, match="scores is empty"):
+    jaxsparse.topk(x[:, :0], 2)
+  with pytest.raises(ValueError, match="chunk"):
+    ktopk.TopkConfig(chunk=100)
