@@ -4,7 +4,8 @@ Algorithm (exact for any partition of a row into groups): the k-th largest group
 is a lower bound on the k-th largest entry, because k groups each hold an entry >= t. So every
 top-k entry is >= t, and the entries >= t (typically ~k of them) are the only candidates.
   1. group maxima (one streaming pass; fused into decode scoring by `jaxsparse.indexer_topk`),
-  2. t = k-th largest group maximum (`lax.top_k` over N / g entries),
+  2. t = k-th largest group maximum (`lax.top_k` over N / g entries), or on GPU a value found
+     by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
   4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index).
 If any row has more than C candidates (adversarial ties), the call falls back to one full
@@ -76,7 +77,11 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
     if gmax is None:
       gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
                             interpret=interp)
-    thr = lax.top_k(gmax, k)[0][:, k - 1]
+    if config.threshold == "bisect":
+      gp = pad_axis(gmax, 1, next_pow2(gmax.shape[1]), value=NEG_INF)
+      thr = _gpu.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
+    else:
+      thr = lax.top_k(gmax, k)[0][:, k - 1]
     counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                         interpret=interp)
     offsets = jnp.cumsum(counts, axis=1) - counts

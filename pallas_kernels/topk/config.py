@@ -13,16 +13,22 @@ class TopkConfig:
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: aim for at least this many groups per selected entry (sets the group size).
   num_warps: Triton launch option (GPU only).
+  threshold: "bisect" (GPU kernel, no sort) or "sort" (`lax.top_k` over the group maxima).
+  bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
   """
   chunk: int = 4096
   capacity_factor: int = 2
   groups_per_k: int = 4
   num_warps: int = 4
+  threshold: str = "bisect"
+  bisect_iters: int = 20
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
       raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
-    for name in ("capacity_factor", "groups_per_k", "num_warps"):
+    if self.threshold not in ("bisect", "sort"):
+      raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
+    for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

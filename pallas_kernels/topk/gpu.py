@@ -53,6 +53,43 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_in, i_in, v_ref, i_ref, 
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
+def _threshold_kernel(m_ref, o_ref, *, k: int, iters: int):
+  """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
+
+  Bisection on the value keeps the invariant count(m >= lo) >= k, so `lo` is always a valid
+  threshold (k groups, each holding an entry >= lo); `iters` steps bring it within
+  (max - min) / 2**iters of the k-th largest maximum. The row stays in registers.
+  """
+  m = m_ref[...]
+  fin = m > NEG_INF
+  nfin = jnp.sum(fin.astype(jnp.int32))
+  hi = jnp.max(m)
+  lo = jnp.min(jnp.where(fin, m, jnp.inf))
+
+  def body(i, c):
+    lo, hi = c
+    mid = lo + (hi - lo) * 0.5
+    ok = jnp.sum((m >= mid).astype(jnp.int32)) >= k
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
+  o_ref[...] = jnp.where(nfin >= k, lo, NEG_INF).reshape(1)
+
+
+def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool):
+  """gmax [R, G] (G a power of two) -> [R] float32 valid thresholds (see _threshold_kernel)."""
+  r, g = gmax.shape
+  return pl.pallas_call(
+      functools.partial(_threshold_kernel, k=k, iters=iters),
+      grid=(r,),
+      in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
+      out_specs=pl.BlockSpec((1,), lambda i: (i,)),
+      out_shape=jax.ShapeDtypeStruct((r,), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_threshold",
+  )(gmax)
+
+
 def _row_chunk_specs(chunk):
   return [pl.BlockSpec((None, chunk), lambda r, c: (r, c)),
           pl.BlockSpec((1,), lambda r, c: (r,))]
