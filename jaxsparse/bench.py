@@ -43,6 +43,17 @@ def _jnp_decode(q, keys, w):
   return jnp.einsum("bhn,bh->bn", jnp.maximum(s, 0.0), w)
 
 
+def _decode_request(rng, bsz, n, heads, head_dim):
+  """Queries, weights, full lengths and a shuffled block table over B * n / 64 pages."""
+  pages = n // _indexer.PAGE_SIZE
+  q = jnp.asarray(rng.standard_normal((bsz, heads, head_dim)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((bsz, heads)), jnp.float32)
+  lens = jnp.full((bsz,), n, jnp.int32)
+  table = jnp.asarray(np.stack([rng.permutation(pages) + b * pages for b in range(bsz)]),
+                      jnp.int32)
+  return q, w, lens, table
+
+
 def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bfloat16",),
                  configs=(None,), implementation=None, baseline=True, seed=0, reps=5, calls=20):
   """Paged decode scoring; one row per (B, N, key dtype, config) plus a plain-jnp baseline row."""
@@ -51,11 +62,7 @@ def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bf
   rows = []
   for bsz, n in itertools.product(batches, slots_list):
     pages = n // _indexer.PAGE_SIZE
-    q = jnp.asarray(rng.standard_normal((bsz, heads, head_dim)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((bsz, heads)), jnp.float32)
-    lens = jnp.full((bsz,), n, jnp.int32)
-    table = jnp.asarray(np.stack([rng.permutation(pages) + b * pages for b in range(bsz)]),
-                        jnp.int32)
+    q, w, lens, table = _decode_request(rng, bsz, n, heads, head_dim)
     base_us = None
     if baseline:
       nbytes = bsz * n * head_dim * 2
@@ -215,11 +222,7 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
   rows = []
   for bsz, n in itertools.product(batches, slots_list):
     pages = n // _indexer.PAGE_SIZE
-    q = jnp.asarray(rng.standard_normal((bsz, heads, head_dim)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((bsz, heads)), jnp.float32)
-    lens = jnp.full((bsz,), n, jnp.int32)
-    table = jnp.asarray(np.stack([rng.permutation(pages) + b * pages for b in range(bsz)]),
-                        jnp.int32)
+    q, w, lens, table = _decode_request(rng, bsz, n, heads, head_dim)
     kc = dev.normal((bsz * pages, 64, head_dim))
     dense = kc[table].reshape(bsz, n, head_dim)
     variants = {
