@@ -1,0 +1,34 @@
+"""The `jaxsparse` command line: help, argument errors, and the main job at tiny shapes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxsparse import cli
+
+
+def test_help_lists_bench(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["--help"])
+  assert e.value.code == 0
+  assert "bench" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,msg", [(["bench", "--slots", "100"], "--slots=100"),
+                                      (["bench", "--k", "0"], "--k=0")])
+def test_bad_arguments_name_the_flag(argv, msg, capsys):
+  assert cli.main(argv) == 2
+  assert msg in capsys.readouterr().err
+
+
+def test_bench_runs_and_writes_json(tmp_path, capsys):
+  out = tmp_path / "r.json"
+  assert cli.main(["bench", "--slots", "1024", "--chunk", "16", "--heads", "8", "--head-dim",
+                   "32", "--k", "16", "--out", str(out)]) == 0
+  data = json.loads(out.read_text())
+  assert {"device", "jax", "date", "command"} <= set(data["environment"])
+  ops = {r["op"] for r in data["rows"]}
+  assert ops == {"decode", "prefill", "topk"}
+  assert all(r["error"] == "" for r in data["rows"] if "error" in r)
+  assert "jnp einsum" in capsys.readouterr().out
