@@ -58,3 +58,30 @@ def test_indexer_topk_fused_gpu():
   z = jaxsparse.paged_indexer_scores(q[:, 0], kc, table, lens, w[:, 0], implementation="pallas")
   rv, ri = np_topk(np.asarray(z), 2048, np.asarray(lens))
   np.testing.assert_array_equal(np.asarray(i), ri)
+
+
+def test_decode_group_max_gpu():
+  from jaxsparse.backend import KernelPlatform
+  from pallas_kernels import indexer_decode
+  rng = np.random.default_rng(4)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 64, 128, 8192, 300, "bfloat16")
+  z, gm = indexer_decode.decode_scores(q, kc, table, lens, w, platform=KernelPlatform("gpu", False),
+                                       group_max=8)
+  want = np.asarray(z).reshape(2, 1, -1, 8).max(-1)
+  np.testing.assert_array_equal(np.asarray(gm), want)
+
+
+@pytest.mark.parametrize("group", [2, 8, 64])
+def test_topk_group_max_and_threshold_gpu(group):
+  from pallas_kernels.topk import gpu as kgpu
+  rng = np.random.default_rng(group)
+  x = jnp.asarray(rng.standard_normal((4, 65536)), jnp.float32)
+  lens = jnp.asarray([65536, 1000, 0, 65535], jnp.int32)
+  gm = kgpu.group_max(x, lens, chunk=4096, group=group, num_warps=4, interpret=False)
+  xm = np.where(np.arange(65536)[None] < np.asarray(lens)[:, None], np.asarray(x), -np.inf)
+  np.testing.assert_array_equal(np.asarray(gm), xm.reshape(4, -1, group).max(-1))
+  thr = np.asarray(kgpu.threshold(gm, 100, iters=20, num_warps=8, interpret=False))
+  counts = (np.asarray(gm) >= thr[:, None]).sum(1)
+  assert (counts[[0, 1, 3]] >= 100).all() and thr[2] == -np.inf
+  kth = -np.sort(-np.asarray(gm), axis=1)[:, 99]
+  assert (thr[[0, 3]] <= kth[[0, 3]]).all() and (thr[[0, 3]] > kth[[0, 3]] - 1e-3).all()
