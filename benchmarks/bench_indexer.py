@@ -30,20 +30,29 @@ def main(argv=None):
   p.add_argument("--quick", action="store_true", help="small shapes, one config (CPU-friendly)")
   p.add_argument("--what", choices=("decode", "prefill", "both"), default="both")
   p.add_argument("--out", default="benchmarks/results/indexer_h200.json")
+  p.add_argument("--key-dtypes", default="bfloat16,float8_e4m3fn,fp8 q+k",
+                 help="comma list of: bfloat16, float8_e4m3fn, 'fp8 q+k'")
+  p.add_argument("--decode-batches", default="", help="comma list (default: shapes.DECODE_BATCHES)")
+  p.add_argument("--decode-slots", default="", help="comma list (default: shapes.DECODE_SLOTS)")
+  p.add_argument("--prefill-keys", default="", help="comma list (default: shapes.PREFILL_KEYS)")
+  p.add_argument("--best-only", action="store_true", help="time only the default tilings")
   a = p.parse_args(argv)
+  ints = lambda s, d: tuple(int(v) for v in s.split(",")) if s else d
+  kds = tuple(v.strip() for v in a.key_dtypes.split(","))
   s = shapes.DEEPSEEK_V32
   rows = []
   if a.quick:
     dec = dict(batches=(1, 2), slots_list=(4096,), heads=8, head_dim=64, configs=(None,),
-               key_dtypes=("bfloat16", "float8_e4m3fn"), reps=2, calls=3)
+               key_dtypes=("bfloat16", "float8_e4m3fn", "fp8 q+k"), reps=2, calls=3)
     pre = dict(keys_list=(1024,), chunk=128, heads=8, head_dim=64, configs=(None,), reps=2, calls=2)
   else:
-    dec = dict(batches=shapes.DECODE_BATCHES, slots_list=shapes.DECODE_SLOTS, heads=s.heads,
-               head_dim=s.head_dim, configs=DECODE_CONFIGS,
-               key_dtypes=("bfloat16", "float8_e4m3fn"))
-    pre = dict(keys_list=shapes.PREFILL_KEYS, chunk=shapes.PREFILL_CHUNK, heads=s.heads,
-               head_dim=s.head_dim, configs=PREFILL_CONFIGS,
-               key_dtypes=("bfloat16", "float8_e4m3fn"))
+    dec = dict(batches=ints(a.decode_batches, shapes.DECODE_BATCHES),
+               slots_list=ints(a.decode_slots, shapes.DECODE_SLOTS), heads=s.heads,
+               head_dim=s.head_dim, configs=(None,) if a.best_only else DECODE_CONFIGS,
+               key_dtypes=kds)
+    pre = dict(keys_list=ints(a.prefill_keys, shapes.PREFILL_KEYS), chunk=shapes.PREFILL_CHUNK,
+               heads=s.heads, head_dim=s.head_dim,
+               configs=(None,) if a.best_only else PREFILL_CONFIGS, key_dtypes=kds)
   if a.what in ("decode", "both"):
     rows += bench.bench_decode(**dec)
     print_table([r for r in rows if r["op"] == "decode"],

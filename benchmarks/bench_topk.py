@@ -11,8 +11,7 @@ from jaxsparse import bench, shapes
 from jaxsparse.benchtools import environment, print_table, write_json
 from pallas_kernels.topk import TopkConfig
 
-CONFIGS = (TopkConfig(), TopkConfig(chunk=8192, num_warps=8), TopkConfig(bisect_iters=12),
-           TopkConfig(threshold="sort"))
+CONFIGS = (TopkConfig(), TopkConfig(threshold="sort"))
 
 
 def main(argv=None):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 KEY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
-QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
+QUERY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
 IMPLEMENTATIONS = (None, "xla", "pallas")
 
 
@@ -40,6 +40,18 @@ def check_key_scale(k, k_scale, expected_shape) -> None:
   if tuple(k_scale.shape) != tuple(expected_shape):
     raise ValueError(f"k_scale.shape={tuple(k_scale.shape)} must be {tuple(expected_shape)}")
   check_dtype("k_scale", k_scale, (jnp.float32,))
+
+
+def check_fp8_pairing(q, k, k_name: str) -> None:
+  """fp8 queries run an fp8 x fp8 dot: the keys must be fp8 too."""
+  if q.dtype == jnp.float8_e4m3fn and k.dtype != jnp.float8_e4m3fn:
+    raise ValueError(f"q.dtype=float8_e4m3fn needs {k_name}.dtype=float8_e4m3fn too; "
+                     f"got {k_name}.dtype={k.dtype.name}")
+
+
+def compute_dtype(q_dtype):
+  """The dtype both dot operands take: q's, except fp8 (exact in bfloat16) for XLA and TPU."""
+  return jnp.bfloat16 if q_dtype == jnp.float8_e4m3fn else q_dtype
 
 
 def is_concrete(x) -> bool:

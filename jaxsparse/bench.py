@@ -9,9 +9,12 @@ import numpy as np
 
 from jaxsparse import indexer as _indexer
 from jaxsparse import selection as _topk
+from jaxsparse.prep import quantize_fp8
 from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, time_calls
 
 L2_BYTES = 60 << 20
+FP8 = "float8_e4m3fn"  # fp8 keys, bf16 queries
+FP8_QK = "fp8 q+k"  # fp8 queries and keys (DeepSeek-V3.2's indexer precision)
 
 
 def _timed(fn, arg_sets, **kw):
@@ -83,21 +86,22 @@ def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bf
                        vs_jnp=1.0))
       del sets
     for kd in key_dtypes:
-      item = 1 if kd == "float8_e4m3fn" else 2
+      qq = quantize_fp8(q)[0] if kd == FP8_QK else q
+      item = 1 if kd in (FP8, FP8_QK) else 2
       nbytes = bsz * n * head_dim * item
       sets = []
       for _ in range(_sets(nbytes)):
         kc = dev.normal((bsz * pages, 64, head_dim))
         ks = None
-        if kd == "float8_e4m3fn":  # values do not change the speed; avoid a f32 copy of 16 GB
+        if kd in (FP8, FP8_QK):  # values do not change the speed; avoid a f32 copy of 16 GB
           kc = (kc * 16).astype(jnp.float8_e4m3fn)
           ks = jnp.full((bsz * pages, 64), 1 / 16, jnp.float32)
-        sets.append((q, kc, table, lens, w, ks))
+        sets.append((qq, kc, table, lens, w, ks))
       for cfg in configs:
         f = jax.jit(lambda q, kc, t, l, w, ks, cfg=cfg: _indexer.paged_indexer_scores(
             q, kc, t, l, w, k_scale=ks, implementation=implementation, config=cfg))
         sec, err = _timed(f, sets, reps=reps, calls=calls)
-        moved = nbytes + bsz * n * 4 + (bsz * n * 4 if kd == "float8_e4m3fn" else 0)
+        moved = nbytes + bsz * n * 4 + (bsz * n * 4 if kd in (FP8, FP8_QK) else 0)
         _emit(rows, dict(op="decode", B=bsz, N=n, keys=kd, impl=implementation or "auto",
                          config=_cfg_str(cfg), error=err, us=sec * 1e6, tbps=moved / sec / 1e12,
                          roofline=moved / sec / 1e12 / COPY_TBPS,
@@ -139,15 +143,15 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
                        ms=base_ms, tflops=flops / sec / 1e12,
                        roofline=flops / sec / 1e12 / MATMUL_TFLOPS, vs_jnp=1.0))
     for kd in key_dtypes:
-      if kd == "float8_e4m3fn":
-        from jaxsparse.prep import quantize_fp8
+      qq = quantize_fp8(q)[0] if kd == FP8_QK else q
+      if kd in (FP8, FP8_QK):
         kk, ks = quantize_fp8(kb)
       else:
         kk, ks = kb, None
       for cfg in configs:
         f = jax.jit(lambda q, k, w, p, ks, cfg=cfg: _indexer.indexer_scores(
             q, k, w, k_scale=ks, query_positions=p, implementation=implementation, config=cfg))
-        sec, err = _timed(f, [(q, kk, w, pos, ks)], reps=reps, calls=calls)
+        sec, err = _timed(f, [(qq, kk, w, pos, ks)], reps=reps, calls=calls)
         _emit(rows, dict(op="prefill", T=t, N=n, keys=kd, impl=implementation or "auto",
                          config=_cfg_str(cfg), error=err, ms=sec * 1e3, tflops=flops / sec / 1e12,
                          roofline=flops / sec / 1e12 / MATMUL_TFLOPS,

@@ -18,14 +18,10 @@ PAGE_SIZE = 64  # slots per paged-cache block, as in DeepGEMM / vLLM's DSA index
 # --------------------------------------------------------------------------------------
 
 
-def _keys_as(k, dtype):
-  return k.astype(dtype)
-
-
 def indexer_scores_xla(q, k, w, k_scale=None, query_positions=None):
   """Plain-jnp DSA indexer; see `indexer_scores` for shapes."""
-  kd = _keys_as(k, q.dtype)
-  s = jnp.einsum("thd,nd->thn", q, kd, preferred_element_type=jnp.float32)
+  cd = _checks.compute_dtype(q.dtype)
+  s = jnp.einsum("thd,nd->thn", q.astype(cd), k.astype(cd), preferred_element_type=jnp.float32)
   z = jnp.einsum("thn,th->tn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
   if k_scale is not None:
     z = z * k_scale[None, :]
@@ -47,7 +43,9 @@ def paged_indexer_scores_xla(q, k_cache, block_table, lengths, w, k_scale=None):
   bsz, max_blocks = block_table.shape
   pages = jnp.clip(block_table, 0, num_blocks - 1)
   keys = k_cache[pages].reshape(bsz, max_blocks * page, d)  # [B, S, D]
-  s = jnp.einsum("brhd,bsd->brhs", q, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+  cd = _checks.compute_dtype(q.dtype)
+  s = jnp.einsum("brhd,bsd->brhs", q.astype(cd), keys.astype(cd),
+                 preferred_element_type=jnp.float32)
   z = jnp.einsum("brhs,brh->brs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
   if k_scale is not None:
     z = z * k_scale[pages].reshape(bsz, 1, max_blocks * page)
@@ -76,6 +74,7 @@ def _validate_dense(q, k, w, k_scale, query_positions):
   if w.shape != (t, h):
     raise ValueError(f"w.shape={tuple(w.shape)} must be (T, H)=({t}, {h}) to match q")
   _checks.check_key_scale(k, k_scale, (k.shape[0],))
+  _checks.check_fp8_pairing(q, k, "k")
   if query_positions is not None:
     if query_positions.shape != (t,):
       raise ValueError(f"query_positions.shape={tuple(query_positions.shape)} must be ({t},)")
@@ -88,7 +87,9 @@ def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementatio
   """DSA lightning-indexer scores `z[t, i] = sum_h w[t, h] * relu(q[t, h] . k[i]) (* k_scale[i])`.
 
   Args:
-    q: [T, H, D] bfloat16 or float32 indexer queries.
+    q: [T, H, D] bfloat16, float32 or float8_e4m3fn indexer queries. fp8 queries (DeepSeek-V3.2
+      quantises them per token and head, folding the scale into w) need fp8 keys and run an
+      fp8 x fp8 dot (fp8 tensor cores on GPU; exact bfloat16 upcast on XLA and TPU).
     k: [N, D] bfloat16, float32 or float8_e4m3fn keys (one key per token, shared by all heads).
       Keys are converted to q's dtype and the dot accumulates in float32.
     w: [T, H] float32 head weights.
@@ -144,6 +145,7 @@ def _validate_paged(q, k_cache, block_table, lengths, w, k_scale):
   if lengths.shape[0] != bsz:
     raise ValueError(f"lengths.shape={tuple(lengths.shape)} must be ({bsz},)")
   _checks.check_key_scale(k_cache, k_scale, (num_blocks, page))
+  _checks.check_fp8_pairing(q, k_cache, "k_cache")
   capacity = block_table.shape[1] * page
   lens = _checks.concrete_values(lengths)
   if lens is not None:

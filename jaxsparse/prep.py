@@ -98,23 +98,30 @@ def indexer_weights(proj, *, head_dim: int, q_scale=None):
 
 def prepare_indexer_inputs(q, k, proj, positions_q, positions_k, *, rope_dims: int | None = 64,
                            rope_base: float = 10000.0, interleaved: bool = False,
-                           hadamard: bool = True, fp8_keys: bool = True):
+                           hadamard: bool = True, fp8_keys: bool = True,
+                           fp8_queries: bool = False):
   """Full V3.2 preparation, each step optional.
 
   q: [T, H, D]; k: [N, D]; proj: [T, H]; positions_q: [T]; positions_k: [N].
-  Returns (q [T, H, D] bfloat16, k [N, D] (float8_e4m3fn if fp8_keys else bfloat16),
-  k_scale [N] float32 or None, w [T, H] float32).
+  Returns (q [T, H, D] bfloat16 (float8_e4m3fn if fp8_queries, its per-(token, head) scale
+  folded into w), k [N, D] (float8_e4m3fn if fp8_keys else bfloat16), k_scale [N] float32 or
+  None, w [T, H] float32).
   """
+  if fp8_queries and not fp8_keys:
+    raise ValueError("fp8_queries=True needs fp8_keys=True (the dot runs fp8 x fp8)")
   d = q.shape[-1]
   if rope_dims:
     q = apply_rope(q, positions_q, rope_dims=rope_dims, base=rope_base, interleaved=interleaved)
     k = apply_rope(k, positions_k, rope_dims=rope_dims, base=rope_base, interleaved=interleaved)
   if hadamard:
     q, k = hadamard_rotate(q), hadamard_rotate(k)
-  w = indexer_weights(proj, head_dim=d)
+  q_scale = None
+  if fp8_queries:
+    q, q_scale = quantize_fp8(q)
+  w = indexer_weights(proj, head_dim=d, q_scale=q_scale)
   if fp8_keys:
     kq, ks = quantize_fp8(k)
-    return q.astype(jnp.bfloat16), kq, ks, w
+    return (q if fp8_queries else q.astype(jnp.bfloat16)), kq, ks, w
   return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), None, w
 
 

@@ -21,7 +21,7 @@ def topk_xla(scores, k: int, lengths=None):
   valid = ~jnp.isnan(x)
   if lengths is not None:
     valid &= jnp.arange(n) < lengths[..., None]
-  x = jnp.where(valid, x, NEG_INF)
+  x = jnp.where(valid, jnp.where(x == 0, 0.0, x), NEG_INF)  # -0.0 and +0.0 tie
   if k > n:
     x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, k - n)], constant_values=NEG_INF)
   v, i = lax.top_k(x, k)  # ties: lower index first

@@ -231,3 +231,33 @@ def test_prefill_config_validation():
   with pytest.raises(NotImplementedError, match="block_t % 8"):
     indexer_prefill.prefill_scores(q, k, w, platform=TPU_I,
                                    config=indexer_prefill.PrefillConfig(block_t=2))
+
+
+@pytest.mark.parametrize("platform", [GPU_I, TPU_I], ids=["gpu", "tpu"])
+def test_fp8_queries_all_paths(platform):
+  """fp8 x fp8 scoring (DeepSeek-V3.2's precision) matches the float64 reference on fp8 inputs."""
+  rng = np.random.default_rng(11)
+  q, kc, table, lens, w, ks = random_paged(rng, 2, 2, 8, 64, 200, 9, "float8_e4m3fn")
+  q8, qs = quantize_fp8(q)
+  w8 = w * qs
+  out = indexer_decode.decode_scores(q8, kc, table, lens, w8, k_scale=ks, platform=platform,
+                                     config=indexer_decode.DecodeConfig(pages_per_step=1,
+                                                                        steps_per_program=2))
+  assert_scores_close(out, np_indexer.paged(q8, kc, table, lens, w8, ks), reduction=8 * 64)
+  qd, kd, wd, sd = _dense_inputs(rng, 5, 8, 64, 140, "float8_e4m3fn")
+  qd8, qds = quantize_fp8(qd)
+  pos = jnp.asarray(rng.integers(0, 140, 5), jnp.int32)
+  cfg = (indexer_prefill.PrefillConfig(block_t=2, block_n=32, tiles_per_program=2)
+         if platform.kind == "gpu" else indexer_prefill.config.TPU_DEFAULT)
+  outd = indexer_prefill.prefill_scores(qd8, kd, wd * qds, k_scale=sd, query_positions=pos,
+                                        platform=platform, config=cfg)
+  assert_scores_close(outd, np_indexer.dense(qd8, kd, wd * qds, sd, pos), reduction=8 * 64)
+  ref = jaxsparse.indexer_scores(qd8, kd, wd * qds, k_scale=sd, query_positions=pos,
+                                 implementation="xla")
+  assert_scores_close(ref, np_indexer.dense(qd8, kd, wd * qds, sd, pos), dtype_tol=1e-5)
+
+
+def test_fp8_queries_need_fp8_keys():
+  q, k, w, _ = _good_dense()
+  with pytest.raises(ValueError, match="q.dtype=float8_e4m3fn needs k.dtype=float8_e4m3fn"):
+    jaxsparse.indexer_scores(q.astype(jnp.float8_e4m3fn), k, w)

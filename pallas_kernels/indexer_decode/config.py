@@ -14,10 +14,11 @@ class DecodeConfig:
   steps_per_program: inner steps per program (GPU grid: one program per request and run).
   num_warps, num_stages: Triton launch options (GPU only).
   """
-  pages_per_step: int = 4
-  steps_per_program: int = 4
-  num_warps: int = 8
-  num_stages: int = 3
+  # default: the fastest bf16 tiling in benchmarks/results/indexer_h200.json (3.0-3.2 TB/s)
+  pages_per_step: int = 2
+  steps_per_program: int = 8
+  num_warps: int = 4
+  num_stages: int = 4
 
   def __post_init__(self):
     for name in ("pages_per_step", "steps_per_program", "num_warps"):

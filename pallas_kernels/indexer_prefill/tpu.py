@@ -31,8 +31,9 @@ def _prefill_kernel(last_ref, pos_ref, q_ref, w_ref, k_ref, *rest, heads: int, b
 
   @pl.when(j <= last_ref[i])
   def _():
-    k = k_ref[...].astype(q_ref.dtype)
-    s = lax.dot_general(q_ref[...], k, (((1,), (1,)), ((), ())),
+    cd = jnp.bfloat16 if q_ref.dtype == jnp.float8_e4m3fn else q_ref.dtype
+    k = k_ref[...].astype(cd)
+    s = lax.dot_general(q_ref[...].astype(cd), k, (((1,), (1,)), ((), ())),
                         preferred_element_type=jnp.float32)  # [block_t*H, block_n]
     p = jnp.maximum(s, 0.0) * w_ref[...]
     z = jnp.concatenate(

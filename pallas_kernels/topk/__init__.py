@@ -40,8 +40,12 @@ def group_size(n: int, k: int, config: TopkConfig, kind: str) -> int:
 
 
 def masked_rows(x, lengths):
-  """x [R, N] -> float32 with entries at/after lengths, NaN and -inf all -inf."""
+  """x [R, N] -> float32 with entries at/after lengths, NaN and -inf all -inf; -0.0 -> +0.0.
+
+  (`lax.top_k` orders -0.0 below +0.0; they are equal scores, so ties must go by index.)
+  """
   x = x.astype(jnp.float32)
+  x = jnp.where(x == 0, 0.0, x)
   idx = jnp.arange(x.shape[1])[None, :]
   return jnp.where((idx < lengths[:, None]) & ~jnp.isnan(x), x, NEG_INF)
 

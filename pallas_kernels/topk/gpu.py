@@ -25,6 +25,7 @@ def _valid(x_ref, len_ref, chunk):
   x = x_ref[...].astype(jnp.float32)
   idx = c * chunk + lax.broadcasted_iota(jnp.int32, (chunk,), 0)
   ok = (idx < len_ref[0]) & (x == x)  # NaN is never chosen
+  x = jnp.where(x == 0, 0.0, x)  # -0.0 == +0.0: one value, so ties go by index
   return jnp.where(ok, x, NEG_INF), idx
 
 
