@@ -1,0 +1,110 @@
+"""Lightning indexers for every layer of the base model (DeepSeek-V3.2's DSA indexer design).
+
+Per layer l, from the layer's normalised attention input h [T, width]:
+  q = h Wq -> [T, H, D] (RoPE on the first `rope_dims` dims), k = LayerNorm(h Wk) -> [T, D]
+  (one key per token, shared by heads, RoPE likewise), w = h Ww * H^-0.5 * D^-0.5 -> [T, H].
+Scores are `jaxsparse.indexer_scores` of those, causal.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxsparse import indexer as _indexer
+from jaxsparse import prep
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexerConfig:
+  layers: int
+  width: int
+  heads: int = 4
+  head_dim: int = 32
+  rope_dims: int = 16
+  rope_base: float = 10000.0
+
+  def __post_init__(self):
+    for name in ("layers", "width", "heads", "head_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)} must be positive")
+    if self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim:
+      raise ValueError(f"rope_dims={self.rope_dims} must be even and <= head_dim={self.head_dim}")
+
+
+class LightningIndexers(nnx.Module):
+  """All layers' indexers as stacked parameters ([L, ...]) so one vmap scores every layer."""
+
+  def __init__(self, cfg: IndexerConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    init = nnx.initializers.lecun_normal()
+    l, wd, h, d = cfg.layers, cfg.width, cfg.heads, cfg.head_dim
+    self.wq = nnx.Param(init(rngs.params(), (l, wd, h * d)))
+    self.wk = nnx.Param(init(rngs.params(), (l, wd, d)))
+    self.ww = nnx.Param(init(rngs.params(), (l, wd, h)))
+    self.k_scale = nnx.Param(jnp.ones((l, d)))
+    self.k_bias = nnx.Param(jnp.zeros((l, d)))
+
+  def params_tree(self):
+    return {"wq": self.wq.value, "wk": self.wk.value, "ww": self.ww.value,
+            "k_scale": self.k_scale.value, "k_bias": self.k_bias.value}
+
+  def __call__(self, hidden):
+    """hidden [L, T, width] -> causal scores [L, T, T] float32."""
+    return score_all(self.cfg, self.params_tree(), hidden)
+
+
+def project(cfg: IndexerConfig, p: dict, h):
+  """One layer: p holds that layer's arrays; h [T, width] -> (q [T,H,D], k [T,D], w [T,H])."""
+  t = h.shape[0]
+  pos = jnp.arange(t)
+  q = (h @ p["wq"]).reshape(t, cfg.heads, cfg.head_dim)
+  k = h @ p["wk"]
+  mu = k.mean(-1, keepdims=True)
+  var = ((k - mu) ** 2).mean(-1, keepdims=True)
+  k = (k - mu) * jax.lax.rsqrt(var + 1e-6) * p["k_scale"] + p["k_bias"]
+  if cfg.rope_dims:
+    q = prep.apply_rope(q, pos, rope_dims=cfg.rope_dims, base=cfg.rope_base)
+    k = prep.apply_rope(k, pos, rope_dims=cfg.rope_dims, base=cfg.rope_base)
+  w = (h @ p["ww"]) * (cfg.heads ** -0.5) * (cfg.head_dim ** -0.5)
+  return q, k, w
+
+
+def score_layer(cfg, p, h):
+  q, k, w = project(cfg, p, h)
+  pos = jnp.arange(h.shape[0], dtype=jnp.int32)
+  return _indexer.indexer_scores_xla(q, k, w, None, pos)
+
+
+def score_all(cfg, params, hidden):
+  return jax.vmap(lambda p, h: score_layer(cfg, p, h))(params, hidden)
+
+
+def kl_loss(scores, target):
+  """mean_t KL(target_t || softmax(scores_t)) over the causal prefix; scores -inf when hidden.
+
+  scores, target: [..., T, T]. target rows sum to 1 over visible keys.
+  """
+  logq = jax.nn.log_softmax(scores, axis=-1)
+  logq = jnp.where(jnp.isfinite(scores), logq, 0.0)
+  tp = jnp.where(target > 0, target * jnp.log(jnp.where(target > 0, target, 1.0)), 0.0)
+  return jnp.mean(jnp.sum(tp - target * logq, axis=-1))
+
+
+def topk_recall(scores, target, k: int):
+  """Attention mass the indexer's top-k keys capture: [..., T, T] -> [...] mean over queries."""
+  from jaxsparse.selection import topk_xla
+  _, idx = topk_xla(scores, k)
+  mass = jnp.take_along_axis(target, jnp.maximum(idx, 0), axis=-1) * (idx >= 0)
+  return mass.sum(-1).mean(-1)
+
+
+def recent_recall(target, k: int):
+  """Baseline: attention mass of the k most recent keys (a sliding window)."""
+  t = target.shape[-1]
+  qi, ki = np.arange(t)[:, None], np.arange(t)[None, :]
+  window = (ki <= qi) & (ki > qi - k)
+  return (target * window).sum(-1).mean(-1)
