@@ -92,9 +92,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
   start = 0
   if mgr.latest_step() is not None:
     start = mgr.latest_step()
-    target = {"model": nnx.state(model).to_pure_dict(),
-              "opt": nnx.state(opt).to_pure_dict()}
-    restored = mgr.restore(start, args=ocp.args.StandardRestore(target))
+    restored = mgr.restore(start, args=ocp.args.Composite(
+        model=ocp.args.StandardRestore(nnx.state(model).to_pure_dict()),
+        opt=ocp.args.StandardRestore(nnx.state(opt).to_pure_dict())))
     ms, os_ = nnx.state(model), nnx.state(opt)
     nnx.replace_by_pure_dict(ms, restored["model"])
     nnx.replace_by_pure_dict(os_, restored["opt"])
@@ -119,13 +119,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
       hidden = jax.lax.stop_gradient(coll["hidden"])
       loss = float(step(model, opt, hidden, coll["attn"]))
       losses.append(loss)
-      mgr.save(s + 1, args=ocp.args.StandardSave(
-          {"model": nnx.state(model).to_pure_dict(), "opt": nnx.state(opt).to_pure_dict()}))
+      mgr.save(s + 1, args=_save_args(model, opt))
       bar.update(task, advance=1, description=f"training indexers (KL {loss:.3f})")
   if mgr.latest_step() != cfg.steps:  # the last step falls between save intervals
-    mgr.save(cfg.steps, args=ocp.args.StandardSave(
-        {"model": nnx.state(model).to_pure_dict(), "opt": nnx.state(opt).to_pure_dict()}),
-        force=True)
+    mgr.save(cfg.steps, args=_save_args(model, opt), force=True)
   mgr.wait_until_finished()
   report = evaluate(base, model, ev[: cfg.eval_windows], cfg.recall_k)
   report.update(config=dataclasses.asdict(cfg), indexer=dataclasses.asdict(icfg),
@@ -134,6 +131,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
                 environment={"jax": jax.__version__, "device": jax.devices()[0].device_kind})
   _write_json(os.path.join(cfg.out, "report.json"), report)
   return report
+
+
+def _save_args(model, opt):
+  """Model and optimizer as separate items, so inference can restore the model alone."""
+  return ocp.args.Composite(model=ocp.args.StandardSave(nnx.state(model).to_pure_dict()),
+                            opt=ocp.args.StandardSave(nnx.state(opt).to_pure_dict()))
 
 
 def evaluate(base, model, windows, k: int) -> dict:
@@ -167,8 +170,10 @@ def load_indexers(out: str, layers: int | None = None):
     raise ValueError(f"{layers=} does not match the checkpoint's {icfg.layers} layers")
   model = lightning.LightningIndexers(icfg, rngs=nnx.Rngs(0))
   mgr = ocp.CheckpointManager(os.path.abspath(os.path.join(out, "checkpoints")))
-  target = {"model": nnx.state(model).to_pure_dict()}
-  restored = mgr.restore(mgr.latest_step(), args=ocp.args.StandardRestore(target))
+  if mgr.latest_step() is None:
+    raise FileNotFoundError(f"no checkpoint under {out}/checkpoints")
+  restored = mgr.restore(mgr.latest_step(), args=ocp.args.Composite(
+      model=ocp.args.StandardRestore(nnx.state(model).to_pure_dict())))
   st = nnx.state(model)
   nnx.replace_by_pure_dict(st, restored["model"])
   nnx.update(model, st)

@@ -45,12 +45,26 @@ class Llama(nnx.Module):
                                                          for i in range(cfg.layers)]))
                                 for k in LAYER_KEYS})
 
-  def __call__(self, tokens, keep=None, collect: bool = False):
+  def __call__(self, tokens, keep=None, collect: bool = False, dsa=None):
+    """dsa: optional (IndexerConfig, stacked indexer params, k): DSA inference, where each layer
+    attends only to the top-k keys of its own lightning indexer (queries with <= k visible keys
+    stay dense)."""
+    icfg, iparams, k = dsa if dsa is not None else (None, None, 0)
     return _forward(self.cfg, self.embed.value, self.final_norm.value, self.layers.value,
-                    tokens, keep, collect)
+                    tokens, keep, collect, icfg, iparams, k)
 
 
-def _forward(cfg, embed, final_norm, layers, tokens, keep, collect):
+def topk_mask(scores, k: int):
+  """[T, T] causal indexer scores -> bool keep mask of each row's top-k (exact, ties by index)."""
+  from jaxsparse.selection import topk_xla
+  _, idx = topk_xla(scores, k)
+  t = scores.shape[0]
+  rows = jnp.broadcast_to(jnp.arange(t)[:, None], idx.shape)
+  return jnp.zeros((t, t), bool).at[rows, jnp.where(idx >= 0, idx, t)].set(True, mode="drop")
+
+
+def _forward(cfg, embed, final_norm, layers, tokens, keep, collect, icfg=None, iparams=None,
+             k_sel=0):
   t = tokens.shape[0]
   hd, nh, nkv = cfg.head_dim, cfg.heads, cfg.kv_heads
   pos = jnp.arange(t)
@@ -58,8 +72,12 @@ def _forward(cfg, embed, final_norm, layers, tokens, keep, collect):
   x = embed[tokens]
 
   def layer(x, xs):
-    w, kp = xs
+    w, kp, ip = xs
     h = rms_norm(x, w["attn_norm"], cfg.norm_eps)
+    if ip is not None:
+      from jaxsparse.model import lightning
+      sel = topk_mask(lightning.score_layer(icfg, ip, h), k_sel)
+      kp = sel if kp is None else kp & sel
     q = rope_pairs((h @ w["q"].T).reshape(t, nh, hd), pos, cfg.rope_base)
     k = rope_pairs((h @ w["k"].T).reshape(t, nkv, hd), pos, cfg.rope_base)
     v = (h @ w["v"].T).reshape(t, nkv, hd)
@@ -79,14 +97,14 @@ def _forward(cfg, embed, final_norm, layers, tokens, keep, collect):
       out = (h, a / a.sum(axis=-1, keepdims=True))
     return x, out
 
-  x, coll = jax.lax.scan(layer, x, (layers, keep))
+  x, coll = jax.lax.scan(layer, x, (layers, keep, iparams))
   logits = rms_norm(x, final_norm, cfg.norm_eps) @ embed.T
   if collect:
     return logits, {"hidden": coll[0], "attn": coll[1]}
   return logits
 
 
-_forward = jax.jit(_forward, static_argnums=(0, 6))
+_forward = jax.jit(_forward, static_argnums=(0, 6, 7, 9))
 
 
 def perplexity(logits, tokens) -> float:
