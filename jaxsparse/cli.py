@@ -32,11 +32,56 @@ def _bench(args) -> int:
   return 0
 
 
+def _eval(args) -> int:
+  from jaxsparse import evaluate, traces
+  from jaxsparse.benchtools import print_table, write_json
+  path = args.trace or traces.default_trace_path()
+  tr = traces.load(path)
+  if tr.kind != "decode":
+    print(f"error: --trace {path} is a {tr.kind} trace; eval replays decode traces",
+          file=sys.stderr)
+    return 2
+  impl = None if args.implementation == "auto" else args.implementation
+  rows = evaluate.decode_baselines(tr, args.k, implementation=impl)
+  print(f"trace {path}: layers {tr.layers.tolist()}, {tr.q.shape[1]} steps, R={tr.rows}, "
+        f"slots {int(tr.lengths[0])}..{int(tr.lengths[-1])}"
+        + (" (extrapolated past the trained context)" if tr.meta.get("extrapolated") else ""))
+  print_table(rows, ["method", "recall", "mean_miss", "p99_miss", "sparsity", "us_per_step"])
+  if args.out:
+    write_json(args.out, dict(trace=path, meta=tr.meta, k=args.k, rows=rows))
+  return 0
+
+
+def _trace(args) -> int:
+  from jaxsparse import traces
+  from jaxsparse.model import gguf_weights, llama, record
+  from train.indexer import load_indexers
+  with open(args.text, encoding="utf-8") as f:
+    ids = gguf_weights.tokenizer().encode(f.read()).ids
+  base = llama.load_model()
+  idx = load_indexers(args.indexers)
+  layers = [int(v) for v in args.layers.split(",")] if args.layers else None
+  if args.kind == "decode":
+    tr = record.record_decode(base, idx, ids, prompt_len=args.prompt_len, steps=args.steps,
+                              rows=args.rows, layers=layers, source=args.text)
+  else:
+    tr = record.record_prefill(base, idx, ids[: args.tokens], layers=layers, source=args.text)
+  traces.save(args.out, tr)
+  print(f"wrote {args.out} ({tr.kind}, layers {tr.layers.tolist()}, q {tr.q.shape}"
+        + (", extrapolated" if tr.meta["extrapolated"] else "") + ")")
+  return 0
+
+
+def _train_indexer(args) -> int:
+  from train import indexer
+  return indexer.main(args.rest) or 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="jaxsparse",
-      description="DeepSeek Sparse Attention indexer tools: benchmarks (more subcommands come "
-                  "with each capability: eval, trace, spin).")
+      description="DeepSeek Sparse Attention indexer tools: kernels benchmark (bench), the real "
+                  "model's indexers (train-indexer), traces (trace) and their replay (eval).")
   sub = p.add_subparsers(dest="command", required=True)
   b = sub.add_parser("bench", help="small indexer + top-K benchmark (the main job)",
                      description=MAIN_JOB_HELP, formatter_class=argparse.RawTextHelpFormatter)
@@ -49,12 +94,39 @@ def build_parser() -> argparse.ArgumentParser:
                  help="kernel path to time against plain jnp (default pallas)")
   b.add_argument("--out", default="", help="also write the rows as JSON here")
   b.set_defaults(func=_bench)
+
+  e = sub.add_parser("eval", help="replay a decode trace through full DSA and the selection "
+                     "methods; print recall, miss, sparsity and speed")
+  e.add_argument("--trace", default="", help="decode trace .npz (default: the shipped one)")
+  e.add_argument("--k", type=int, default=64, help="top-K size (default 64)")
+  e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
+  e.add_argument("--out", default="", help="also write the table as JSON here")
+  e.set_defaults(func=_eval)
+
+  t = sub.add_parser("trace", help="record a decode or prefill trace from a text file with the "
+                     "real model (SmolLM2-135M) and trained indexers")
+  t.add_argument("kind", choices=("decode", "prefill"))
+  t.add_argument("--text", required=True, help="UTF-8 text file")
+  t.add_argument("--indexers", required=True, help="output folder of `jaxsparse train-indexer`")
+  t.add_argument("--out", required=True, help="trace .npz to write")
+  t.add_argument("--layers", default="", help="comma list of layers (default: all)")
+  t.add_argument("--prompt-len", type=int, default=1024, help="decode: slots before step 0")
+  t.add_argument("--steps", type=int, default=256, help="decode: steps")
+  t.add_argument("--rows", type=int, default=1, help="decode: verifier rows (R = drafts + 1)")
+  t.add_argument("--tokens", type=int, default=4096, help="prefill: tokens")
+  t.set_defaults(func=_trace)
+
+  r = sub.add_parser("train-indexer", help="train the lightning indexers (dense warm-up); "
+                     "options as `python -m train.indexer --help`", add_help=False)
+  r.add_argument("rest", nargs=argparse.REMAINDER)
+  r.set_defaults(func=_train_indexer)
   return p
 
 
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
-  for name in ("slots", "chunk", "heads", "head_dim", "k"):
+  for name in ("slots", "chunk", "heads", "head_dim", "k", "steps", "rows", "prompt_len",
+               "tokens"):
     v = getattr(args, name, None)
     if v is not None and v < 1:
       print(f"error: --{name.replace('_', '-')}={v} must be positive", file=sys.stderr)

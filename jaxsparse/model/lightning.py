@@ -49,8 +49,9 @@ class LightningIndexers(nnx.Module):
     self.k_bias = nnx.Param(jnp.zeros((l, d)))
 
   def params_tree(self):
-    return {"wq": self.wq.value, "wk": self.wk.value, "ww": self.ww.value,
-            "k_scale": self.k_scale.value, "k_bias": self.k_bias.value}
+    from jaxsparse.model.llama import var_value
+    return {name: var_value(getattr(self, name)) for name in ("wq", "wk", "ww", "k_scale",
+                                                              "k_bias")}
 
   def __call__(self, hidden):
     """hidden [L, T, width] -> causal scores [L, T, T] float32."""

@@ -50,8 +50,13 @@ class Llama(nnx.Module):
     attends only to the top-k keys of its own lightning indexer (queries with <= k visible keys
     stay dense)."""
     icfg, iparams, k = dsa if dsa is not None else (None, None, 0)
-    return _forward(self.cfg, self.embed.value, self.final_norm.value, self.layers.value,
-                    tokens, keep, collect, icfg, iparams, k)
+    return _forward(self.cfg, var_value(self.embed), var_value(self.final_norm),
+                    var_value(self.layers), tokens, keep, collect, icfg, iparams, k)
+
+
+def var_value(v):
+  """An nnx.Variable's value across flax versions (`.value` is deprecated from 0.12)."""
+  return v.get_value() if hasattr(v, "get_value") else v.value
 
 
 def topk_mask(scores, k: int):

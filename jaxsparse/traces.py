@@ -1,0 +1,159 @@
+"""Indexer traces: a documented, versioned npz format for decode and prefill, validated on load.
+
+Format (schema_version 1), one `.npz` (numpy, no pickled objects: load with allow_pickle=False):
+
+  schema_version  int64 scalar, = 1
+  kind            str scalar, "decode" or "prefill"
+  meta            str scalar, JSON: model, source text, tokens, extrapolated (bool: any position
+                  past the model's trained context), and anything else the producer adds
+  layers          [L] int32, which model layers the trace holds
+  decode:
+    q             [L, S, R, H, D] float32  indexer queries; R verifier rows (R = 1: plain decode)
+    w             [L, S, R, H]    float32  head weights
+    k             [L, N, D]       float32  indexer keys by slot (N = lengths[-1])
+    lengths       [S] int32, non-decreasing: at step s row r sits at slot lengths[s] - R + r
+                  and sees slots [0, lengths[s] - R + r]
+    accepted      [S] int32 in [0, R - 1]: draft tokens accepted at step s (0 when R = 1)
+  prefill:
+    q [L, T, H, D] float32, w [L, T, H] float32, k [L, T, D] float32; query t sees keys <= t.
+
+Importing from another engine: dump per layer the indexer's post-RoPE (and post-Hadamard) q,
+the head weights after all scaling (q-scale folded in), and dequantised keys in slot order; for
+a paged cache, gather the pages in block-table order first. `save` validates before writing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass
+class DecodeTrace:
+  q: np.ndarray
+  w: np.ndarray
+  k: np.ndarray
+  lengths: np.ndarray
+  accepted: np.ndarray
+  layers: np.ndarray
+  meta: dict
+
+  kind = "decode"
+
+  @property
+  def rows(self) -> int:
+    return self.q.shape[2]
+
+  def layer(self, i: int):
+    """(q [S, R, H, D], w [S, R, H], k [N, D]) of the i-th stored layer."""
+    return self.q[i], self.w[i], self.k[i]
+
+
+@dataclasses.dataclass
+class PrefillTrace:
+  q: np.ndarray
+  w: np.ndarray
+  k: np.ndarray
+  layers: np.ndarray
+  meta: dict
+
+  kind = "prefill"
+
+
+class TraceError(ValueError):
+  """A trace file that does not follow the schema; the message names the field."""
+
+
+def _need(cond, msg):
+  if not cond:
+    raise TraceError(msg)
+
+
+def validate(tr) -> None:
+  """Check shapes, dtypes, ranges and finiteness; raises TraceError naming the field."""
+  _need(isinstance(tr.meta, dict), "meta must be a dict")
+  _need(tr.layers.ndim == 1 and tr.layers.dtype.kind == "i", "layers must be [L] int")
+  nl = tr.layers.shape[0]
+  for name in ("q", "w", "k"):
+    a = getattr(tr, name)
+    _need(a.dtype == np.float32, f"{name}.dtype={a.dtype} must be float32")
+    _need(a.shape[0] == nl, f"{name}.shape[0]={a.shape[0]} must equal len(layers)={nl}")
+    _need(np.isfinite(a).all(), f"{name} holds non-finite values")
+  if tr.kind == "decode":
+    _need(tr.q.ndim == 5, f"q must be [L, S, R, H, D]; got shape {tr.q.shape}")
+    _, s, r, h, d = tr.q.shape
+    _need(tr.w.shape == (nl, s, r, h), f"w.shape={tr.w.shape} must be {(nl, s, r, h)}")
+    _need(tr.k.ndim == 3 and tr.k.shape[2] == d, f"k.shape={tr.k.shape} must be [L, N, {d}]")
+    _need(tr.lengths.shape == (s,) and tr.lengths.dtype.kind == "i",
+          f"lengths must be [{s}] int; got {tr.lengths.shape} {tr.lengths.dtype}")
+    _need(tr.accepted.shape == (s,) and tr.accepted.dtype.kind == "i",
+          f"accepted must be [{s}] int; got {tr.accepted.shape} {tr.accepted.dtype}")
+    if s:
+      _need((np.diff(tr.lengths) >= 0).all(), "lengths must be non-decreasing")
+      _need(tr.lengths.min() >= r, f"lengths must be >= R={r} (every row needs a slot)")
+      _need(tr.lengths.max() <= tr.k.shape[1],
+            f"lengths max {tr.lengths.max()} exceeds the {tr.k.shape[1]} key slots")
+      _need(((tr.accepted >= 0) & (tr.accepted <= r - 1)).all(),
+            f"accepted must lie in [0, {r - 1}]")
+  else:
+    _need(tr.q.ndim == 4, f"q must be [L, T, H, D]; got shape {tr.q.shape}")
+    _, t, h, d = tr.q.shape
+    _need(tr.w.shape == (nl, t, h), f"w.shape={tr.w.shape} must be {(nl, t, h)}")
+    _need(tr.k.shape == (nl, t, d), f"k.shape={tr.k.shape} must be {(nl, t, d)}")
+
+
+def save(path: str, tr) -> None:
+  """Validate, then write atomically (a crash never leaves a half-written trace)."""
+  validate(tr)
+  arrays = {"schema_version": np.int64(SCHEMA_VERSION), "kind": np.str_(tr.kind),
+            "meta": np.str_(json.dumps(tr.meta)), "layers": tr.layers, "q": tr.q, "w": tr.w,
+            "k": tr.k}
+  if tr.kind == "decode":
+    arrays.update(lengths=tr.lengths, accepted=tr.accepted)
+  d = os.path.dirname(os.path.abspath(path))
+  os.makedirs(d, exist_ok=True)
+  tmp = os.path.join(d, f".{os.path.basename(path)}.tmp")
+  with open(tmp, "wb") as f:
+    np.savez_compressed(f, **arrays)
+  os.replace(tmp, path)
+
+
+def load(path: str):
+  """Read and validate a trace; never unpickles. Returns DecodeTrace or PrefillTrace."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"trace file {path!r} does not exist")
+  try:
+    z = np.load(path, allow_pickle=False)
+  except (ValueError, OSError) as e:
+    raise TraceError(f"{path!r} is not a readable npz trace: {e}") from e
+  with z:
+    keys = set(z.files)
+    _need("schema_version" in keys, f"{path!r}: missing field schema_version")
+    ver = int(z["schema_version"])
+    _need(ver == SCHEMA_VERSION, f"{path!r}: schema_version={ver}, this jaxsparse reads "
+                                 f"{SCHEMA_VERSION}")
+    kind = str(z["kind"]) if "kind" in keys else None
+    _need(kind in ("decode", "prefill"), f"{path!r}: kind={kind!r} must be decode or prefill")
+    need = {"meta", "layers", "q", "w", "k"} | ({"lengths", "accepted"} if kind == "decode"
+                                                 else set())
+    missing = sorted(need - keys)
+    _need(not missing, f"{path!r}: missing field(s) {missing}")
+    try:
+      meta = json.loads(str(z["meta"]))
+    except json.JSONDecodeError as e:
+      raise TraceError(f"{path!r}: meta is not JSON: {e}") from e
+    common = dict(q=z["q"], w=z["w"], k=z["k"], layers=z["layers"], meta=meta)
+    tr = (DecodeTrace(lengths=z["lengths"], accepted=z["accepted"], **common)
+          if kind == "decode" else PrefillTrace(**common))
+  validate(tr)
+  return tr
+
+
+def default_trace_path() -> str:
+  """The small real decode trace shipped inside the package (the main job's input)."""
+  import importlib.resources
+  return os.fspath(importlib.resources.files("jaxsparse") / "data" / "smollm2_decode.npz")

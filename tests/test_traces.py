@@ -1,0 +1,110 @@
+"""Trace format (save/load/validation), recording with the real model, and eval replay."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxsparse import evaluate, traces
+from jaxsparse.model import gguf_weights, lightning, llama, record, text
+
+
+def _tiny_decode(s=6, r=2, n=40, layers=2, h=2, d=8, seed=0):
+  rng = np.random.default_rng(seed)
+  return traces.DecodeTrace(
+      q=rng.standard_normal((layers, s, r, h, d)).astype(np.float32),
+      w=rng.standard_normal((layers, s, r, h)).astype(np.float32),
+      k=rng.standard_normal((layers, n, d)).astype(np.float32),
+      lengths=np.arange(n - s + 1, n + 1, dtype=np.int32),
+      accepted=np.zeros(s, np.int32), layers=np.arange(layers, dtype=np.int32),
+      meta={"source": "random"})
+
+
+def test_roundtrip(tmp_path):
+  tr = _tiny_decode()
+  p = str(tmp_path / "t.npz")
+  traces.save(p, tr)
+  back = traces.load(p)
+  assert back.kind == "decode" and back.meta == {"source": "random"}
+  for f in ("q", "w", "k", "lengths", "accepted", "layers"):
+    np.testing.assert_array_equal(getattr(back, f), getattr(tr, f))
+  pre = traces.PrefillTrace(q=tr.q[:, :, 0], w=tr.w[:, :, 0], k=tr.k[:, :6], layers=tr.layers,
+                            meta={})
+  traces.save(p, pre)
+  assert traces.load(p).kind == "prefill"
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda t: setattr(t, "lengths", t.lengths[::-1].copy()), "non-decreasing"),
+    (lambda t: setattr(t, "lengths", t.lengths + 100), "exceeds"),
+    (lambda t: setattr(t, "accepted", t.accepted + 5), "accepted must lie"),
+    (lambda t: setattr(t, "q", t.q.astype(np.float64)), "q.dtype"),
+    (lambda t: setattr(t, "w", t.w[:, :, :, :1]), "w.shape"),
+    (lambda t: t.k.__setitem__((0, 0, 0), np.nan), "non-finite"),
+    (lambda t: setattr(t, "layers", t.layers[:1]), "len\\(layers\\)"),
+])
+def test_validation_names_the_field(mutate, match, tmp_path):
+  tr = _tiny_decode()
+  mutate(tr)
+  with pytest.raises(traces.TraceError, match=match):
+    traces.save(str(tmp_path / "bad.npz"), tr)
+
+
+def test_load_rejects_bad_files(tmp_path):
+  p = tmp_path / "x.npz"
+  np.savez(p, q=np.zeros(3, object))  # an object array would need pickle
+  with pytest.raises(traces.TraceError, match="schema_version"):
+    traces.load(str(p))
+  good = _tiny_decode()
+  traces.save(str(p), good)
+  z = dict(np.load(p))
+  z["schema_version"] = np.int64(99)
+  np.savez(p, **z)
+  with pytest.raises(traces.TraceError, match="schema_version=99"):
+    traces.load(str(p))
+  z["schema_version"] = np.int64(1)
+  del z["lengths"]
+  np.savez(p, **z)
+  with pytest.raises(traces.TraceError, match="missing field"):
+    traces.load(str(p))
+  (tmp_path / "junk.npz").write_bytes(b"not a zip")
+  with pytest.raises(traces.TraceError, match="not a readable"):
+    traces.load(str(tmp_path / "junk.npz"))
+  with pytest.raises(FileNotFoundError):
+    traces.load(str(tmp_path / "none.npz"))
+
+
+def test_record_decode_with_real_model(tmp_path):
+  base = llama.load_model(2)
+  icfg = lightning.IndexerConfig(layers=2, width=576, heads=2, head_dim=16, rope_dims=8)
+  idx = lightning.LightningIndexers(icfg, rngs=nnx.Rngs(0))
+  ids = gguf_weights.tokenizer().encode(text.python_docs()[:4000]).ids
+  tr = record.record_decode(base, idx, ids, prompt_len=40, steps=10, rows=3, source="docs")
+  assert tr.q.shape == (2, 10, 3, 2, 16) and tr.k.shape == (2, 52, 16)
+  np.testing.assert_array_equal(tr.lengths, 40 + np.arange(10) + 3)
+  assert not tr.meta["extrapolated"] and tr.meta["rows"] == 3
+  p = str(tmp_path / "d.npz")
+  traces.save(p, tr)
+  tr2 = traces.load(p)
+  rows = evaluate.decode_baselines(tr2, 8, implementation="xla")
+  by = {r["method"]: r for r in rows}
+  assert by["full DSA"]["recall"] == 1.0
+  assert 0 <= by["recent window"]["recall"] <= 1 and by["recent window"]["sparsity"] > 0.7
+  with pytest.raises(ValueError, match="tokens has"):
+    record.record_decode(base, idx, ids[:20], prompt_len=40, steps=10)
+
+
+def test_full_topk_kernel_matches_reference():
+  tr = _tiny_decode(s=5, r=1, n=300, h=4, d=32)
+  q, w, k = tr.layer(0)
+  a, _, _ = evaluate.full_topk(q[:, 0], w[:, 0], k, tr.lengths, 16, implementation="xla")
+  b, _, _ = evaluate.full_topk(q[:, 0], w[:, 0], k, tr.lengths, 16, implementation="pallas")
+  np.testing.assert_array_equal(a, b)
+
+
+def test_shipped_trace_is_valid():
+  tr = traces.load(traces.default_trace_path())
+  assert tr.kind == "decode" and tr.meta["model"].startswith("SmolLM2")
+  assert not tr.meta["extrapolated"]
