@@ -42,7 +42,11 @@ def _eval(args) -> int:
           file=sys.stderr)
     return 2
   impl = None if args.implementation == "auto" else args.implementation
-  rows = evaluate.decode_baselines(tr, args.k, implementation=impl)
+  from jaxsparse import spin
+  spins = [(f"SPIN {int(100 * rho)}% (b={args.block_size})",
+            spin.SpinConfig(block_size=args.block_size, topk=args.k, sparsity=rho))
+           for rho in (0.2, 0.4)]
+  rows = evaluate.decode_baselines(tr, args.k, implementation=impl, spin_configs=spins)
   print(f"trace {path}: layers {tr.layers.tolist()}, {tr.q.shape[1]} steps, R={tr.rows}, "
         f"slots {int(tr.lengths[0])}..{int(tr.lengths[-1])}"
         + (" (extrapolated past the trained context)" if tr.meta.get("extrapolated") else ""))
@@ -99,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "methods; print recall, miss, sparsity and speed")
   e.add_argument("--trace", default="", help="decode trace .npz (default: the shipped one)")
   e.add_argument("--k", type=int, default=64, help="top-K size (default 64)")
+  e.add_argument("--block-size", type=int, default=16,
+                 help="SPIN block size for the replay (default 16: the shipped trace has ~1K "
+                      "slots, so 16-slot blocks give SPIN as many blocks as 64-slot blocks do "
+                      "at 4K)")
   e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
   e.add_argument("--out", default="", help="also write the table as JSON here")
   e.set_defaults(func=_eval)

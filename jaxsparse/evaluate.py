@@ -43,8 +43,10 @@ def _recall(pred_sets, truth):
   return out
 
 
-def decode_baselines(trace: DecodeTrace, topk: int, implementation=None) -> list[dict]:
-  """Rows: full DSA (exact), recent window of topk slots, prev-iter top-K reuse (row 0)."""
+def decode_baselines(trace: DecodeTrace, topk: int, implementation=None,
+                     spin_configs=()) -> list[dict]:
+  """Rows: full DSA (exact), recent window of topk slots, prev-iter top-K reuse (row 0), and
+  SPIN (trace replay) for each config in spin_configs (name, SpinConfig)."""
   recs = {"full DSA": [], "recent window": [], "prev-iter top-K": []}
   spars = {"full DSA": [], "recent window": [], "prev-iter top-K": []}
   secs = []
@@ -61,6 +63,14 @@ def decode_baselines(trace: DecodeTrace, topk: int, implementation=None) -> list
     prev = [idx[0]] + [idx[s - 1] for s in range(1, len(idx))]
     recs["prev-iter top-K"].append(_recall(prev, idx)[1:])
     spars["prev-iter top-K"].append((1 - np.minimum(topk, lens) / lens)[1:])
+  from jaxsparse import spin
+  for name, cfg in spin_configs:
+    recs[name], spars[name] = [], []
+    for li in range(trace.q.shape[0]):
+      q, w, k = trace.layer(li)
+      r = spin.replay(q[:, 0], w[:, 0], k, lens, cfg)
+      recs[name].append(1 - r["miss_rate"][1:, 0])
+      spars[name].append(r["realized_sparsity"][1:])
   rows = []
   for name in recs:
     r = np.concatenate(recs[name])

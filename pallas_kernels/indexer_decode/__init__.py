@@ -12,7 +12,7 @@ from pallas_kernels.indexer_decode.config import DecodeConfig
 from pallas_kernels.indexer_decode import gpu as _gpu
 from pallas_kernels.indexer_decode import tpu as _tpu
 
-__all__ = ["DecodeConfig", "decode_scores"]
+__all__ = ["DecodeConfig", "decode_scores", "block_sparse_scores"]
 
 
 def decode_scores(q, k_cache, block_table, lengths, w, *, k_scale=None, config=None,
@@ -29,8 +29,25 @@ def decode_scores(q, k_cache, block_table, lengths, w, *, k_scale=None, config=N
   return _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max)
 
 
+def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts, *,
+                        k_scale=None, config=None, platform: KernelPlatform):
+  """Score only selected blocks (SPIN). sel_blocks [B, M] int32 logical block ids, the first
+  counts[b] valid (ascending), -1 after; -> (z [B, R, M * 64] float32 in selection order,
+  slots [B, M * 64] int32, -1 for padding)."""
+  config = config or DecodeConfig()
+  page = k_cache.shape[1]
+  sel = jnp.where(jnp.arange(sel_blocks.shape[1])[None] < counts[:, None], sel_blocks, -1)
+  table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+  z = _decode(q, k_cache, table, lengths, w, k_scale, config, platform, 0, sel,
+              counts.astype(jnp.int32))
+  slots = (sel[:, :, None] * page + jnp.arange(page)[None, None]).reshape(sel.shape[0], -1)
+  slots = jnp.where(jnp.repeat(sel, page, axis=1) >= 0, slots, -1)
+  return z, slots
+
+
 @functools.partial(jax.jit, static_argnums=(6, 7, 8))
-def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max):
+def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max,
+            logical=None, counts=None):
   from jaxsparse.indexer import row_lengths
   bsz, rows, heads, d = q.shape
   max_blocks = block_table.shape[1]
@@ -47,12 +64,13 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
   lp = pad_axis(lens, 1, r2)
   if platform.kind == "gpu":
     out = _gpu.decode_scores_gpu(qp, k_cache, block_table, lp, wp, k_scale, config=config,
-                                 interpret=platform.interpret, group_max=group_max)
+                                 interpret=platform.interpret, group_max=group_max,
+                                 logical=logical, counts=counts)
   else:
     if group_max:
       raise NotImplementedError("group_max is fused only in the GPU decode kernel")
     out = _tpu.decode_scores_tpu(qp, k_cache, block_table, lp, wp, k_scale, config=config,
-                                 interpret=platform.interpret)
+                                 interpret=platform.interpret, logical=logical, counts=counts)
   slots = max_blocks * k_cache.shape[1]
   if group_max:
     z, gm = out

@@ -1,0 +1,422 @@
+"""SPIN: shadow predictive indexer for decode (shared/papers/spin-shadow-predictive-indexer.txt).
+
+Pure functions over a state pytree. Per request and layer SPIN keeps
+  V [N_cap]  an EMA of observed indexer scores by absolute slot     (vertical pattern, sec. 3.2)
+  D [N_cap]  an EMA of observed scores by relative offset q_t - i   (diagonal pattern)
+  age [B_cap] the step at which each block was last scored            (block-age exploration)
+and predicts slot scores `max(V[i], D[q_t - i])`, pools them per block, and scores only the
+m_t best blocks (Algorithm 1), plus the sink block, the newest block and a few explored blocks
+(sec. 3.2.1). Speculative decoding (sec. 3.2.2): one mask per verifier row, union or row-0
+sharing; EMA updates deferred until acceptance is known, then replayed for rows 0..a (prefix)
+or row 0 only.
+
+Everything is jit-compiled for a fixed capacity (`N_cap` slots): lengths are data, so a growing
+context never recompiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NEG_INF = float("-inf")
+POOLINGS = ("max", "top4", "mean")
+REDUCTIONS = ("A0", "A1", "A2")
+EXPLORES = ("random", "staleness", "block-age", "none")
+MASK_POLICIES = ("union", "row0")
+UPDATE_POLICIES = ("prefix", "row0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpinConfig:
+  """SPIN's knobs (paper defaults: b=64, max pooling, alpha=0.5, A1, random 5% exploration).
+
+  block_size: slots per KV block (must match the paged cache's page size).
+  topk: K of the post-indexer top-K.
+  sparsity: target block sparsity rho in [0, 1).
+  ema_decay: alpha in [0, 1).
+  explore_fraction: gamma, the part of the block budget m_t reserved for exploration.
+  explore: "random" | "staleness" | "block-age" | "none".
+  pooling: "max" | "top4" | "mean" (how predicted slot scores become a block score).
+  reduction: "A0" (slot top-K, then expand to blocks) | "A1" (pool predicted slot scores) |
+    "A2" (block-level EMA states).
+  mask_policy, update_policy: speculative decoding (R > 1 verifier rows).
+  """
+  block_size: int = 64
+  topk: int = 2048
+  sparsity: float = 0.4
+  ema_decay: float = 0.5
+  explore_fraction: float = 0.05
+  explore: str = "random"
+  pooling: str = "max"
+  reduction: str = "A1"
+  mask_policy: str = "union"
+  update_policy: str = "prefix"
+
+  def __post_init__(self):
+    b = self.block_size
+    if not isinstance(b, int) or b < 1 or b & (b - 1):
+      raise ValueError(f"block_size={b!r} must be a power of two")
+    if not isinstance(self.topk, int) or self.topk < 1:
+      raise ValueError(f"topk={self.topk!r} must be a positive int")
+    if not 0.0 <= self.sparsity < 1.0:
+      raise ValueError(f"sparsity={self.sparsity!r} must lie in [0, 1)")
+    if not 0.0 <= self.ema_decay < 1.0:
+      raise ValueError(f"ema_decay={self.ema_decay!r} must lie in [0, 1)")
+    if not 0.0 <= self.explore_fraction <= 0.5:
+      raise ValueError(f"explore_fraction={self.explore_fraction!r} must lie in [0, 0.5]: "
+                       "exploration may take at most half of the block budget")
+    for name, allowed in (("explore", EXPLORES), ("pooling", POOLINGS),
+                          ("reduction", REDUCTIONS), ("mask_policy", MASK_POLICIES),
+                          ("update_policy", UPDATE_POLICIES)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
+
+  @property
+  def min_blocks(self) -> int:
+    return -(-self.topk // self.block_size)
+
+
+# ------------------------------------------------------------------------------------ state
+
+
+def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
+  """Fresh (reset) state for `capacity` slots; `batch` adds leading request dims.
+
+  The first step after a reset scores every block (`warm` is False until then).
+  """
+  if capacity % config.block_size:
+    raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
+  nb = capacity // config.block_size
+  z = lambda n: jnp.zeros(batch + (n,), jnp.float32)
+  return {"V": z(capacity), "D": z(capacity), "VB": z(nb), "DB": z(nb),
+          "age": jnp.zeros(batch + (nb,), jnp.int32), "step": jnp.zeros(batch, jnp.int32),
+          "warm": jnp.zeros(batch, bool)}
+
+
+def reset(state):
+  """Reset after prefill or at the start of a turn (sec. 3.2)."""
+  return jax.tree.map(jnp.zeros_like, state)
+
+
+# ------------------------------------------------------------------------------- prediction
+
+
+def num_blocks_budget(n_blocks, config: SpinConfig):
+  """m_t = min(B_t, max(ceil(K / b), ceil((1 - rho) B_t))) (Algorithm 1, line 4)."""
+  keep = jnp.ceil((1.0 - config.sparsity) * n_blocks.astype(jnp.float32)).astype(jnp.int32)
+  return jnp.minimum(n_blocks, jnp.maximum(config.min_blocks, keep))
+
+
+def _pool(x, config):
+  """x [nb, b] predicted slot scores (-inf outside the context) -> [nb] block scores."""
+  if config.pooling == "max":
+    return x.max(-1)
+  valid = x > NEG_INF
+  if config.pooling == "mean":
+    cnt = valid.sum(-1)
+    return jnp.where(cnt > 0, jnp.where(valid, x, 0.0).sum(-1) / jnp.maximum(cnt, 1), NEG_INF)
+  top = jax.lax.top_k(x, min(4, x.shape[-1]))[0]
+  tv = top > NEG_INF
+  cnt = tv.sum(-1)
+  return jnp.where(cnt > 0, jnp.where(tv, top, 0.0).sum(-1) / jnp.maximum(cnt, 1), NEG_INF)
+
+
+def predicted_slot_scores(state, pos, length):
+  """zhat[i] = max(V[i], D[pos - i]) for i < length, else -inf (eq. 1)."""
+  cap = state["V"].shape[-1]
+  i = jnp.arange(cap)
+  d = state["D"][jnp.clip(pos - i, 0, cap - 1)]
+  return jnp.where(i < length, jnp.maximum(state["V"], d), NEG_INF)
+
+
+def block_scores(state, pos, length, config: SpinConfig):
+  """Predicted block scores S_t [num_blocks] (-inf for blocks past the context)."""
+  b = config.block_size
+  nb = state["VB"].shape[-1]
+  jb = jnp.arange(nb)
+  n_blocks = -(-length // b)
+  if config.reduction == "A2":
+    d = state["DB"][jnp.clip(pos // b - jb, 0, nb - 1)]
+    return jnp.where(jb < n_blocks, jnp.maximum(state["VB"], d), NEG_INF)
+  z = predicted_slot_scores(state, pos, length).reshape(nb, b)
+  return _pool(z, config)
+
+
+def _rank_desc(score, eligible):
+  """Rank (0 = best) of each eligible entry by score, ties to the lower index; others huge."""
+  n = score.shape[-1]
+  key = jnp.where(eligible, score, NEG_INF)
+  order = jnp.lexsort((jnp.arange(n), -key, ~eligible))  # eligible first, then score desc
+  rank = jnp.empty(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+  return jnp.where(eligible, rank, n)
+
+
+def select_blocks(state, pos, length, config: SpinConfig, key):
+  """Block mask [num_blocks] bool for one query at slot `pos` seeing `length` slots.
+
+  Cold state (first step after a reset): every block. Otherwise the forced blocks (sink and
+  newest), the best predicted blocks, and floor(gamma * m_t) explored blocks, m_t in total
+  (sec. 3.2.1). A0 instead keeps every block holding one of the top-K predicted slots.
+  """
+  b = config.block_size
+  nb = state["VB"].shape[-1]
+  jb = jnp.arange(nb)
+  n_blocks = -(-length // b)
+  valid = jb < n_blocks
+  forced = valid & ((jb == 0) | (jb == n_blocks - 1))
+  m = num_blocks_budget(n_blocks, config)
+  n_forced = forced.sum()
+  cap = jnp.maximum(m - n_forced, 0)
+  n_explore = jnp.minimum(jnp.floor(config.explore_fraction * m).astype(jnp.int32), cap)
+  if config.explore == "none":
+    n_explore = jnp.zeros_like(n_explore)
+  n_exploit = cap - n_explore
+  if config.reduction == "A0":
+    z = predicted_slot_scores(state, pos, length)
+    kk = min(config.topk, z.shape[-1])
+    _, idx = jax.lax.top_k(z, kk)
+    hit = jnp.zeros(nb, bool).at[idx // b].set(True) & valid
+    exploit = hit & ~forced
+  else:
+    s = block_scores(state, pos, length, config)
+    exploit = _rank_desc(s, valid & ~forced) < n_exploit
+  rest = valid & ~forced & ~exploit
+  if config.explore == "random":
+    prio = jax.random.uniform(key, (nb,))
+  elif config.explore == "block-age":
+    prio = (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * jax.random.uniform(key, (nb,))
+  elif config.explore == "staleness":
+    s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
+                     if config.reduction == "A0" else config)
+    stale = (state["step"] - state["age"]).astype(jnp.float32)
+    lo = jnp.min(jnp.where(valid, s, jnp.inf))
+    prio = stale * (jnp.where(valid, s, lo) - lo + 1e-6)
+  else:
+    prio = jnp.zeros((nb,))
+  explore = _rank_desc(prio, rest) < n_explore
+  mask = forced | exploit | explore
+  return jnp.where(state["warm"], mask, valid)
+
+
+# ---------------------------------------------------------------------------------- update
+
+
+def update(state, scores, mask, pos, length, config: SpinConfig):
+  """EMA update from observed scores (only slots of scored blocks; Algorithm 1 lines 8-10).
+
+  scores [N_cap] float32 (values outside `mask` are ignored), mask [num_blocks] bool.
+  """
+  a = config.ema_decay
+  b = config.block_size
+  cap = state["V"].shape[-1]
+  nb = cap // b
+  i = jnp.arange(cap)
+  obs = jnp.repeat(mask, b) & (i < length)
+  z = jnp.where(obs, scores, 0.0)
+  v = jnp.where(obs, a * state["V"] + (1 - a) * z, state["V"])
+  off = pos - i
+  d_idx = jnp.where(obs & (off >= 0), off, cap)  # cap: dropped
+  d_old = state["D"][jnp.clip(off, 0, cap - 1)]
+  d = state["D"].at[d_idx].set(a * d_old + (1 - a) * z, mode="drop")
+  blk = jnp.where(obs.reshape(nb, b), scores.reshape(nb, b), NEG_INF).max(-1)  # A2 pooled obs
+  seen = mask & (jnp.arange(nb) < -(-length // b))
+  vb = jnp.where(seen, a * state["VB"] + (1 - a) * blk, state["VB"])
+  boff = pos // b - jnp.arange(nb)
+  db_idx = jnp.where(seen & (boff >= 0), boff, nb)
+  db = state["DB"].at[db_idx].set(a * state["DB"][jnp.clip(boff, 0, nb - 1)]
+                                  + (1 - a) * jnp.where(seen, blk, 0.0), mode="drop")
+  age = jnp.where(seen, state["step"], state["age"])
+  return {"V": v, "D": d, "VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
+          "warm": jnp.ones_like(state["warm"])}
+
+
+def realized_sparsity(mask, length, block_size):
+  n_blocks = -(-length // block_size)
+  return 1.0 - mask.sum() / jnp.maximum(n_blocks, 1)
+
+
+def slot_mask(mask, block_size):
+  return jnp.repeat(mask, block_size, axis=-1)
+
+
+# ---------------------------------------------------------------------- speculative decoding
+
+
+def select_rows(state, lengths_rows, config: SpinConfig, key):
+  """Per-row masks for R verifier rows (row r at slot lengths_rows[r] - 1), combined.
+
+  Returns (shared mask [num_blocks], per-row masks [R, num_blocks]).
+  """
+  r = lengths_rows.shape[0]
+  keys = jax.random.split(key, r)
+  rows = jax.vmap(lambda l, k: select_blocks(state, l - 1, l, config, k))(lengths_rows, keys)
+  shared = rows.any(0) if config.mask_policy == "union" else rows[0] | _newest(rows, lengths_rows,
+                                                                             config)
+  return shared, rows
+
+
+def _newest(rows, lengths_rows, config):
+  """Row-0 sharing still needs each row's newest block (its own query lives there)."""
+  nb = rows.shape[-1]
+  last = (lengths_rows - 1) // config.block_size
+  return (jnp.arange(nb)[None, :] == last[:, None]).any(0)
+
+
+def update_rows(state, scores_rows, mask, lengths_rows, accepted, config: SpinConfig):
+  """Deferred update once `accepted` drafts are known: rows 0..a in order ("prefix") or row 0.
+
+  scores_rows [R, N_cap]; mask [num_blocks] (the shared mask every row was scored on).
+  """
+  r = scores_rows.shape[0]
+
+  def body(i, st):
+    use = (i <= accepted) if config.update_policy == "prefix" else (i == 0)
+    new = update(st, scores_rows[i], mask, lengths_rows[i] - 1, lengths_rows[i], config)
+    return jax.tree.map(lambda n, o: jnp.where(use, n, o), new, st)
+
+  return jax.lax.fori_loop(0, r, body, state)
+
+
+# ------------------------------------------------------------------------------- trace replay
+
+
+def _full_topk_sets(z, lengths_rows, k):
+  """Ground-truth top-K slot masks per step and row from full scores z [S, R, N]."""
+  from jaxsparse.selection import topk_xla
+  s, r, n = z.shape
+  lens = lengths_rows.reshape(s * r)
+  _, idx = topk_xla(z.reshape(s * r, n), k, lens)
+  rows = jnp.broadcast_to(jnp.arange(s * r)[:, None], idx.shape)
+  hit = jnp.zeros((s * r, n), bool).at[rows, jnp.where(idx >= 0, idx, n)].set(True, mode="drop")
+  return hit.reshape(s, r, n)
+
+
+def replay(q, w, k, lengths, config: SpinConfig, *, seed: int = 0, accepted=None,
+           scores=None):
+  """Replay a decode trace through SPIN (the evaluation API).
+
+  Args:
+    q: [S, H, D] (or [S, R, H, D] verifier rows) float queries; w: [S, H] (or [S, R, H]).
+    k: [N, D] keys by slot; lengths: [S] non-decreasing; at step s keys 0..lengths[s]-1 are
+      visible and the (last row's) query sits at slot lengths[s] - 1; row r of R sits at slot
+      lengths[s] - R + r.
+    config: SpinConfig; seed: exploration RNG seed.
+    accepted: [S] int drafts accepted per step (multi-row traces; default all).
+    scores: optional precomputed full scores [S, (R,) N] (else computed with the reference).
+
+  Returns a dict of numpy arrays: block_masks [S, num_blocks] bool (the shared mask),
+  miss_rate [S, R] (fraction of the full top-K outside the scored slots), realized_sparsity
+  [S], row_masks [S, R, num_blocks], and floats mean_miss, p99_miss, mean_sparsity (over steps
+  after the first, which scores everything by design).
+  """
+  q, w = jnp.asarray(q), jnp.asarray(w)
+  if q.ndim == 3:
+    q, w = q[:, None], w[:, None]
+  if q.ndim != 4 or w.shape != q.shape[:3]:
+    raise ValueError(f"q.shape={tuple(q.shape)} / w.shape={tuple(w.shape)} must be "
+                     "[S, H, D] / [S, H] or [S, R, H, D] / [S, R, H]")
+  lengths = np.asarray(lengths)
+  s, r = q.shape[:2]
+  if lengths.shape != (s,):
+    raise ValueError(f"lengths.shape={lengths.shape} must be ({s},)")
+  if (np.diff(lengths) < 0).any():
+    raise ValueError("lengths must be non-decreasing")
+  if lengths.min() < r or lengths.max() > k.shape[0]:
+    raise ValueError(f"lengths must lie in [{r}, {k.shape[0]}] (R={r}, N={k.shape[0]})")
+  b = config.block_size
+  cap = -(-k.shape[0] // b) * b
+  lrows = jnp.asarray(lengths[:, None] - (r - 1) + np.arange(r)[None, :], jnp.int32)  # [S, R]
+  if scores is None:
+    from jaxsparse.indexer import indexer_scores_xla
+    kf = jnp.asarray(k, jnp.float32)
+    scores = jax.vmap(lambda qq, ww, ll: indexer_scores_xla(
+        qq.astype(jnp.float32), kf, ww.astype(jnp.float32), None, ll - 1))(q, w, lrows)
+  z = jnp.asarray(scores, jnp.float32).reshape(s, r, -1)
+  z = jnp.pad(z, ((0, 0), (0, 0), (0, cap - z.shape[-1])), constant_values=NEG_INF)
+  acc = jnp.full((s,), r - 1, jnp.int32) if accepted is None else jnp.asarray(accepted, jnp.int32)
+  out = _replay_scan(z, lrows, acc, config, seed)
+  masks, rows, miss, spars = [np.asarray(x) for x in out]
+  tail_miss = miss[1:].reshape(-1) if s > 1 else miss.reshape(-1)
+  return {"block_masks": masks, "row_masks": rows, "miss_rate": miss,
+          "realized_sparsity": spars,
+          "mean_miss": float(tail_miss.mean()), "p99_miss": float(np.percentile(tail_miss, 99)),
+          "mean_sparsity": float(spars[1:].mean() if s > 1 else spars.mean())}
+
+
+def _replay_scan_impl(z, lrows, acc, config, seed):
+  s, r, cap = z.shape
+  truth = _full_topk_sets(z, lrows, config.topk)
+  state = init_state(cap, config)
+
+  def step(carry, xs):
+    st, key = carry
+    zs, ls, a, tr = xs
+    key, sub = jax.random.split(key)
+    mask, rows = select_rows(st, ls, config, sub)
+    slots = slot_mask(mask, config.block_size)
+    observed = jnp.where(slots[None, :], zs, NEG_INF)
+    st = update_rows(st, observed, mask, ls, a, config)
+    kept = (tr & slots[None, :]).sum(-1)
+    miss = 1.0 - kept / jnp.maximum(tr.sum(-1), 1)
+    return (st, key), (mask, rows, miss, realized_sparsity(mask, ls[-1], config.block_size))
+
+  _, out = jax.lax.scan(step, (state, jax.random.PRNGKey(seed)), (z, lrows, acc, truth))
+  return out
+
+
+_replay_scan = jax.jit(_replay_scan_impl, static_argnums=(3, 4))
+
+
+def predictor_study(z_layers, lengths, k: int, *, offset_shift: int = 1, best_of: int = 5):
+  """The paper's Table 1 on a trace: how well simple signals predict the current scores.
+
+  z_layers: [L, S, N] full scores per layer (row 0), lengths [S]. Predictors of step s, layer l:
+  random; prev-layer (layer l-1, same step); prev-layer best-of-5 (best of layers l-1..l-5,
+  an oracle); prev-iter (same layer, step s-1); prev-iter offset 1 (step s-1 shifted by one
+  slot, the diagonal). Returns {name: (mean Pearson r, mean top-k recall)} over the steps and
+  layers where the predictor exists.
+  """
+  z = np.asarray(z_layers, np.float64)
+  nl, s, n = z.shape
+  rng = np.random.default_rng(0)
+  res = {name: ([], []) for name in ("random", "prev-layer", "prev-layer best-of-5",
+                                     "prev-iter", "prev-iter offset 1")}
+
+  def score(pred, cur, length):
+    a, b = pred[:length], cur[:length]
+    ok = np.isfinite(a) & np.isfinite(b)
+    r = np.corrcoef(a[ok], b[ok])[0, 1] if ok.sum() > 2 and a[ok].std() > 0 else 0.0
+    kk = min(k, length)
+    top_pred = np.argsort(-np.where(np.isfinite(a), a, -np.inf), kind="stable")[:kk]
+    top_cur = np.argsort(-np.where(np.isfinite(b), b, -np.inf), kind="stable")[:kk]
+    return r, np.isin(top_cur, top_pred).mean()
+
+  for l in range(nl):
+    for t in range(1, s):
+      n_t = int(lengths[t])
+      cur = z[l, t]
+      res["random"][0].append(0.0)
+      res["random"][1].append(score(rng.standard_normal(n), cur, n_t)[1])
+      prev = z[l, t - 1].copy()
+      prev[int(lengths[t - 1]):] = np.nan
+      prev = np.where(np.isnan(prev), np.nanmin(prev[:int(lengths[t - 1])]), prev)
+      for name, pred in (("prev-iter", prev),
+                         ("prev-iter offset 1", np.concatenate([prev[:offset_shift] * 0 +
+                                                                prev.min(), prev[:-offset_shift]]))):
+        rr, rc = score(pred, cur, n_t)
+        res[name][0].append(rr)
+        res[name][1].append(rc)
+      if l >= 1:
+        rr, rc = score(z[l - 1, t], cur, n_t)
+        res["prev-layer"][0].append(rr)
+        res["prev-layer"][1].append(rc)
+        cands = [score(z[j, t], cur, n_t) for j in range(max(0, l - best_of), l)]
+        best = max(cands, key=lambda x: x[1])
+        res["prev-layer best-of-5"][0].append(best[0])
+        res["prev-layer best-of-5"][1].append(best[1])
+  return {name: (float(np.mean(v[0])) if v[0] else math.nan,
+                 float(np.mean(v[1])) if v[1] else math.nan) for name, v in res.items()}
