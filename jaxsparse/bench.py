@@ -251,3 +251,50 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
       _emit(rows, dict(op="decode+topk", B=bsz, N=n, K=k, impl=name, error=err, us=sec * 1e6,
                        vs_jnp=base / sec))
   return rows
+
+
+def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
+               reps=5, calls=20):
+  """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
+  predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
+  values; the block masks come from a warmed state."""
+  from jaxsparse import spin
+  rng = np.random.default_rng(seed)
+  dev = _Rand(seed)
+  rows = []
+  for bsz, n in itertools.product(batches, slots_list):
+    pages = n // _indexer.PAGE_SIZE
+    q, w, lens, table = _decode_request(rng, bsz, n, heads, head_dim)
+    kc = dev.normal((bsz * pages, 64, head_dim))
+    full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k))
+    full_s, err = _timed(full, [(q, kc, table, lens, w)], reps=reps, calls=calls)
+    _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err,
+                     us=full_s * 1e6, vs_full=1.0, realized=0.0))
+    for rho in sparsities:
+      cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho)
+      st = spin.init_state(n, cfg, (bsz,))
+      key = jax.random.PRNGKey(0)
+      _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
+      _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
+      step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg: spin.decode_step(st, q, kc, t, l, w, cfg,
+                                                                          key)[:2])
+      sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls)
+      pu = jax.jit(lambda st, l, cfg=cfg: _predict_update(st, l, cfg, key))
+      pu_s, err2 = _timed(pu, [(st, lens)], reps=reps, calls=calls)
+      _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl="SPIN step", error=err or err2,
+                       us=sec * 1e6, vs_full=sec / full_s, predict_update_us=pu_s * 1e6,
+                       predict_update_frac=pu_s / full_s,
+                       realized=float(np.asarray(info["realized_sparsity"]).mean())))
+  return rows
+
+
+def _predict_update(state, lengths, config, key):
+  """SPIN's overhead alone: block selection and an EMA update from the selected slots."""
+  from jaxsparse import spin
+  bsz, cap = state["V"].shape
+  keys = jax.random.split(key, bsz)
+  masks = jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
+                                                                    config, keys)
+  slots = jnp.where(jnp.repeat(masks, config.block_size, axis=1), jnp.arange(cap), -1)
+  return jax.vmap(spin.update, in_axes=(0, 0, 0, 0, 0, None))(state, state["V"], slots,
+                                                              lengths - 1, lengths, config)

@@ -205,30 +205,34 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
 # ---------------------------------------------------------------------------------- update
 
 
-def update(state, scores, mask, pos, length, config: SpinConfig):
-  """EMA update from observed scores (only slots of scored blocks; Algorithm 1 lines 8-10).
+def update(state, scores, slots, pos, length, config: SpinConfig):
+  """EMA update from observed scores only (Algorithm 1 lines 8-10).
 
-  scores [N_cap] float32 (values outside `mask` are ignored), mask [num_blocks] bool.
+  scores [M] float32 observed indexer scores at slots [M] int32 (-1: not observed), for the
+  query at slot `pos` seeing `length` slots. M is anything: the compacted output of the
+  block-sparse kernel, or N_cap with unobserved slots set to -1 (trace replay).
   """
   a = config.ema_decay
   b = config.block_size
   cap = state["V"].shape[-1]
   nb = cap // b
-  i = jnp.arange(cap)
-  obs = jnp.repeat(mask, b) & (i < length)
+  obs = (slots >= 0) & (slots < length)
+  sl = jnp.where(obs, slots, cap)  # cap: dropped by the scatters
   z = jnp.where(obs, scores, 0.0)
-  v = jnp.where(obs, a * state["V"] + (1 - a) * z, state["V"])
-  off = pos - i
-  d_idx = jnp.where(obs & (off >= 0), off, cap)  # cap: dropped
-  d_old = state["D"][jnp.clip(off, 0, cap - 1)]
-  d = state["D"].at[d_idx].set(a * d_old + (1 - a) * z, mode="drop")
-  blk = jnp.where(obs.reshape(nb, b), scores.reshape(nb, b), NEG_INF).max(-1)  # A2 pooled obs
-  seen = mask & (jnp.arange(nb) < -(-length // b))
+  v = state["V"].at[sl].set(a * state["V"][jnp.clip(sl, 0, cap - 1)] + (1 - a) * z, mode="drop")
+  off = pos - slots
+  d_idx = jnp.where(obs & (off >= 0), off, cap)
+  d = state["D"].at[d_idx].set(a * state["D"][jnp.clip(off, 0, cap - 1)] + (1 - a) * z,
+                               mode="drop")
+  bid = jnp.where(obs, slots // b, nb)
+  blk = jax.ops.segment_max(jnp.where(obs, scores, NEG_INF), bid, num_segments=nb)
+  seen = jax.ops.segment_sum(obs.astype(jnp.int32), bid, num_segments=nb) > 0
   vb = jnp.where(seen, a * state["VB"] + (1 - a) * blk, state["VB"])
   boff = pos // b - jnp.arange(nb)
   db_idx = jnp.where(seen & (boff >= 0), boff, nb)
   db = state["DB"].at[db_idx].set(a * state["DB"][jnp.clip(boff, 0, nb - 1)]
                                   + (1 - a) * jnp.where(seen, blk, 0.0), mode="drop")
+  seen = seen & (jnp.arange(nb) < -(-length // b))
   age = jnp.where(seen, state["step"], state["age"])
   return {"V": v, "D": d, "VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
           "warm": jnp.ones_like(state["warm"])}
@@ -271,11 +275,12 @@ def update_rows(state, scores_rows, mask, lengths_rows, accepted, config: SpinCo
 
   scores_rows [R, N_cap]; mask [num_blocks] (the shared mask every row was scored on).
   """
-  r = scores_rows.shape[0]
+  r, cap = scores_rows.shape
+  slots = jnp.where(slot_mask(mask, config.block_size), jnp.arange(cap), -1)
 
   def body(i, st):
     use = (i <= accepted) if config.update_policy == "prefix" else (i == 0)
-    new = update(st, scores_rows[i], mask, lengths_rows[i] - 1, lengths_rows[i], config)
+    new = update(st, scores_rows[i], slots, lengths_rows[i] - 1, lengths_rows[i], config)
     return jax.tree.map(lambda n, o: jnp.where(use, n, o), new, st)
 
   return jax.lax.fori_loop(0, r, body, state)
@@ -420,3 +425,101 @@ def predictor_study(z_layers, lengths, k: int, *, offset_shift: int = 1, best_of
         res["prev-layer best-of-5"][1].append(best[1])
   return {name: (float(np.mean(v[0])) if v[0] else math.nan,
                  float(np.mean(v[1])) if v[1] else math.nan) for name, v in res.items()}
+
+
+# -------------------------------------------------------------------- batched serving step
+
+
+def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
+  """Static bound on blocks selected per request once warm (the compacted kernel width)."""
+  if config.reduction == "A0":
+    return num_blocks
+  m = min(num_blocks, max(config.min_blocks, math.ceil((1 - config.sparsity) * num_blocks)))
+  return min(num_blocks, max(m, 2))
+
+
+def _validate_step(state, q, k_cache, block_table, lengths, config):
+  if k_cache.shape[1] != config.block_size:
+    raise ValueError(f"config.block_size={config.block_size} must equal the cache page size "
+                     f"k_cache.shape[1]={k_cache.shape[1]}")
+  cap = block_table.shape[1] * config.block_size
+  if state["V"].shape[-1] != cap:
+    raise ValueError(f"state capacity {state['V'].shape[-1]} must equal block_table.shape[1] * "
+                     f"block_size = {cap}")
+  if state["V"].shape[0] != q.shape[0]:
+    raise ValueError(f"state batch {state['V'].shape[0]} must equal q.shape[0]={q.shape[0]}")
+
+
+def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
+                k_scale=None, implementation=None, decode_config=None, topk_config=None):
+  """One SPIN decode step for B requests (one query row each), jit-friendly.
+
+  state: `init_state(capacity, config, (B,))`; q [B, H, D]; k_cache [num_blocks, 64, D];
+  block_table [B, max_blocks]; lengths [B] (the query sits at slot lengths - 1); w [B, H].
+  Returns (values [B, K], slot indices [B, K] (-1 tail), new state, info) where info has the
+  block masks [B, num_blocks] and realized sparsity [B]. Cold requests (first step after a
+  reset) make the whole batch score densely that step (sec. 3.2).
+  """
+  _validate_step(state, q, k_cache, block_table, lengths, config)
+  return _decode_step(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
+                      implementation, decode_config, topk_config)
+
+
+def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
+                      implementation, decode_config, topk_config):
+  from jaxsparse import backend, selection
+  from jaxsparse.indexer import paged_indexer_scores_xla
+  bsz = q.shape[0]
+  nb = block_table.shape[1]
+  b = config.block_size
+  lengths = lengths.astype(jnp.int32)
+  pos = lengths - 1
+  keys = jax.random.split(key, bsz)
+  masks = jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
+  width = max_selected_blocks(nb, config)
+  impl = backend.resolve(implementation)
+
+  def sparse(_):
+    order = jnp.argsort(~masks, axis=1, stable=True)[:, :width]  # selected blocks, ascending
+    counts = jnp.minimum(masks.sum(1), width).astype(jnp.int32)
+    sel = jnp.where(jnp.arange(width)[None] < counts[:, None], order, -1).astype(jnp.int32)
+    if impl == "pallas":
+      from pallas_kernels import indexer_decode
+      z, slots = indexer_decode.block_sparse_scores(
+          q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts, k_scale=k_scale,
+          config=decode_config, platform=backend.kernel_platform())
+      z = z[:, 0]
+    else:
+      table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+      zd = paged_indexer_scores_xla(q[:, None], k_cache, table, jnp.full_like(lengths, width * b),
+                                    w[:, None], k_scale)[:, 0]
+      slots = (sel[:, :, None] * b + jnp.arange(b)).reshape(bsz, -1)
+      slots = jnp.where(jnp.repeat(sel, b, axis=1) >= 0, slots, -1)
+      z = jnp.where((slots >= 0) & (slots < lengths[:, None]), zd, NEG_INF)
+    return _pad_to(z, nb * b), _pad_to(slots, nb * b, -1)
+
+  def dense(_):
+    if impl == "pallas":
+      from jaxsparse.indexer import paged_indexer_scores
+      z = paged_indexer_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
+                               implementation="pallas", config=decode_config)
+    else:
+      z = paged_indexer_scores_xla(q[:, None], k_cache, block_table, lengths, w[:, None],
+                                   k_scale)[:, 0]
+    return z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape)
+
+  z, slots = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
+  vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
+  top_slots = jnp.where(idx >= 0, jnp.take_along_axis(slots, jnp.maximum(idx, 0), axis=1), -1)
+  new_state = jax.vmap(update, in_axes=(0, 0, 0, 0, 0, None))(state, z, slots, pos, lengths,
+                                                              config)
+  info = {"block_masks": masks, "realized_sparsity": jax.vmap(
+      lambda m, l: realized_sparsity(m, l, b))(masks, lengths)}
+  return vals, top_slots, new_state, info
+
+
+def _pad_to(x, n, value=NEG_INF):
+  return jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=value) if x.shape[1] < n else x
+
+
+_decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11))

@@ -1,0 +1,30 @@
+"""SPIN decode step vs the full indexer step (fused scoring + exact top-K) on the H200.
+
+  python benchmarks/bench_spin.py            # B in {1, 8, 64}, 32K-512K slots, 20-50% sparsity
+  python benchmarks/bench_spin.py --quick    # tiny (CPU)
+"""
+from __future__ import annotations
+
+import argparse
+
+from jaxsparse import bench
+from jaxsparse.benchtools import environment, print_table, write_json
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--quick", action="store_true")
+  p.add_argument("--out", default="benchmarks/results/spin_h200.json")
+  a = p.parse_args(argv)
+  if a.quick:
+    rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2)
+  else:
+    rows = bench.bench_spin((1, 8, 64), (32768, 131072, 524288), (0.2, 0.4, 0.5))
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_update_us",
+                     "predict_update_frac", "realized", "error"])
+  write_json(a.out, dict(environment=environment(), rows=rows))
+  print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()
