@@ -19,7 +19,7 @@ def main(argv=None):
   if a.quick:
     rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2)
   else:
-    rows = bench.bench_spin((1, 8, 64), (32768, 131072, 524288), (0.2, 0.4, 0.5))
+    rows = bench.bench_spin((1, 8, 64), (131072, 524288), (0.2, 0.4, 0.5))
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))

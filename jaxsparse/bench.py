@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +49,14 @@ def _jnp_decode(q, keys, w):
 
 
 def _emit(rows, row):
-  """Append a result row and print it at once, so a run cut short still leaves its numbers."""
+  """Append a result row and print it at once (and append it to $JAXSPARSE_BENCH_JSONL when
+  set), so a run cut short still leaves its numbers."""
   rows.append(row)
   print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+  path = os.environ.get("JAXSPARSE_BENCH_JSONL")
+  if path:
+    with open(path, "a") as f:
+      f.write(json.dumps(row, default=float) + "\n")
 
 
 def _decode_request(rng, bsz, n, heads, head_dim):
