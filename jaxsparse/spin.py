@@ -107,7 +107,9 @@ def reset(state):
 
 def num_blocks_budget(n_blocks, config: SpinConfig):
   """m_t = min(B_t, max(ceil(K / b), ceil((1 - rho) B_t))) (Algorithm 1, line 4)."""
-  keep = jnp.ceil((1.0 - config.sparsity) * n_blocks.astype(jnp.float32)).astype(jnp.int32)
+  # the 1e-3 absorbs float32 rounding of (1 - rho) * B (0.6 * 100 must give 60, not 61)
+  n_blocks = jnp.asarray(n_blocks, jnp.int32)
+  keep = jnp.ceil((1.0 - config.sparsity) * n_blocks.astype(jnp.float32) - 1e-3).astype(jnp.int32)
   return jnp.minimum(n_blocks, jnp.maximum(config.min_blocks, keep))
 
 

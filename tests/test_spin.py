@@ -1,0 +1,208 @@
+"""SPIN: configuration, block selection, EMA updates, replay, speculative rows, kernels, step."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsparse
+from jaxsparse import spin, traces
+from jaxsparse.backend import KernelPlatform
+from pallas_kernels import indexer_decode
+from tests.reference import np_indexer, np_topk, random_paged
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(sparsity=1.0), "sparsity"), (dict(sparsity=-0.1), "sparsity"),
+    (dict(block_size=48), "block_size"), (dict(ema_decay=1.0), "ema_decay"),
+    (dict(explore_fraction=0.6), "explore_fraction"), (dict(explore="greedy"), "explore"),
+    (dict(pooling="median"), "pooling"), (dict(reduction="A3"), "reduction"),
+    (dict(mask_policy="x"), "mask_policy"), (dict(update_policy="x"), "update_policy"),
+    (dict(topk=0), "topk"),
+])
+def test_config_validation(kw, match):
+  with pytest.raises(ValueError, match=match):
+    spin.SpinConfig(**kw)
+
+
+def test_budget_formula():
+  cfg = spin.SpinConfig(block_size=64, topk=2048, sparsity=0.4)
+  nb = jnp.asarray([1, 10, 32, 100, 1000])
+  # m = min(B, max(ceil(K / b) = 32, ceil(0.6 B)))
+  np.testing.assert_array_equal(spin.num_blocks_budget(nb, cfg), [1, 10, 32, 60, 600])
+
+
+def _warm_state(cap, cfg, rng):
+  st = spin.init_state(cap, cfg)
+  st["V"] = jnp.asarray(rng.standard_normal(cap), jnp.float32)
+  st["D"] = jnp.asarray(rng.standard_normal(cap), jnp.float32) - 3
+  st["warm"] = jnp.asarray(True)
+  return st
+
+
+@pytest.mark.parametrize("explore", ["random", "staleness", "block-age", "none"])
+def test_selection_counts_forced_and_exploration(explore):
+  rng = np.random.default_rng(0)
+  cfg = spin.SpinConfig(block_size=16, topk=64, sparsity=0.5, explore=explore,
+                        explore_fraction=0.25)
+  st = _warm_state(1024, cfg, rng)
+  length = 1000  # 63 blocks
+  mask = np.asarray(spin.select_blocks(st, length - 1, length, cfg, jax.random.PRNGKey(1)))
+  m = int(spin.num_blocks_budget(jnp.asarray(63), cfg))
+  assert mask.sum() == m and mask[0] and mask[62] and not mask[63:].any()
+  # exploitation alone picks the best predicted blocks among the non-forced ones
+  s = np.asarray(spin.block_scores(st, length - 1, length, cfg))
+  n_explore = 0 if explore == "none" else int(np.floor(0.25 * m))
+  best = np.argsort(-np.where(np.arange(64) < 63, s, -np.inf)[1:62], kind="stable")[:m - 2 -
+                                                                                     n_explore]
+  assert mask[1:62][best].all()
+
+
+def test_cold_state_scores_every_block():
+  cfg = spin.SpinConfig(block_size=16, topk=16, sparsity=0.4)
+  st = spin.init_state(256, cfg)
+  mask = np.asarray(spin.select_blocks(st, 199, 200, cfg, jax.random.PRNGKey(0)))
+  assert mask[:13].all() and not mask[13:].any()
+
+
+def test_update_touches_only_observed_slots():
+  cfg = spin.SpinConfig(block_size=4, topk=4, ema_decay=0.5)
+  st = spin.init_state(16, cfg)
+  scores = jnp.arange(16, dtype=jnp.float32)
+  slots = jnp.where(jnp.arange(16) // 4 == 1, jnp.arange(16), -1)  # block 1 observed
+  new = spin.update(st, scores, slots, 11, 12, cfg)
+  v = np.asarray(new["V"])
+  np.testing.assert_allclose(v[4:8], 0.5 * np.arange(4, 8))
+  assert (v[:4] == 0).all() and (v[8:] == 0).all()
+  d = np.asarray(new["D"])  # offsets 11 - i for i in 4..7 -> 7..4
+  np.testing.assert_allclose(d[4:8], 0.5 * np.arange(7, 3, -1))
+  assert bool(new["warm"]) and int(new["step"]) == 1
+  np.testing.assert_array_equal(np.asarray(new["age"]), [0] * 4)
+
+
+def _trace(s=30, n=700, r=1, seed=0):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((s, r, 4, 16)).astype(np.float32)
+  w = np.abs(rng.standard_normal((s, r, 4))).astype(np.float32)
+  k = rng.standard_normal((n, 16)).astype(np.float32)
+  return q, w, k, np.arange(n - s + 1, n + 1)
+
+
+@pytest.mark.parametrize("reduction", ["A0", "A1", "A2"])
+@pytest.mark.parametrize("pooling", ["max", "top4", "mean"])
+def test_replay_outputs(reduction, pooling):
+  q, w, k, lengths = _trace()
+  cfg = spin.SpinConfig(block_size=16, topk=32, sparsity=0.4, reduction=reduction,
+                        pooling=pooling)
+  r = spin.replay(q[:, 0], w[:, 0], k, lengths, cfg, seed=1)
+  assert r["block_masks"].shape == (30, 44) and r["miss_rate"].shape == (30, 1)
+  assert r["miss_rate"][0, 0] == 0.0 and r["realized_sparsity"][0] == 0.0  # cold first step
+  assert 0 <= r["mean_miss"] <= r["p99_miss"] <= 1
+  if reduction != "A0":
+    assert 0.35 < r["mean_sparsity"] < 0.45
+
+
+def test_replay_matches_manual_miss_definition():
+  q, w, k, lengths = _trace(s=8)
+  cfg = spin.SpinConfig(block_size=16, topk=32, sparsity=0.5, explore="none")
+  r = spin.replay(q[:, 0], w[:, 0], k, lengths, cfg)
+  for s in range(8):
+    z = np_indexer.dense(jnp.asarray(q[s, 0][None]), jnp.asarray(k), jnp.asarray(w[s, 0][None]),
+                         None, np.asarray([lengths[s] - 1]))[0]
+    _, idx = np_topk(z.astype(np.float32)[None], 32, np.asarray([lengths[s]]))
+    kept = np.repeat(r["block_masks"][s], 16)[: len(z)][idx[0]]
+    assert abs((1 - kept.mean()) - r["miss_rate"][s, 0]) < 1e-6
+
+
+@pytest.mark.parametrize("mask_policy", ["union", "row0"])
+@pytest.mark.parametrize("update_policy", ["prefix", "row0"])
+def test_speculative_rows(mask_policy, update_policy):
+  q, w, k, lengths = _trace(r=3)
+  cfg = spin.SpinConfig(block_size=16, topk=32, mask_policy=mask_policy,
+                        update_policy=update_policy)
+  acc = np.random.default_rng(0).integers(0, 3, len(lengths))
+  r = spin.replay(q, w, k, lengths, cfg, accepted=acc)
+  assert r["miss_rate"].shape == (30, 3) and r["row_masks"].shape == (30, 3, 44)
+  # the shared mask covers every row's own mask under union
+  if mask_policy == "union":
+    assert (r["block_masks"][:, None] >= r["row_masks"]).all()
+
+
+def test_replay_bad_input():
+  q, w, k, lengths = _trace()
+  cfg = spin.SpinConfig(block_size=16, topk=32)
+  with pytest.raises(ValueError, match="non-decreasing"):
+    spin.replay(q[:, 0], w[:, 0], k, lengths[::-1], cfg)
+  with pytest.raises(ValueError, match="lengths.shape"):
+    spin.replay(q[:, 0], w[:, 0], k, lengths[:3], cfg)
+  with pytest.raises(ValueError, match="lengths must lie"):
+    spin.replay(q[:, 0], w[:, 0], k, lengths + 10_000, cfg)
+
+
+def test_real_trace_beats_random_baseline():
+  """On the shipped SmolLM2 trace, SPIN at 40% misses far less than 40% of the top-K."""
+  tr = traces.load(traces.default_trace_path())
+  q, w, k = tr.layer(3)
+  cfg = spin.SpinConfig(block_size=16, topk=64, sparsity=0.4)
+  r = spin.replay(q[:, 0], w[:, 0], k, tr.lengths, cfg)
+  assert r["mean_sparsity"] > 0.35 and r["mean_miss"] < 0.1
+
+
+@pytest.mark.parametrize("platform", [KernelPlatform("gpu", True), KernelPlatform("tpu", True)],
+                         ids=["gpu", "tpu"])
+def test_block_sparse_kernel(platform):
+  rng = np.random.default_rng(5)
+  q, kc, table, lens, w, ks = random_paged(rng, 2, 2, 8, 64, 600, 20, "float8_e4m3fn")
+  sel = jnp.asarray([[0, 3, 7, 9, -1], [1, 2, 8, -1, -1]], jnp.int32)
+  counts = jnp.asarray([4, 3], jnp.int32)
+  z, slots = indexer_decode.block_sparse_scores(
+      q, kc, table, lens, w, sel, counts, k_scale=ks, platform=platform,
+      config=indexer_decode.DecodeConfig(pages_per_step=1, steps_per_program=2))
+  full = np_indexer.paged(q, kc, table, lens, w, ks)  # [B, R, slots]
+  zz, sl = np.asarray(z), np.asarray(slots)
+  for b in range(2):
+    for j in range(sl.shape[1]):
+      if sl[b, j] < 0:
+        assert np.isneginf(zz[b, :, j]).all()
+      else:
+        ref = full[b, :, sl[b, j]]
+        fin = np.isfinite(ref)
+        np.testing.assert_array_equal(np.isfinite(zz[b, :, j]), fin)
+        np.testing.assert_allclose(zz[b, fin, j], ref[fin], rtol=2e-2, atol=1e-2)
+
+
+def test_decode_step_no_recompile_and_matches_reference():
+  rng = np.random.default_rng(0)
+  q, kc, table, lens, w, _ = random_paged(rng, 3, 1, 8, 32, 1000, 60)
+  q, w = q[:, 0], w[:, 0]
+  table = jnp.asarray(np.stack([rng.permutation(60)[:16] for _ in range(3)]), jnp.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4)
+  st = spin.init_state(16 * 64, cfg, (3,))
+  lens = jnp.asarray([900, 700, 300], jnp.int32)
+  for it in range(4):
+    v, i, st, info = spin.decode_step(st, q, kc, table, lens + it, w, cfg,
+                                      jax.random.PRNGKey(it), implementation="pallas")
+  assert spin._decode_step._cache_size() == 1  # growing lengths never recompile
+  z = np_indexer.paged(q[:, None], kc, table, lens + 3, w[:, None])[:, 0]
+  m = np.repeat(np.asarray(info["block_masks"]), 64, axis=1)
+  rv, ri = np_topk(np.where(m, z, -np.inf).astype(np.float32), 32, np.asarray(lens + 3))
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  with pytest.raises(ValueError, match="block_size"):
+    spin.decode_step(st, q, kc, table, lens, w, spin.SpinConfig(block_size=32, topk=32),
+                     jax.random.PRNGKey(0))
+
+
+def test_predictor_study_shape():
+  tr = traces.load(traces.default_trace_path())
+  from jaxsparse.indexer import indexer_scores_xla
+  zs = []
+  for li in range(3):
+    q, w, k = tr.layer(li)
+    zs.append(np.stack([np.asarray(indexer_scores_xla(
+        jnp.asarray(q[s, 0][None]), jnp.asarray(k), jnp.asarray(w[s, 0][None]), None,
+        jnp.asarray([tr.lengths[s] - 1])))[0] for s in range(20)]))
+  res = spin.predictor_study(np.stack(zs), tr.lengths[:20], 64)
+  assert set(res) == {"random", "prev-layer", "prev-layer best-of-5", "prev-iter",
+                      "prev-iter offset 1"}
+  assert res["prev-iter"][1] > res["random"][1]
