@@ -206,3 +206,15 @@ def test_predictor_study_shape():
   assert set(res) == {"random", "prev-layer", "prev-layer best-of-5", "prev-iter",
                       "prev-iter offset 1"}
   assert res["prev-iter"][1] > res["random"][1]
+
+
+@pytest.mark.parametrize("kind,plat", [("gpu", "cuda"), ("tpu", "tpu")])
+def test_block_sparse_kernel_lowers(kind, plat):
+  S = jax.ShapeDtypeStruct
+  g = lambda q, k, bt, l, w, sel, c: indexer_decode.block_sparse_scores(
+      q, k, bt, l, w, sel, c, platform=KernelPlatform(kind, False))
+  jax.export.export(jax.jit(g), platforms=[plat], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          S((4, 1, 64, 128), jnp.bfloat16), S((1000, 64, 128), jnp.bfloat16),
+          S((4, 100), jnp.int32), S((4,), jnp.int32), S((4, 1, 64), jnp.float32),
+          S((4, 60), jnp.int32), S((4,), jnp.int32))
