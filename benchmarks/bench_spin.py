@@ -15,11 +15,16 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true")
   p.add_argument("--out", default="benchmarks/results/spin_h200.json")
+  p.add_argument("--batches", default="1,8,64")
+  p.add_argument("--slots", default="131072,524288")
+  p.add_argument("--sparsities", default="0.2,0.4,0.5")
   a = p.parse_args(argv)
   if a.quick:
     rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2)
   else:
-    rows = bench.bench_spin((1, 8, 64), (131072, 524288), (0.2, 0.4, 0.5))
+    rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
+                            tuple(int(v) for v in a.slots.split(",")),
+                            tuple(float(v) for v in a.sparsities.split(",")))
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))

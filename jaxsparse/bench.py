@@ -12,7 +12,7 @@ import numpy as np
 from jaxsparse import indexer as _indexer
 from jaxsparse import selection as _topk
 from jaxsparse.prep import quantize_fp8
-from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, time_calls
+from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, time_calls, time_in_graph
 
 L2_BYTES = 60 << 20
 FP8 = "float8_e4m3fn"  # fp8 keys, bf16 queries
@@ -20,8 +20,11 @@ FP8_QK = "fp8 q+k"  # fp8 queries and keys (DeepSeek-V3.2's indexer precision)
 
 
 def _timed(fn, arg_sets, **kw):
-  """time_calls, but a variant that fails to compile or run is reported, not fatal to a sweep."""
+  """time_calls (or, with $JAXSPARSE_IN_GRAPH=1, time_in_graph on the first argument set), but a
+  variant that fails to compile or run is reported, not fatal to a sweep."""
   try:
+    if os.environ.get("JAXSPARSE_IN_GRAPH") == "1":
+      return time_in_graph(fn, arg_sets[0], calls=kw.get("calls", 20), reps=kw.get("reps", 5)), ""
     return time_calls(fn, arg_sets, **kw), ""
   except Exception as e:  # noqa: BLE001 - any lowering/runtime failure of one variant
     return float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -168,6 +171,7 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
 
 def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), approx=True,
                torch_topk=True, configs=(None,), seed=0, reps=5, calls=20):
+  # (jaxsparse timings go through _timed: set JAXSPARSE_IN_GRAPH=1 to drop host dispatch)
   """Exact top-k of random float32 rows: lax.top_k, approx_max_k, torch.topk and jaxsparse."""
   rng = np.random.default_rng(seed)
   dev = _Rand(seed)
@@ -302,6 +306,6 @@ def _predict_update(state, lengths, config, key):
   keys = jax.random.split(key, bsz)
   masks = jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
                                                                     config, keys)
-  slots = jnp.where(jnp.repeat(masks, config.block_size, axis=1), jnp.arange(cap), -1)
-  return jax.vmap(spin.update, in_axes=(0, 0, 0, 0, 0, None))(state, state["V"], slots,
-                                                              lengths - 1, lengths, config)
+  obs = jnp.repeat(masks, config.block_size, axis=1)
+  return jax.vmap(spin.update_dense, in_axes=(0, 0, 0, 0, 0, None))(state, state["V"], obs,
+                                                                    lengths - 1, lengths, config)

@@ -36,6 +36,36 @@ def time_calls(fn, arg_sets, *, reps: int = 5, calls: int = 30, warmup: int = 3)
   return statistics.median(samples)
 
 
+def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5) -> float:
+  """Median device seconds per call, without host dispatch: `fn` runs `calls` times inside one
+  jitted loop (an optimization barrier ties each call's inputs to the previous result, so XLA
+  can neither hoist nor overlap them), minus a 1-call loop, over calls - 1."""
+  import jax.numpy as jnp
+  from jax import lax
+
+  def looped(n):
+    def loop(a0):
+      def body(i, acc):
+        a, acc = lax.optimization_barrier((a0, acc))
+        leaf = jax.tree.leaves(fn(*a))[0]
+        return acc + leaf.reshape(-1)[0].astype(jnp.float32)
+      return lax.fori_loop(0, n, body, jnp.float32(0))
+    return jax.jit(loop)
+
+  one, many = looped(1), looped(calls)
+  jax.block_until_ready(one(args))
+  jax.block_until_ready(many(args))
+  samples = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(one(args))
+    t1 = time.perf_counter()
+    jax.block_until_ready(many(args))
+    t2 = time.perf_counter()
+    samples.append(((t2 - t1) - (t1 - t0)) / (calls - 1))
+  return statistics.median(samples)
+
+
 def environment() -> dict:
   dev = jax.devices()[0]
   info = {

@@ -127,12 +127,19 @@ def _pool(x, config):
   return jnp.where(cnt > 0, jnp.where(tv, top, 0.0).sum(-1) / jnp.maximum(cnt, 1), NEG_INF)
 
 
+def by_offset(x, pos, fill=0):
+  """y[i] = x[pos - i] for 0 <= pos - i < len(x), else `fill`: a flip and a dynamic slice
+  (contiguous, no gather), so slot- and offset-indexed arrays line up. x: [n]."""
+  n = x.shape[-1]
+  xf = jnp.concatenate([jnp.flip(x, -1), jnp.full((n,), fill, x.dtype)])
+  return jax.lax.dynamic_slice_in_dim(xf, n - 1 - pos, n)
+
+
 def predicted_slot_scores(state, pos, length):
   """zhat[i] = max(V[i], D[pos - i]) for i < length, else -inf (eq. 1)."""
   cap = state["V"].shape[-1]
   i = jnp.arange(cap)
-  d = state["D"][jnp.clip(pos - i, 0, cap - 1)]
-  return jnp.where(i < length, jnp.maximum(state["V"], d), NEG_INF)
+  return jnp.where(i < length, jnp.maximum(state["V"], by_offset(state["D"], pos)), NEG_INF)
 
 
 def block_scores(state, pos, length, config: SpinConfig):
@@ -142,18 +149,23 @@ def block_scores(state, pos, length, config: SpinConfig):
   jb = jnp.arange(nb)
   n_blocks = -(-length // b)
   if config.reduction == "A2":
-    d = state["DB"][jnp.clip(pos // b - jb, 0, nb - 1)]
+    d = by_offset(state["DB"], pos // b)
     return jnp.where(jb < n_blocks, jnp.maximum(state["VB"], d), NEG_INF)
   z = predicted_slot_scores(state, pos, length).reshape(nb, b)
   return _pool(z, config)
 
 
 def _rank_desc(score, eligible):
-  """Rank (0 = best) of each eligible entry by score, ties to the lower index; others huge."""
+  """Rank (0 = best) of each eligible entry by score, ties to the lower index; others n.
+
+  Callers only take ranks below the number of eligible entries, and eligible scores are
+  finite, so pushing ineligible entries to -inf in a stable sort is enough.
+  """
   n = score.shape[-1]
   key = jnp.where(eligible, score, NEG_INF)
-  order = jnp.lexsort((jnp.arange(n), -key, ~eligible))  # eligible first, then score desc
-  rank = jnp.empty(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+  order = jnp.argsort(-key, stable=True)
+  rank = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32),
+                                                 unique_indices=True)
   return jnp.where(eligible, rank, n)
 
 
@@ -207,37 +219,52 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
 # ---------------------------------------------------------------------------------- update
 
 
-def update(state, scores, slots, pos, length, config: SpinConfig):
-  """EMA update from observed scores only (Algorithm 1 lines 8-10).
+def update_dense(state, z, obs, pos, length, config: SpinConfig):
+  """EMA update from observed scores only (Algorithm 1 lines 8-10), all elementwise.
 
-  scores [M] float32 observed indexer scores at slots [M] int32 (-1: not observed), for the
-  query at slot `pos` seeing `length` slots. M is anything: the compacted output of the
-  block-sparse kernel, or N_cap with unobserved slots set to -1 (trace replay).
+  z [N_cap] float32 scores by slot, obs [N_cap] bool (which slots were scored), for the query
+  at slot `pos` seeing `length` slots. D is indexed by offset pos - i, so the slot-indexed
+  arrays are flipped onto offsets with `by_offset` instead of scattered.
   """
   a = config.ema_decay
   b = config.block_size
   cap = state["V"].shape[-1]
   nb = cap // b
-  obs = (slots >= 0) & (slots < length)
-  sl = jnp.where(obs, slots, cap)  # cap: dropped by the scatters
-  z = jnp.where(obs, scores, 0.0)
-  v = state["V"].at[sl].set(a * state["V"][jnp.clip(sl, 0, cap - 1)] + (1 - a) * z, mode="drop")
-  off = pos - slots
-  d_idx = jnp.where(obs & (off >= 0), off, cap)
-  d = state["D"].at[d_idx].set(a * state["D"][jnp.clip(off, 0, cap - 1)] + (1 - a) * z,
-                               mode="drop")
-  bid = jnp.where(obs, slots // b, nb)
-  blk = jax.ops.segment_max(jnp.where(obs, scores, NEG_INF), bid, num_segments=nb)
-  seen = jax.ops.segment_sum(obs.astype(jnp.int32), bid, num_segments=nb) > 0
+  obs = obs & (jnp.arange(cap) < length)
+  z = jnp.where(obs, z, 0.0)
+  v = jnp.where(obs, a * state["V"] + (1 - a) * z, state["V"])
+  z_off, obs_off = by_offset(z, pos), by_offset(obs, pos, False)
+  d = jnp.where(obs_off, a * state["D"] + (1 - a) * z_off, state["D"])
+  seen = obs.reshape(nb, b).any(-1)
+  blk = jnp.where(obs, z, NEG_INF).reshape(nb, b).max(-1)  # A2: pooled observation per block
   vb = jnp.where(seen, a * state["VB"] + (1 - a) * blk, state["VB"])
-  boff = pos // b - jnp.arange(nb)
-  db_idx = jnp.where(seen & (boff >= 0), boff, nb)
-  db = state["DB"].at[db_idx].set(a * state["DB"][jnp.clip(boff, 0, nb - 1)]
-                                  + (1 - a) * jnp.where(seen, blk, 0.0), mode="drop")
-  seen = seen & (jnp.arange(nb) < -(-length // b))
+  blk_off, seen_off = by_offset(jnp.where(seen, blk, 0.0), pos // b), by_offset(seen, pos // b,
+                                                                             False)
+  db = jnp.where(seen_off, a * state["DB"] + (1 - a) * blk_off, state["DB"])
   age = jnp.where(seen, state["step"], state["age"])
   return {"V": v, "D": d, "VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
           "warm": jnp.ones_like(state["warm"])}
+
+
+def update(state, scores, slots, pos, length, config: SpinConfig):
+  """EMA update from scores [M] observed at slots [M] (-1: not observed); any M."""
+  cap = state["V"].shape[-1]
+  sl = jnp.where((slots >= 0) & (slots < cap), slots, cap)
+  z = jnp.zeros((cap,), jnp.float32).at[sl].set(scores, mode="drop")
+  obs = jnp.zeros((cap,), bool).at[sl].set(True, mode="drop")
+  return update_dense(state, z, obs, pos, length, config)
+
+
+def update_blocks(state, scores, sel, pos, length, config: SpinConfig):
+  """EMA update from the block-sparse kernel's output: scores [M * b] for blocks sel [M]
+  (-1: padding). Whole-block rows are scattered, never single slots."""
+  b = config.block_size
+  cap = state["V"].shape[-1]
+  nb = cap // b
+  rows = jnp.where(sel >= 0, sel, nb)
+  z = jnp.zeros((nb, b), jnp.float32).at[rows].set(scores.reshape(-1, b), mode="drop")
+  obs = jnp.zeros((nb, b), bool).at[rows].set(True, mode="drop")
+  return update_dense(state, z.reshape(cap), obs.reshape(cap), pos, length, config)
 
 
 def realized_sparsity(mask, length, block_size):
@@ -278,11 +305,11 @@ def update_rows(state, scores_rows, mask, lengths_rows, accepted, config: SpinCo
   scores_rows [R, N_cap]; mask [num_blocks] (the shared mask every row was scored on).
   """
   r, cap = scores_rows.shape
-  slots = jnp.where(slot_mask(mask, config.block_size), jnp.arange(cap), -1)
+  obs = slot_mask(mask, config.block_size)
 
   def body(i, st):
     use = (i <= accepted) if config.update_policy == "prefix" else (i == 0)
-    new = update(st, scores_rows[i], slots, lengths_rows[i] - 1, lengths_rows[i], config)
+    new = update_dense(st, scores_rows[i], obs, lengths_rows[i] - 1, lengths_rows[i], config)
     return jax.tree.map(lambda n, o: jnp.where(use, n, o), new, st)
 
   return jax.lax.fori_loop(0, r, body, state)
@@ -498,7 +525,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
       slots = (sel[:, :, None] * b + jnp.arange(b)).reshape(bsz, -1)
       slots = jnp.where(jnp.repeat(sel, b, axis=1) >= 0, slots, -1)
       z = jnp.where((slots >= 0) & (slots < lengths[:, None]), zd, NEG_INF)
-    return _pad_to(z, nb * b), _pad_to(slots, nb * b, -1)
+    return _pad_to(z, nb * b), _pad_to(slots, nb * b, -1), _pad_to(sel, nb, -1)
 
   def dense(_):
     if impl == "pallas":
@@ -508,13 +535,14 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     else:
       z = paged_indexer_scores_xla(q[:, None], k_cache, block_table, lengths, w[:, None],
                                    k_scale)[:, 0]
-    return z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape)
+    return (z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape),
+            jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
 
-  z, slots = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
+  z, slots, sel = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
   vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
   top_slots = jnp.where(idx >= 0, jnp.take_along_axis(slots, jnp.maximum(idx, 0), axis=1), -1)
-  new_state = jax.vmap(update, in_axes=(0, 0, 0, 0, 0, None))(state, z, slots, pos, lengths,
-                                                              config)
+  new_state = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))(state, z, sel, pos,
+                                                                    lengths, config)
   info = {"block_masks": masks, "realized_sparsity": jax.vmap(
       lambda m, l: realized_sparsity(m, l, b))(masks, lengths)}
   return vals, top_slots, new_state, info
