@@ -253,7 +253,8 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
             _indexer.paged_indexer_scores(q, kc, t, l, w, implementation="pallas"), k,
             lengths=l, implementation="pallas")), (q, kc, table, lens, w)),
         "indexer_topk (fused)": (jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(
-            q, kc, t, l, w, k, implementation="pallas")), (q, kc, table, lens, w)),
+            q, kc, t, l, w, k, implementation="pallas", fuse_group_max=True)),
+                                 (q, kc, table, lens, w)),
     }
     base = None
     for name, (f, args) in variants.items():

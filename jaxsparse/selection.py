@@ -84,12 +84,14 @@ _topk_xla_jit = jax.jit(topk_xla, static_argnums=(1,))
 
 
 def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
-                 implementation=None, decode_config=None, topk_config=None):
-  """Fused decode path: paged indexer scoring and exact top-k in one call.
+                 implementation=None, decode_config=None, topk_config=None,
+                 fuse_group_max: bool = False):
+  """Decode path: paged indexer scoring and exact top-k in one call (one jit).
 
   Shapes as `paged_indexer_scores` (q [B, H, D] or [B, R, H, D]); returns (values, indices)
-  of shape [B, (R,) k]. On GPU the scoring kernel also emits the group maxima that the top-k
-  threshold needs, so the score row is read twice (count, compact) instead of three times.
+  of shape [B, (R,) k]. With fuse_group_max=True (GPU) the scoring kernel also emits the group
+  maxima that the top-k threshold needs, saving one 4-byte-per-slot pass over the scores; on
+  the H200 that epilogue cost more than it saved (benchmarks/NOTES.md), so it is off by default.
   """
   _checks.check_implementation(implementation)
   impl = backend.resolve(implementation)
@@ -110,12 +112,12 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
   if single:
     q, w = q[:, None], w[:, None]
   return _fused(q, k_cache, block_table.astype(jnp.int32), lengths.astype(jnp.int32), w,
-                k_scale, k, decode_config, topk_config, plat, single)
+                k_scale, k, decode_config, topk_config, plat, single, fuse_group_max)
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10))
+@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
 def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_config, plat,
-           single):
+           single, fuse_group_max):
   from pallas_kernels import indexer_decode, topk as ktopk
   bsz, rows = q.shape[:2]
   slots = block_table.shape[1] * k_cache.shape[1]
@@ -123,7 +125,7 @@ def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_
   g = ktopk.group_size(slots, kk, topk_config, plat.kind)
   step = decode_config.pages_per_step * k_cache.shape[1]
   lens = _indexer.row_lengths(lengths, rows).reshape(-1)
-  if g and step % g == 0:
+  if fuse_group_max and g and step % g == 0:
     z, gm = indexer_decode.decode_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
                                          config=decode_config, platform=plat, group_max=g)
     v, i = ktopk.topk_rows(z.reshape(bsz * rows, slots), lens, kk, topk_config, plat,

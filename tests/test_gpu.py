@@ -54,7 +54,8 @@ def test_topk_gpu(n, k):
 def test_indexer_topk_fused_gpu():
   rng = np.random.default_rng(3)
   q, kc, table, lens, w, ks = random_paged(rng, 4, 1, 64, 128, 131072, 2100, "bfloat16")
-  v, i = jaxsparse.indexer_topk(q[:, 0], kc, table, lens, w[:, 0], 2048, implementation="pallas")
+  v, i = jaxsparse.indexer_topk(q[:, 0], kc, table, lens, w[:, 0], 2048, implementation="pallas",
+                                fuse_group_max=True)
   z = jaxsparse.paged_indexer_scores(q[:, 0], kc, table, lens, w[:, 0], implementation="pallas")
   rv, ri = np_topk(np.asarray(z), 2048, np.asarray(lens))
   # the fused kernel may round the head sum differently from the unfused one (1 ulp), which
