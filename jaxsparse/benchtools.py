@@ -76,6 +76,8 @@ def environment() -> dict:
       "numpy": np.__version__,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + sys.argv),
+      "timing": ("in-graph (JAXSPARSE_IN_GRAPH=1)" if os.environ.get("JAXSPARSE_IN_GRAPH") == "1"
+                 else "host loop: back-to-back calls, one sync"),
   }
   try:
     import jaxlib
