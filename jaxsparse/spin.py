@@ -191,9 +191,9 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
   n_exploit = cap - n_explore
   if config.reduction == "A0":
     z = predicted_slot_scores(state, pos, length)
-    kk = min(config.topk, z.shape[-1])
-    _, idx = jax.lax.top_k(z, kk)
-    hit = jnp.zeros(nb, bool).at[idx // b].set(True) & valid
+    from jaxsparse.selection import topk_xla
+    _, idx = topk_xla(z, config.topk)
+    hit = jnp.zeros(nb, bool).at[jnp.where(idx >= 0, idx // b, nb)].set(True, mode="drop") & valid
     exploit = hit & ~forced
   else:
     s = block_scores(state, pos, length, config)

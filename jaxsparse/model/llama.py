@@ -45,13 +45,19 @@ class Llama(nnx.Module):
                                                          for i in range(cfg.layers)]))
                                 for k in LAYER_KEYS})
 
-  def __call__(self, tokens, keep=None, collect: bool = False, dsa=None):
+  def __call__(self, tokens, keep=None, collect: bool = False, dsa=None, spin=None):
     """dsa: optional (IndexerConfig, stacked indexer params, k): DSA inference, where each layer
     attends only to the top-k keys of its own lightning indexer (queries with <= k visible keys
-    stay dense)."""
+    stay dense).
+
+    spin: optional (SpinConfig, decode_from): with dsa, queries at positions >= decode_from
+    are decode steps whose indexer sees only the blocks SPIN selects (state reset at
+    decode_from, per layer), so the top-k comes from SPIN's scored blocks: DSA with SPIN.
+    """
     icfg, iparams, k = dsa if dsa is not None else (None, None, 0)
+    scfg, start = spin if spin is not None else (None, 0)
     return _forward(self.cfg, var_value(self.embed), var_value(self.final_norm),
-                    var_value(self.layers), tokens, keep, collect, icfg, iparams, k)
+                    var_value(self.layers), tokens, keep, collect, icfg, iparams, k, scfg, start)
 
 
 def var_value(v):
@@ -68,8 +74,22 @@ def topk_mask(scores, k: int):
   return jnp.zeros((t, t), bool).at[rows, jnp.where(idx >= 0, idx, t)].set(True, mode="drop")
 
 
+def spin_visible(z, start: int, config):
+  """SPIN's scored slots for decode queries start..T-1 of causal scores z [T, T] -> bool [T, T]
+  (rows before `start` see everything: prefill)."""
+  from jaxsparse import spin as _spin
+  t = z.shape[0]
+  b = config.block_size
+  cap = -(-t // b) * b
+  zz = jnp.pad(z[start:], ((0, 0), (0, cap - t)), constant_values=-jnp.inf)[:, None]
+  lrows = jnp.arange(start + 1, t + 1, dtype=jnp.int32)[:, None]
+  masks = _spin._replay_scan_impl(zz, lrows, jnp.zeros((t - start,), jnp.int32), config, 0)[0]
+  vis = jnp.repeat(masks, b, axis=1)[:, :t]
+  return jnp.concatenate([jnp.ones((start, t), bool), vis], axis=0)
+
+
 def _forward(cfg, embed, final_norm, layers, tokens, keep, collect, icfg=None, iparams=None,
-             k_sel=0):
+             k_sel=0, spin_cfg=None, decode_from=0):
   t = tokens.shape[0]
   hd, nh, nkv = cfg.head_dim, cfg.heads, cfg.kv_heads
   pos = jnp.arange(t)
@@ -81,7 +101,10 @@ def _forward(cfg, embed, final_norm, layers, tokens, keep, collect, icfg=None, i
     h = rms_norm(x, w["attn_norm"], cfg.norm_eps)
     if ip is not None:
       from jaxsparse.model import lightning
-      sel = topk_mask(lightning.score_layer(icfg, ip, h), k_sel)
+      z = lightning.score_layer(icfg, ip, h)
+      if spin_cfg is not None:
+        z = jnp.where(spin_visible(z, decode_from, spin_cfg), z, -jnp.inf)
+      sel = topk_mask(z, k_sel)
       kp = sel if kp is None else kp & sel
     q = rope_pairs((h @ w["q"].T).reshape(t, nh, hd), pos, cfg.rope_base)
     k = rope_pairs((h @ w["k"].T).reshape(t, nkv, hd), pos, cfg.rope_base)
@@ -109,14 +132,15 @@ def _forward(cfg, embed, final_norm, layers, tokens, keep, collect, icfg=None, i
   return logits
 
 
-_forward = jax.jit(_forward, static_argnums=(0, 6, 7, 9))
+_forward = jax.jit(_forward, static_argnums=(0, 6, 7, 9, 10, 11))
 
 
-def perplexity(logits, tokens) -> float:
-  """exp(mean next-token NLL) of logits [T, vocab] on tokens [T]."""
+def perplexity(logits, tokens, start: int = 0) -> float:
+  """exp(mean next-token NLL) of logits [T, vocab] on tokens [T], over predictions made at
+  positions >= start (start > 0: score only the decode part of a sequence)."""
   lp = jax.nn.log_softmax(logits[:-1].astype(jnp.float32), axis=-1)
   nll = -jnp.take_along_axis(lp, tokens[1:, None], axis=-1)[:, 0]
-  return float(jnp.exp(nll.mean()))
+  return float(jnp.exp(nll[start:].mean()))
 
 
 def load_model(layers: int | None = None) -> Llama:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse import traces
+from jaxsparse import spin, traces
 from jaxsparse.benchtools import environment, write_json
 from jaxsparse.model import gguf_weights, lightning, llama, record, text
 
@@ -57,6 +57,16 @@ def main(argv=None):
     row = {"dense": llama.perplexity(base(ids), ids)}
     for k in (32, 64, 128, 256):
       row[f"dsa_top{k}"] = llama.perplexity(base(ids, dsa=(idx.cfg, idx.params_tree(), k)), ids)
+    # decode half only: dense, DSA top-64, and DSA top-64 with SPIN block selection
+    half = a.ppl_tokens // 2
+    dsa64 = (idx.cfg, idx.params_tree(), 64)
+    row["decode_half"] = {"from_position": half,
+                          "dense": llama.perplexity(base(ids), ids, half),
+                          "dsa_top64": llama.perplexity(base(ids, dsa=dsa64), ids, half)}
+    for rho in (0.2, 0.4, 0.5):
+      cfg = spin.SpinConfig(block_size=16, topk=64, sparsity=rho)
+      row["decode_half"][f"dsa_top64_spin{int(rho * 100)}"] = llama.perplexity(
+          base(ids, dsa=dsa64, spin=(cfg, half)), ids, half)
     _, coll = base(ids, collect=True)
     sc = idx(coll["hidden"])
     rep["recall"][name] = {f"top{k}": np.asarray(lightning.topk_recall(sc, coll["attn"], k)).tolist()
