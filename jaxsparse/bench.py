@@ -73,6 +73,16 @@ def _decode_request(rng, bsz, n, heads, head_dim):
   return q, w, lens, table
 
 
+def _paged_cases(batches, slots_list, heads, head_dim, seed):
+  """(B, N, (q, w, lengths, block_table, bf16 key cache)) for every shape, random keys."""
+  rng = np.random.default_rng(seed)
+  dev = _Rand(seed)
+  for bsz, n in itertools.product(batches, slots_list):
+    q, w, lens, table = _decode_request(rng, bsz, n, heads, head_dim)
+    kc = dev.normal((bsz * (n // _indexer.PAGE_SIZE), 64, head_dim))
+    yield bsz, n, (q, w, lens, table, kc)
+
+
 def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bfloat16",),
                  configs=(None,), implementation=None, baseline=True, seed=0, reps=5, calls=20):
   """Paged decode scoring; one row per (B, N, key dtype, config) plus a plain-jnp baseline row."""
@@ -238,13 +248,9 @@ def _add_ratios(rows):
 def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0, reps=5,
                       calls=20):
   """Full decode indexer step (scores + top-k): plain jnp + lax.top_k, separate kernels, fused."""
-  rng = np.random.default_rng(seed)
-  dev = _Rand(seed)
   rows = []
-  for bsz, n in itertools.product(batches, slots_list):
-    pages = n // _indexer.PAGE_SIZE
-    q, w, lens, table = _decode_request(rng, bsz, n, heads, head_dim)
-    kc = dev.normal((bsz * pages, 64, head_dim))
+  for bsz, n, (q, w, lens, table, kc) in _paged_cases(batches, slots_list, heads, head_dim,
+                                                      seed):
     dense = kc[table].reshape(bsz, n, head_dim)
     variants = {
         "jnp einsum + lax.top_k": (jax.jit(lambda q, d, w: jax.lax.top_k(_jnp_decode(q, d, w), k)),
@@ -271,13 +277,9 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state."""
   from jaxsparse import spin
-  rng = np.random.default_rng(seed)
-  dev = _Rand(seed)
   rows = []
-  for bsz, n in itertools.product(batches, slots_list):
-    pages = n // _indexer.PAGE_SIZE
-    q, w, lens, table = _decode_request(rng, bsz, n, heads, head_dim)
-    kc = dev.normal((bsz * pages, 64, head_dim))
+  for bsz, n, (q, w, lens, table, kc) in _paged_cases(batches, slots_list, heads, head_dim,
+                                                      seed):
     full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k))
     full_s, err = _timed(full, [(q, kc, table, lens, w)], reps=reps, calls=calls)
     _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err,
