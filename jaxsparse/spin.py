@@ -553,3 +553,85 @@ def _pad_to(x, n, value=NEG_INF):
 
 
 _decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11))
+
+
+# ----------------------------------------------------------- serving: speculative decoding
+
+
+def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
+                     k_scale=None, implementation=None, decode_config=None, topk_config=None):
+  """One SPIN verification step for B requests with R verifier rows (sec. 3.2.2).
+
+  q [B, R, H, D], w [B, R, H]; lengths [B] counts the slots the last row sees (row r sits at
+  slot lengths - R + r). Each row predicts its own mask; the shared mask is their union
+  (config.mask_policy="union") or row 0's ("row0", plus every row's newest block). All rows are
+  scored on the shared mask. The state is NOT updated: pass the returned `pending` to
+  `commit(state, pending, accepted, config)` once the number of accepted drafts is known.
+  Returns (values [B, R, K], slots [B, R, K], pending, info).
+  """
+  _validate_step(state, q, k_cache, block_table, lengths, config)
+  if q.ndim != 4 or w.shape != q.shape[:3]:
+    raise ValueError(f"q.shape={tuple(q.shape)} / w.shape={tuple(w.shape)} must be "
+                     "[B, R, H, D] / [B, R, H]")
+  return _decode_rows(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
+                      implementation, decode_config, topk_config)
+
+
+def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
+                      implementation, decode_config, topk_config):
+  from jaxsparse import backend, selection
+  from jaxsparse.indexer import paged_indexer_scores_xla, row_lengths
+  bsz, r = q.shape[:2]
+  nb = block_table.shape[1]
+  b = config.block_size
+  lrows = row_lengths(lengths, r)  # [B, R]
+  keys = jax.random.split(key, bsz)
+  shared, row_masks = jax.vmap(select_rows, in_axes=(0, 0, None, 0))(state, lrows, config, keys)
+  width = min(nb, max_selected_blocks(nb, config) * (r if config.mask_policy == "union" else 1)
+              + (r if config.mask_policy == "row0" else 0))
+  order = jnp.argsort(~shared, axis=1, stable=True)[:, :width]
+  counts = jnp.minimum(shared.sum(1), width).astype(jnp.int32)
+  sel = jnp.where(jnp.arange(width)[None] < counts[:, None], order, -1).astype(jnp.int32)
+  impl = backend.resolve(implementation)
+  if impl == "pallas":
+    from pallas_kernels import indexer_decode
+    z, slots = indexer_decode.block_sparse_scores(
+        q, k_cache, block_table, lengths, w, sel, counts, k_scale=k_scale, config=decode_config,
+        platform=backend.kernel_platform())
+  else:
+    table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+    z = paged_indexer_scores_xla(q, k_cache, table, jnp.full_like(lengths, width * b), w,
+                                 k_scale)
+    slots = (sel[:, :, None] * b + jnp.arange(b)).reshape(bsz, -1)
+    slots = jnp.where(jnp.repeat(sel, b, axis=1) >= 0, slots, -1)
+    z = jnp.where((slots[:, None] >= 0) & (slots[:, None] < lrows[:, :, None]), z, NEG_INF)
+  vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
+  top = jnp.where(idx >= 0, jnp.take_along_axis(
+      jnp.broadcast_to(slots[:, None], z.shape), jnp.maximum(idx, 0), axis=2), -1)
+  pending = {"scores": z, "sel": sel, "lrows": lrows}
+  info = {"block_masks": shared, "row_masks": row_masks,
+          "realized_sparsity": jax.vmap(lambda m, l: realized_sparsity(m, l[-1], b))(shared,
+                                                                                     lrows)}
+  return vals, top, pending, info
+
+
+_decode_rows = jax.jit(_decode_rows_impl, static_argnums=(8, 9, 10, 11))
+
+
+def commit(state, pending, accepted, config: SpinConfig):
+  """Deferred EMA update after verification: rows 0..accepted[b] in order
+  (update_policy="prefix") or row 0 only ("row0"). accepted: [B] int drafts accepted."""
+  return _commit(state, pending, jnp.asarray(accepted, jnp.int32), config)
+
+
+def _commit_impl(state, pending, accepted, config):
+  def one(st, z, sel, lrows, a):
+    def body(i, s):
+      use = (i <= a) if config.update_policy == "prefix" else (i == 0)
+      new = update_blocks(s, z[i], sel, lrows[i] - 1, lrows[i], config)
+      return jax.tree.map(lambda n, o: jnp.where(use, n, o), new, s)
+    return jax.lax.fori_loop(0, z.shape[0], body, st)
+  return jax.vmap(one)(state, pending["scores"], pending["sel"], pending["lrows"], accepted)
+
+
+_commit = jax.jit(_commit_impl, static_argnums=(3,))

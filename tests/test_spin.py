@@ -218,3 +218,35 @@ def test_block_sparse_kernel_lowers(kind, plat):
           S((4, 1, 64, 128), jnp.bfloat16), S((1000, 64, 128), jnp.bfloat16),
           S((4, 100), jnp.int32), S((4,), jnp.int32), S((4, 1, 64), jnp.float32),
           S((4, 60), jnp.int32), S((4,), jnp.int32))
+
+
+@pytest.mark.parametrize("mask_policy,update_policy", [("union", "prefix"), ("row0", "row0")])
+def test_speculative_serving_step_and_commit(mask_policy, update_policy):
+  """decode_step_rows scores every row on the shared mask; commit replays accepted rows."""
+  rng = np.random.default_rng(7)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 3, 8, 32, 900, 40)
+  table = jnp.asarray(np.stack([rng.permutation(40)[:15] for _ in range(2)]), jnp.int32)
+  lens = jnp.asarray([900, 500], jnp.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4, mask_policy=mask_policy,
+                        update_policy=update_policy)
+  st = spin.init_state(15 * 64, cfg, (2,))
+  st["warm"] = jnp.ones((2,), bool)
+  st["V"] = jnp.asarray(rng.standard_normal((2, 960)), jnp.float32)
+  outs = {}
+  for impl in ("xla", "pallas"):
+    v, s, pending, info = spin.decode_step_rows(st, q, kc, table, lens, w, cfg,
+                                                jax.random.PRNGKey(0), implementation=impl)
+    outs[impl] = (np.asarray(v), np.asarray(s))
+  np.testing.assert_array_equal(outs["xla"][1], outs["pallas"][1])
+  # reference: each row's exact top-k over the shared mask's slots
+  z = np_indexer.paged(q, kc, table, lens, w)
+  m = np.repeat(np.asarray(info["block_masks"]), 64, axis=1)[:, None]
+  row_lens = np.asarray(jaxsparse.row_lengths(lens, 3))
+  _, ri = np_topk(np.where(m, z, -np.inf).astype(np.float32), 32, row_lens)
+  np.testing.assert_array_equal(outs["pallas"][1], ri)
+  if mask_policy == "union":
+    assert (np.asarray(info["block_masks"])[:, None] >= np.asarray(info["row_masks"])).all()
+  new = spin.commit(st, pending, jnp.asarray([2, 0]), cfg)
+  assert (np.asarray(new["step"]) == ([3, 1] if update_policy == "prefix" else [1, 1])).all()
+  with pytest.raises(ValueError, match="q.shape"):
+    spin.decode_step_rows(st, q[:, 0], kc, table, lens, w[:, 0], cfg, jax.random.PRNGKey(0))

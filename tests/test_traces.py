@@ -108,3 +108,10 @@ def test_shipped_trace_is_valid():
   tr = traces.load(traces.default_trace_path())
   assert tr.kind == "decode" and tr.meta["model"].startswith("SmolLM2")
   assert not tr.meta["extrapolated"]
+
+
+def test_traces_past_the_trained_context_are_labelled_extrapolated():
+  import types
+  base = types.SimpleNamespace(cfg=types.SimpleNamespace(context=8192))
+  assert record._meta(base, "x", np.zeros(9000), {})["extrapolated"]
+  assert not record._meta(base, "x", np.zeros(8192), {})["extrapolated"]
