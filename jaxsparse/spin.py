@@ -494,10 +494,43 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
                       implementation, decode_config, topk_config)
 
 
+def compact_blocks(mask, width: int):
+  """Selected block ids in ascending order, -1 padded: mask [B, nb] -> (sel [B, width], counts
+  [B]). A cumulative sum places each selected block (no sort)."""
+  bsz, nb = mask.shape
+  pos = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, width)
+  rows = jnp.broadcast_to(jnp.arange(bsz)[:, None], mask.shape)
+  ids = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), mask.shape)
+  sel = jnp.full((bsz, width), -1, jnp.int32).at[rows, pos].set(ids, mode="drop")
+  return sel, jnp.minimum(mask.sum(1), width).astype(jnp.int32)
+
+
+def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, impl,
+                   decode_config, block):
+  """Block-sparse scores of the selected blocks: q [B, R, H, D] -> (z [B, R, M * b], slots
+  [B, M * b] (-1: padding)), through the Pallas kernel or the XLA reference."""
+  from jaxsparse import backend
+  from jaxsparse.indexer import paged_indexer_scores_xla, row_lengths
+  if impl == "pallas":
+    from pallas_kernels import indexer_decode
+    return indexer_decode.block_sparse_scores(
+        q, k_cache, block_table, lengths, w, sel, counts, k_scale=k_scale, config=decode_config,
+        platform=backend.kernel_platform())
+  bsz, width = sel.shape
+  table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+  z = paged_indexer_scores_xla(q, k_cache, table, jnp.full_like(lengths, width * block), w,
+                               k_scale)
+  slots = (sel[:, :, None] * block + jnp.arange(block)).reshape(bsz, -1)
+  slots = jnp.where(jnp.repeat(sel, block, axis=1) >= 0, slots, -1)
+  lrows = row_lengths(lengths, q.shape[1])
+  z = jnp.where((slots[:, None] >= 0) & (slots[:, None] < lrows[:, :, None]), z, NEG_INF)
+  return z, slots
+
+
 def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
                       implementation, decode_config, topk_config):
   from jaxsparse import backend, selection
-  from jaxsparse.indexer import paged_indexer_scores_xla
+  from jaxsparse.indexer import paged_indexer_scores, paged_indexer_scores_xla
   bsz = q.shape[0]
   nb = block_table.shape[1]
   b = config.block_size
@@ -507,49 +540,34 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   masks = jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
   width = max_selected_blocks(nb, config)
   impl = backend.resolve(implementation)
+  upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
+
+  def finish(z, slots, sel):
+    # top-K over the scored slots only (the compacted width, not N), then map to slots
+    vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
+    top = jnp.where(idx >= 0, jnp.take_along_axis(slots, jnp.maximum(idx, 0), axis=1), -1)
+    return vals, top, upd(state, z, sel, pos, lengths, config)
 
   def sparse(_):
-    order = jnp.argsort(~masks, axis=1, stable=True)[:, :width]  # selected blocks, ascending
-    counts = jnp.minimum(masks.sum(1), width).astype(jnp.int32)
-    sel = jnp.where(jnp.arange(width)[None] < counts[:, None], order, -1).astype(jnp.int32)
-    if impl == "pallas":
-      from pallas_kernels import indexer_decode
-      z, slots = indexer_decode.block_sparse_scores(
-          q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts, k_scale=k_scale,
-          config=decode_config, platform=backend.kernel_platform())
-      z = z[:, 0]
-    else:
-      table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
-      zd = paged_indexer_scores_xla(q[:, None], k_cache, table, jnp.full_like(lengths, width * b),
-                                    w[:, None], k_scale)[:, 0]
-      slots = (sel[:, :, None] * b + jnp.arange(b)).reshape(bsz, -1)
-      slots = jnp.where(jnp.repeat(sel, b, axis=1) >= 0, slots, -1)
-      z = jnp.where((slots >= 0) & (slots < lengths[:, None]), zd, NEG_INF)
-    return _pad_to(z, nb * b), _pad_to(slots, nb * b, -1), _pad_to(sel, nb, -1)
+    sel, counts = compact_blocks(masks, width)
+    z, slots = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts,
+                              k_scale, impl, decode_config, b)
+    return finish(z[:, 0], slots, sel)
 
-  def dense(_):
+  def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":
-      from jaxsparse.indexer import paged_indexer_scores
       z = paged_indexer_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
                                implementation="pallas", config=decode_config)
     else:
       z = paged_indexer_scores_xla(q[:, None], k_cache, block_table, lengths, w[:, None],
                                    k_scale)[:, 0]
-    return (z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape),
-            jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
+    return finish(z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape),
+                  jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
 
-  z, slots, sel = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
-  vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
-  top_slots = jnp.where(idx >= 0, jnp.take_along_axis(slots, jnp.maximum(idx, 0), axis=1), -1)
-  new_state = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))(state, z, sel, pos,
-                                                                    lengths, config)
+  vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
   info = {"block_masks": masks, "realized_sparsity": jax.vmap(
       lambda m, l: realized_sparsity(m, l, b))(masks, lengths)}
   return vals, top_slots, new_state, info
-
-
-def _pad_to(x, n, value=NEG_INF):
-  return jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=value) if x.shape[1] < n else x
 
 
 _decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11))
@@ -580,7 +598,7 @@ def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinCon
 def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
                       implementation, decode_config, topk_config):
   from jaxsparse import backend, selection
-  from jaxsparse.indexer import paged_indexer_scores_xla, row_lengths
+  from jaxsparse.indexer import row_lengths
   bsz, r = q.shape[:2]
   nb = block_table.shape[1]
   b = config.block_size
@@ -589,22 +607,9 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   shared, row_masks = jax.vmap(select_rows, in_axes=(0, 0, None, 0))(state, lrows, config, keys)
   width = min(nb, max_selected_blocks(nb, config) * (r if config.mask_policy == "union" else 1)
               + (r if config.mask_policy == "row0" else 0))
-  order = jnp.argsort(~shared, axis=1, stable=True)[:, :width]
-  counts = jnp.minimum(shared.sum(1), width).astype(jnp.int32)
-  sel = jnp.where(jnp.arange(width)[None] < counts[:, None], order, -1).astype(jnp.int32)
-  impl = backend.resolve(implementation)
-  if impl == "pallas":
-    from pallas_kernels import indexer_decode
-    z, slots = indexer_decode.block_sparse_scores(
-        q, k_cache, block_table, lengths, w, sel, counts, k_scale=k_scale, config=decode_config,
-        platform=backend.kernel_platform())
-  else:
-    table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
-    z = paged_indexer_scores_xla(q, k_cache, table, jnp.full_like(lengths, width * b), w,
-                                 k_scale)
-    slots = (sel[:, :, None] * b + jnp.arange(b)).reshape(bsz, -1)
-    slots = jnp.where(jnp.repeat(sel, b, axis=1) >= 0, slots, -1)
-    z = jnp.where((slots[:, None] >= 0) & (slots[:, None] < lrows[:, :, None]), z, NEG_INF)
+  sel, counts = compact_blocks(shared, width)
+  z, slots = _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale,
+                            backend.resolve(implementation), decode_config, b)
   vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
   top = jnp.where(idx >= 0, jnp.take_along_axis(
       jnp.broadcast_to(slots[:, None], z.shape), jnp.maximum(idx, 0), axis=2), -1)
