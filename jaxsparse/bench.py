@@ -181,9 +181,11 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
 
 def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), approx=True,
                torch_topk=True, configs=(None,), seed=0, reps=5, calls=20):
-  # (jaxsparse timings go through _timed: set JAXSPARSE_IN_GRAPH=1 to drop host dispatch)
-  """Exact top-k of random float32 rows: lax.top_k, approx_max_k, torch.topk and jaxsparse."""
-  rng = np.random.default_rng(seed)
+  """Exact top-k of random float32 rows: lax.top_k, approx_max_k, torch.topk and jaxsparse.
+
+  JAX timings go through `_timed` (JAXSPARSE_IN_GRAPH=1 removes host dispatch); torch.topk is
+  timed with CUDA events.
+  """
   dev = _Rand(seed)
   rows = []
   try:

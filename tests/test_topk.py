@@ -1,7 +1,6 @@
 """Exact top-K: reference and threshold-filter kernels (GPU and TPU interpret) against numpy."""
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,6 @@
 """Trace format (save/load/validation), recording with the real model, and eval replay."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Training entry points for jaxsparse's small networks (lightning indexer, corrector).
+"""Training entry points for jaxsparse's small networks.
 
-Nothing trains yet: the lightning-indexer warm-up lands with the real-model capability (issue 3).
+`train.indexer`: the lightning indexers of the real model (DeepSeek-V3.2 dense warm-up).
 """
