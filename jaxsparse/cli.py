@@ -43,9 +43,15 @@ def _eval(args) -> int:
     return 2
   impl = None if args.implementation == "auto" else args.implementation
   from jaxsparse import spin
-  spins = [(f"SPIN {int(100 * rho)}% (b={args.block_size})",
-            spin.SpinConfig(block_size=args.block_size, topk=args.k, sparsity=rho))
-           for rho in (0.2, 0.4)]
+  try:
+    rhos = [float(v) for v in args.sparsities.split(",") if v.strip()]
+    spins = [(f"SPIN {int(round(100 * rho))}% (b={args.block_size})",
+              spin.SpinConfig(block_size=args.block_size, topk=args.k, sparsity=rho,
+                              explore=args.explore, reduction=args.reduction,
+                              pooling=args.pooling)) for rho in rhos]
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   rows = evaluate.decode_baselines(tr, args.k, implementation=impl, spin_configs=spins)
   print(f"trace {path}: layers {tr.layers.tolist()}, {tr.q.shape[1]} steps, R={tr.rows}, "
         f"slots {int(tr.lengths[0])}..{int(tr.lengths[-1])}"
@@ -107,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
                  help="SPIN block size for the replay (default 16: the shipped trace has ~1K "
                       "slots, so 16-slot blocks give SPIN as many blocks as 64-slot blocks do "
                       "at 4K)")
+  e.add_argument("--sparsities", default="0.2,0.4",
+                 help="SPIN target block sparsities to replay (comma list, default 0.2,0.4)")
+  e.add_argument("--explore", default="random", help="SPIN exploration policy (random, "
+                 "staleness, block-age, none)")
+  e.add_argument("--reduction", default="A1", help="SPIN block reduction (A0, A1, A2)")
+  e.add_argument("--pooling", default="max", help="SPIN block pooling (max, top4, mean)")
   e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
   e.add_argument("--out", default="", help="also write the table as JSON here")
   e.set_defaults(func=_eval)

@@ -32,3 +32,16 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
   assert ops == {"decode", "prefill", "topk"}
   assert all(r["error"] == "" for r in data["rows"] if "error" in r)
   assert "jnp einsum" in capsys.readouterr().out
+
+
+def test_eval_shipped_trace_with_spin_options(capsys):
+  assert cli.main(["eval", "--k", "32", "--sparsities", "0.3", "--explore", "none",
+                   "--implementation", "xla"]) == 0
+  out = capsys.readouterr().out
+  assert "SPIN 30%" in out and "full DSA" in out
+
+
+def test_eval_rejects_bad_spin_options(capsys):
+  assert cli.main(["eval", "--sparsities", "1.5"]) == 2
+  assert "sparsity" in capsys.readouterr().err
+  assert cli.main(["eval", "--explore", "greedy"]) == 2
