@@ -24,6 +24,7 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from jaxsparse.benchtools import environment
 from jaxsparse.model import gguf_weights, lightning, llama, text
 
 
@@ -128,7 +129,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
   report.update(config=dataclasses.asdict(cfg), indexer=dataclasses.asdict(icfg),
                 steps_run=len(losses), first_loss=losses[0] if losses else None,
                 last_loss=losses[-1] if losses else None,
-                environment={"jax": jax.__version__, "device": jax.devices()[0].device_kind})
+                environment=environment())
   _write_json(os.path.join(cfg.out, "report.json"), report)
   return report
 
