@@ -261,3 +261,31 @@ def test_fp8_queries_need_fp8_keys():
   q, k, w, _ = _good_dense()
   with pytest.raises(ValueError, match="q.dtype=float8_e4m3fn needs k.dtype=float8_e4m3fn"):
     jaxsparse.indexer_scores(q.astype(jnp.float8_e4m3fn), k, w)
+
+
+@settings(max_examples=8, deadline=None)
+@given(bsz=st.integers(1, 3), rows=st.integers(1, 3), max_len=st.integers(1, 300),
+       seed=st.integers(0, 10_000), kind=st.sampled_from(["gpu", "tpu"]))
+def test_decode_kernel_property(bsz, rows, max_len, seed, kind):
+  """Ragged lengths and row counts, shuffled block tables poisoned past each length."""
+  rng = np.random.default_rng(seed)
+  max_len = max(max_len, rows)
+  q, kc, table, lens, w, _ = random_paged(rng, bsz, rows, 8, 32, max_len, 9, "bfloat16")
+  out = indexer_decode.decode_scores(q, kc, table, lens, w, platform=KernelPlatform(kind, True),
+                                     config=indexer_decode.DecodeConfig(pages_per_step=1,
+                                                                        steps_per_program=2))
+  assert_scores_close(out, np_indexer.paged(q, kc, table, lens, w), reduction=8 * 32)
+
+
+def test_vmap_over_query_sets():
+  rng = np.random.default_rng(9)
+  q = jnp.asarray(rng.standard_normal((3, 5, 8, 32)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((70, 32)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((3, 5, 8)), jnp.float32)
+  pos = jnp.asarray(rng.integers(0, 70, (3, 5)), jnp.int32)
+  f = jax.vmap(lambda q, w, p: jaxsparse.indexer_scores(
+      q, k, w, query_positions=p, implementation="pallas",
+      config=indexer_prefill.PrefillConfig(block_t=2, block_n=32, tiles_per_program=2)))
+  out = f(q, w, pos)
+  for i in range(3):
+    assert_scores_close(out[i], np_indexer.dense(q[i], k, w[i], None, pos[i]), reduction=8 * 32)
