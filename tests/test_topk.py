@@ -28,7 +28,8 @@ def _check(out, x, k, lens):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
-@pytest.mark.parametrize("n,k", [(70000, 256), (20000, 64), (4096, 100), (65536, 2)])
+@pytest.mark.parametrize("n,k", [(70000, 256), (20000, 64), (4096, 100), (65536, 2),
+                                 (262144, 4096)])
 def test_random_rows_ragged(platform, n, k):
   rng = np.random.default_rng(n + k)
   x = rng.standard_normal((4, n)).astype(np.float32)
@@ -133,3 +134,19 @@ def test_bad_input():
     jaxsparse.topk(x[:, :0], 2)
   with pytest.raises(ValueError, match="chunk"):
     ktopk.TopkConfig(chunk=100)
+
+
+def test_filter_path_keeps_few_candidates_on_random_rows():
+  """The threshold leaves ~k candidates, far under the buffer, so no fallback sort is needed."""
+  from pallas_kernels.topk import gpu as kgpu
+  rng = np.random.default_rng(0)
+  n, k = 262144, 2048
+  x = jnp.asarray(rng.standard_normal((2, n)), jnp.float32)
+  lens = jnp.asarray([n, n], jnp.int32)
+  cfg = ktopk.TopkConfig()
+  g = ktopk.group_size(n, k, cfg, "gpu")
+  assert g >= 8
+  gm = kgpu.group_max(x, lens, chunk=4096, group=g, num_warps=4, interpret=True)
+  thr = kgpu.threshold(gm, k, iters=20, num_warps=8, interpret=True)
+  total = np.asarray(kgpu.count(x, lens, thr, chunk=4096, num_warps=4, interpret=True)).sum(1)
+  assert (total >= k).all() and (total <= 1.5 * k).all(), total
