@@ -58,7 +58,9 @@ def _eval(args) -> int:
         + (" (extrapolated past the trained context)" if tr.meta.get("extrapolated") else ""))
   print_table(rows, ["method", "recall", "mean_miss", "p99_miss", "sparsity", "us_per_step"])
   if args.out:
-    write_json(args.out, dict(trace=path, meta=tr.meta, k=args.k, rows=rows))
+    from jaxsparse.benchtools import environment
+    write_json(args.out, dict(environment=environment(), trace=path, meta=tr.meta, k=args.k,
+                              rows=rows))
   return 0
 
 
