@@ -439,8 +439,8 @@ def predictor_study(z_layers, lengths, k: int, *, offset_shift: int = 1, best_of
       prev[int(lengths[t - 1]):] = np.nan
       prev = np.where(np.isnan(prev), np.nanmin(prev[:int(lengths[t - 1])]), prev)
       for name, pred in (("prev-iter", prev),
-                         ("prev-iter offset 1", np.concatenate([prev[:offset_shift] * 0 +
-                                                                prev.min(), prev[:-offset_shift]]))):
+                         ("prev-iter offset 1", np.concatenate([np.full(offset_shift, prev.min()),
+                                                                prev[:-offset_shift]]))):
         rr, rc = score(pred, cur, n_t)
         res[name][0].append(rr)
         res[name][1].append(rc)
