@@ -36,11 +36,18 @@ def main(argv=None):
   p.add_argument("--decode-slots", default="", help="comma list (default: shapes.DECODE_SLOTS)")
   p.add_argument("--prefill-keys", default="", help="comma list (default: shapes.PREFILL_KEYS)")
   p.add_argument("--best-only", action="store_true", help="time only the default tilings")
+  p.add_argument("--decode-configs", default="",
+                 help="comma list of pages_per_step:steps_per_program:num_warps:num_stages "
+                      "(replaces the built-in decode tilings)")
+  p.add_argument("--no-baseline", action="store_true", help="skip the plain-jnp decode rows")
   a = p.parse_args(argv)
   ints = lambda s, d: tuple(int(v) for v in s.split(",")) if s else d
   kds = tuple(v.strip() for v in a.key_dtypes.split(","))
   s = shapes.DEEPSEEK_V32
   rows = []
+  dcfgs = (None,) if a.best_only else DECODE_CONFIGS
+  if a.decode_configs:
+    dcfgs = tuple(DecodeConfig(*(int(v) for v in c.split(":"))) for c in a.decode_configs.split(","))
   if a.quick:
     dec = dict(batches=(1, 2), slots_list=(4096,), heads=8, head_dim=64, configs=(None,),
                key_dtypes=("bfloat16", "float8_e4m3fn", "fp8 q+k"), reps=2, calls=3)
@@ -48,8 +55,8 @@ def main(argv=None):
   else:
     dec = dict(batches=ints(a.decode_batches, shapes.DECODE_BATCHES),
                slots_list=ints(a.decode_slots, shapes.DECODE_SLOTS), heads=s.heads,
-               head_dim=s.head_dim, configs=(None,) if a.best_only else DECODE_CONFIGS,
-               key_dtypes=kds)
+               head_dim=s.head_dim, configs=dcfgs, key_dtypes=kds,
+               baseline=not a.no_baseline)
     pre = dict(keys_list=ints(a.prefill_keys, shapes.PREFILL_KEYS), chunk=shapes.PREFILL_CHUNK,
                heads=s.heads, head_dim=s.head_dim,
                configs=(None,) if a.best_only else PREFILL_CONFIGS, key_dtypes=kds)

@@ -25,7 +25,7 @@ def main(argv=None):
     rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")))
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_update_us",
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")

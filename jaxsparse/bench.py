@@ -12,7 +12,7 @@ import numpy as np
 from jaxsparse import indexer as _indexer
 from jaxsparse import selection as _topk
 from jaxsparse.prep import quantize_fp8
-from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, time_calls, time_in_graph
+from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, time_calls, time_in_graph
 
 L2_BYTES = 60 << 20
 FP8 = "float8_e4m3fn"  # fp8 keys, bf16 queries
@@ -20,10 +20,10 @@ FP8_QK = "fp8 q+k"  # fp8 queries and keys (DeepSeek-V3.2's indexer precision)
 
 
 def _timed(fn, arg_sets, **kw):
-  """time_calls (or, with $JAXSPARSE_IN_GRAPH=1, time_in_graph on the first argument set), but a
+  """time_calls (or, with $JAXSPARSE_IN_GRAPH set, time_in_graph on the first argument set), but a
   variant that fails to compile or run is reported, not fatal to a sweep."""
   try:
-    if os.environ.get("JAXSPARSE_IN_GRAPH") == "1":
+    if in_graph_mode():
       return time_in_graph(fn, arg_sets[0], calls=kw.get("calls", 20), reps=kw.get("reps", 5)), ""
     return time_calls(fn, arg_sets, **kw), ""
   except Exception as e:  # noqa: BLE001 - any lowering/runtime failure of one variant
@@ -292,16 +292,28 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
-      step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg: spin.decode_step(st, q, kc, t, l, w, cfg,
-                                                                          key)[:2])
-      sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls)
       pu = jax.jit(lambda st, l, cfg=cfg: _predict_update(st, l, cfg, key))
       pu_s, err2 = _timed(pu, [(st, lens)], reps=reps, calls=calls)
-      _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl="SPIN step", error=err or err2,
-                       us=sec * 1e6, vs_full=sec / full_s, predict_update_us=pu_s * 1e6,
-                       predict_update_frac=pu_s / full_s,
-                       realized=float(np.asarray(info["realized_sparsity"]).mean())))
+      pr = jax.jit(lambda st, l, cfg=cfg: _predict(st, l, cfg, key))
+      pr_s, err3 = _timed(pr, [(st, lens)], reps=reps, calls=calls)
+      for name, warm in (("SPIN step", None), ("SPIN step, warm=True", True)):
+        step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg, warm=warm: spin.decode_step(
+            st, q, kc, t, l, w, cfg, key, warm=warm)[:2])
+        sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls)
+        _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name,
+                         error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
+                         predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
+                         predict_update_frac=pu_s / full_s,
+                         realized=float(np.asarray(info["realized_sparsity"]).mean())))
   return rows
+
+
+def _predict(state, lengths, config, key):
+  """SPIN's block selection alone."""
+  from jaxsparse import spin
+  keys = jax.random.split(key, lengths.shape[0])
+  return jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
+                                                                   config, keys)
 
 
 def _predict_update(state, lengths, config, key):

@@ -36,23 +36,56 @@ def time_calls(fn, arg_sets, *, reps: int = 5, calls: int = 30, warmup: int = 3)
   return statistics.median(samples)
 
 
-def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5) -> float:
+def in_graph_mode() -> str:
+  """$JAXSPARSE_IN_GRAPH: "" (host loop), "1" or "loop" (fori_loop in one jit) or "unrolled"."""
+  mode = os.environ.get("JAXSPARSE_IN_GRAPH", "")
+  if mode not in ("", "1", "loop", "unrolled"):
+    raise ValueError(f"JAXSPARSE_IN_GRAPH={mode!r} must be unset, '1', 'loop' or 'unrolled'")
+  return {"1": "loop"}.get(mode, mode)
+
+
+def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | None = None
+                  ) -> float:
   """Median device seconds per call, without host dispatch: `fn` runs `calls` times inside one
-  jitted loop (an optimization barrier ties each call's inputs to the previous result, so XLA
-  can neither hoist nor overlap them), minus a 1-call loop, over calls - 1."""
+  jitted program (an optimization barrier ties each call's inputs to the previous result, so XLA
+  can neither hoist nor overlap them), minus a 1-call program, over calls - 1.
+
+  unrolled=False: the calls are a `fori_loop`. XLA on GPU reads a while loop's predicate on the
+    host every iteration, which adds a fixed ~8 us per call (measured on the H200: a tiny cumsum
+    "took" 9.5 us, benchmarks/NOTES.md).
+  unrolled=True: the calls are straight-line code (what a CUDA-graph-captured serving step
+    sees); `calls` is capped at 10 to bound compile time. Default: $JAXSPARSE_IN_GRAPH.
+  """
   import jax.numpy as jnp
   from jax import lax
 
+  if unrolled is None:
+    unrolled = in_graph_mode() == "unrolled"
+  if unrolled:
+    calls = min(calls, 10)
+
+  def one_call(a0, acc):
+    a, acc = lax.optimization_barrier((a0, acc))
+    leaf = jax.tree.leaves(fn(*a))[0]
+    return acc + leaf.reshape(-1)[0].astype(jnp.float32)
+
   def looped(n):
     def loop(a0):
-      def body(i, acc):
-        a, acc = lax.optimization_barrier((a0, acc))
-        leaf = jax.tree.leaves(fn(*a))[0]
-        return acc + leaf.reshape(-1)[0].astype(jnp.float32)
-      return lax.fori_loop(0, n, body, jnp.float32(0))
+      if unrolled:
+        acc = jnp.float32(0)
+        for _ in range(n):
+          acc = one_call(a0, acc)
+        return acc
+      return lax.fori_loop(0, n, lambda i, acc: one_call(a0, acc), jnp.float32(0))
     return jax.jit(loop)
 
   one, many = looped(1), looped(calls)
+  if unrolled and _ops(many, args) < 0.5 * calls * _ops(one, args):
+    # XLA merged the repeated calls (it can drop the barrier and CSE them, as XLA:CPU does):
+    # the unrolled program would under-count, so time the loop instead
+    print("time_in_graph: unrolled calls were merged by XLA; using the fori_loop timing",
+          file=sys.stderr)
+    return time_in_graph(fn, args, calls=calls, reps=reps, unrolled=False)
   jax.block_until_ready(one(args))
   jax.block_until_ready(many(args))
   samples = []
@@ -66,6 +99,13 @@ def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5) -> float:
   return statistics.median(samples)
 
 
+def _ops(jitted, args) -> int:
+  """Instructions in the compiled entry computation (to see whether repeated calls survived)."""
+  text = jitted.lower(args).compile().as_text()
+  entry = text[text.rindex("ENTRY"):]
+  return max(1, entry.count(" = "))
+
+
 def environment() -> dict:
   dev = jax.devices()[0]
   info = {
@@ -76,8 +116,10 @@ def environment() -> dict:
       "numpy": np.__version__,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + sys.argv),
-      "timing": ("in-graph (JAXSPARSE_IN_GRAPH=1)" if os.environ.get("JAXSPARSE_IN_GRAPH") == "1"
-                 else "host loop: back-to-back calls, one sync"),
+      "timing": {"loop": "in-graph, fori_loop (JAXSPARSE_IN_GRAPH=1)",
+                 "unrolled": "in-graph, unrolled (JAXSPARSE_IN_GRAPH=unrolled)",
+                 "": "host loop: back-to-back calls, one sync"}[in_graph_mode()],
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
   try:
     import jaxlib

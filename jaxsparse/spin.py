@@ -169,6 +169,24 @@ def _rank_desc(score, eligible):
   return jnp.where(eligible, rank, n)
 
 
+def top_mask(score, eligible, n):
+  """Mask of the n best eligible entries of `score` [L], ties to the lower index (n <= the
+  eligible count). On a GPU this is one Pallas kernel per row (an exact bitwise search for the
+  n-th largest key, no sort); elsewhere a stable argsort."""
+  from jaxsparse import backend
+  plat = backend.kernel_platform()
+  if plat.kind == "gpu" and not plat.interpret:
+    from pallas_kernels._util import next_pow2, pad_axis
+    from pallas_kernels.topk import gpu as kg
+    length = score.shape[-1]
+    lp = next_pow2(max(length, 16))
+    m = kg.select_mask(pad_axis(score[None].astype(jnp.float32), 1, lp),
+                       pad_axis(eligible[None], 1, lp, value=False),
+                       jnp.reshape(n, (1,)).astype(jnp.int32))
+    return m[0, :length]
+  return _rank_desc(score, eligible) < n
+
+
 def select_blocks(state, pos, length, config: SpinConfig, key):
   """Block mask [num_blocks] bool for one query at slot `pos` seeing `length` slots.
 
@@ -197,7 +215,7 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
     exploit = hit & ~forced
   else:
     s = block_scores(state, pos, length, config)
-    exploit = _rank_desc(s, valid & ~forced) < n_exploit
+    exploit = top_mask(s, valid & ~forced, n_exploit)
   rest = valid & ~forced & ~exploit
   if config.explore == "random":
     prio = jax.random.uniform(key, (nb,))
@@ -211,7 +229,7 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
     prio = stale * (jnp.where(valid, s, lo) - lo + 1e-6)
   else:
     prio = jnp.zeros((nb,))
-  explore = _rank_desc(prio, rest) < n_explore
+  explore = top_mask(prio, rest, n_explore)
   mask = forced | exploit | explore
   return jnp.where(state["warm"], mask, valid)
 
@@ -480,7 +498,8 @@ def _validate_step(state, q, k_cache, block_table, lengths, config):
 
 
 def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
-                k_scale=None, implementation=None, decode_config=None, topk_config=None):
+                k_scale=None, implementation=None, decode_config=None, topk_config=None,
+                warm=None):
   """One SPIN decode step for B requests (one query row each), jit-friendly.
 
   state: `init_state(capacity, config, (B,))`; q [B, H, D]; k_cache [num_blocks, 64, D];
@@ -488,10 +507,18 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   Returns (values [B, K], slot indices [B, K] (-1 tail), new state, info) where info has the
   block masks [B, num_blocks] and realized sparsity [B]. Cold requests (first step after a
   reset) make the whole batch score densely that step (sec. 3.2).
+
+  warm: None decides dense vs sparse on the device from `state["warm"]` (a `lax.cond`; on GPU
+  XLA reads its predicate on the host, a sync of the step). A serving loop knows when it reset a
+  request, so it can pass warm=False for the first step after a reset (dense, static) and
+  warm=True otherwise (sparse, static, no sync). warm=True with a cold request in the batch is
+  wrong (a cold request selects every block, more than the compiled width): don't.
   """
   _validate_step(state, q, k_cache, block_table, lengths, config)
+  if warm not in (None, True, False):
+    raise ValueError(f"warm={warm!r} must be None, True or False")
   return _decode_step(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
-                      implementation, decode_config, topk_config)
+                      implementation, decode_config, topk_config, warm)
 
 
 def compact_blocks(mask, width: int):
@@ -528,7 +555,7 @@ def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, im
 
 
 def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
-                      implementation, decode_config, topk_config):
+                      implementation, decode_config, topk_config, warm=None):
   from jaxsparse import backend, selection
   from jaxsparse.indexer import paged_indexer_scores, paged_indexer_scores_xla
   bsz = q.shape[0]
@@ -564,13 +591,16 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     return finish(z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape),
                   jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
 
-  vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
+  if warm is None:
+    vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
+  else:
+    vals, top_slots, new_state = (sparse if warm else dense)(None)
   info = {"block_masks": masks, "realized_sparsity": jax.vmap(
       lambda m, l: realized_sparsity(m, l, b))(masks, lengths)}
   return vals, top_slots, new_state, info
 
 
-_decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11))
+_decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12))
 
 
 # ----------------------------------------------------------- serving: speculative decoding

@@ -250,3 +250,50 @@ def test_speculative_serving_step_and_commit(mask_policy, update_policy):
   assert (np.asarray(new["step"]) == ([3, 1] if update_policy == "prefix" else [1, 1])).all()
   with pytest.raises(ValueError, match="q.shape"):
     spin.decode_step_rows(st, q[:, 0], kc, table, lens, w[:, 0], cfg, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_select_mask_kernel_matches_argsort(ties):
+  """The GPU block-ranking kernel (exact bitwise search, no sort) picks the same blocks as the
+  stable argsort, ties to the lower index, -0.0 equal to +0.0, n = 0 and n = all eligible."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(11 + ties)
+  r, length = 5, 512
+  x = rng.standard_normal((r, length)).astype(np.float32) * 3
+  if ties:
+    x = np.round(x)
+    x[0, ::2] = -0.0
+  elig = rng.random((r, length)) < 0.7
+  n = np.array([0, elig[1].sum(), 1, 37, rng.integers(0, elig[4].sum())], np.int32)
+  got = np.asarray(kg.select_mask(jnp.asarray(x), jnp.asarray(elig), jnp.asarray(n),
+                                  interpret=True))
+  for i in range(r):
+    ref = np.asarray(spin._rank_desc(jnp.asarray(x[i]), jnp.asarray(elig[i])) < n[i])
+    np.testing.assert_array_equal(got[i], ref)
+    assert got[i].sum() == n[i]
+  jax.export.export(jax.jit(lambda x, e, n: kg.select_mask(x, e, n)), platforms=["cuda"],
+                    disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                        "__gpu$xla.gpu.triton")])(
+      jax.ShapeDtypeStruct((64, 2048), jnp.float32), jax.ShapeDtypeStruct((64, 2048), bool),
+      jax.ShapeDtypeStruct((64,), jnp.int32))
+
+
+def test_decode_step_static_warm_matches_cond():
+  """warm=False / warm=True (no device-side branch) give what the lax.cond path gives."""
+  rng = np.random.default_rng(3)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 8, 32, 800, 40)
+  q, w = q[:, 0], w[:, 0]
+  table = jnp.asarray(np.stack([rng.permutation(40)[:14] for _ in range(2)]), jnp.int32)
+  lens = jnp.asarray([850, 600], jnp.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4)
+  st0 = spin.init_state(14 * 64, cfg, (2,))
+  key = jax.random.PRNGKey(1)
+  a = spin.decode_step(st0, q, kc, table, lens, w, cfg, key)
+  b = spin.decode_step(st0, q, kc, table, lens, w, cfg, key, warm=False)
+  np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+  c = spin.decode_step(a[2], q, kc, table, lens + 1, w, cfg, key)
+  d = spin.decode_step(b[2], q, kc, table, lens + 1, w, cfg, key, warm=True)
+  np.testing.assert_array_equal(np.asarray(c[1]), np.asarray(d[1]))
+  assert np.asarray(d[3]["realized_sparsity"]).min() > 0.3
+  with pytest.raises(ValueError, match="warm"):
+    spin.decode_step(st0, q, kc, table, lens, w, cfg, key, warm="yes")

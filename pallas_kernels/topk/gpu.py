@@ -146,3 +146,52 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
       interpret=interpret, name="jaxsparse_topk_compact",
   )(x, lengths, thr, offsets, v0, i0)
   return v[:, :capacity], i[:, :capacity]
+
+
+def _ordered_key(x):
+  """float32 -> uint32 whose unsigned order is the float order (-0.0 and +0.0 equal)."""
+  x = jnp.where(x == 0, 0.0, x)
+  b = lax.bitcast_convert_type(x, jnp.uint32)
+  neg = (b >> 31) == 1
+  return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
+
+
+def _select_kernel(x_ref, e_ref, n_ref, o_ref):
+  """One row: mask of the n_ref[0] best eligible entries, ties to the lower index.
+
+  The n-th largest key is found bit by bit from the top (32 counting steps, exact, no sort);
+  entries above it are all taken, entries equal to it in index order up to the quota.
+  """
+  n = n_ref[0]
+  elig = e_ref[...] != 0
+  key = jnp.where(elig, _ordered_key(x_ref[...]), jnp.uint32(0))
+
+  def body(i, t):
+    cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    ok = jnp.sum(((key >= cand) & elig).astype(jnp.int32)) >= n
+    return jnp.where(ok, cand, t)
+
+  t = lax.fori_loop(0, 32, body, jnp.uint32(0))
+  gt = elig & (key > t)
+  tie = elig & (key == t)
+  quota = n - jnp.sum(gt.astype(jnp.int32))
+  take = gt | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= quota))
+  o_ref[...] = (take & (n > 0)).astype(jnp.int32)
+
+
+def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
+  """x [R, L] float32 (L a power of two), eligible [R, L] bool, n [R] int32 ->
+  [R, L] bool: the n[r] largest eligible entries of row r, ties to the lower index (n[r] must
+  not exceed the eligible count)."""
+  r, length = x.shape
+  row = pl.BlockSpec((None, length), lambda i: (i, 0))
+  out = pl.pallas_call(
+      _select_kernel,
+      grid=(r,),
+      in_specs=[row, row, pl.BlockSpec((1,), lambda i: (i,))],
+      out_specs=row,
+      out_shape=jax.ShapeDtypeStruct((r, length), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_select_mask",
+  )(x.astype(jnp.float32), eligible.astype(jnp.int32), n.astype(jnp.int32))
+  return out != 0

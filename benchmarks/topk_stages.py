@@ -1,0 +1,111 @@
+"""Where the time of jaxsparse.topk goes: each pass of the threshold filter timed alone, in-graph.
+
+  python benchmarks/topk_stages.py --out benchmarks/results/topk_stages_h200.json
+
+Stages are timed in-graph, unrolled (benchtools.time_in_graph); the floor, the whole call and
+lax.top_k also with the fori_loop timing, to show what the loop itself adds. Each stage gets the real outputs of the stages before it as inputs (computed once, outside the
+timed loop), so the per-stage times add up to the pipeline minus fusion and launch overlap.
+"""
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsparse import backend, selection
+from jaxsparse.bench import _emit
+from jaxsparse.benchtools import environment, print_table, time_in_graph, write_json
+from pallas_kernels._util import next_pow2, pad_axis
+from pallas_kernels.topk import TopkConfig, group_size
+from pallas_kernels.topk import gpu as kg
+
+
+def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
+  plat = backend.kernel_platform()
+  interp = plat.interpret
+  x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
+  lens = jnp.full((bsz,), n, jnp.int32)
+  g = group_size(n, k, config, "gpu")
+  chunk = max(min(config.chunk, next_pow2(n)), g)
+  capacity = next_pow2(config.capacity_factor * k)
+  nw = config.num_warps
+
+  f_gm = jax.jit(lambda x, l: kg.group_max(x, l, chunk=chunk, group=g, num_warps=nw,
+                                           interpret=interp))
+  gm = f_gm(x, lens)
+  gp = pad_axis(gm, 1, next_pow2(gm.shape[1]), value=float("-inf"))
+  thr_fns = {it: jax.jit(lambda gp, it=it: kg.threshold(gp, k, iters=it, num_warps=8,
+                                                         interpret=interp))
+             for it in (config.bisect_iters, 8)}
+  thr = thr_fns[config.bisect_iters](gp)
+  f_cnt = jax.jit(lambda x, l, t: kg.count(x, l, t, chunk=chunk, num_warps=nw, interpret=interp))
+  counts = f_cnt(x, lens, thr)
+  f_scan = jax.jit(lambda c: (jnp.cumsum(c, axis=1) - c, c.sum(axis=1)))
+  offsets, total = f_scan(counts)
+  f_cmp = jax.jit(lambda x, l, t, o: kg.compact(x, l, t, o, capacity=capacity, chunk=chunk,
+                                                num_warps=nw, interpret=interp))
+  cv, ci = f_cmp(x, lens, thr, offsets)
+
+  def final_topk(cv, ci):
+    v, p = lax.top_k(cv, k)
+    return v, jnp.take_along_axis(ci, p, axis=1)
+
+  def final_sort(cv, ci):
+    nv, i = lax.sort((-cv, ci), dimension=1, num_keys=2)
+    return -nv[:, :k], i[:, :k]
+
+  def no_cond(x):  # the filtered path alone (inexact if a row overflowed): the cond's price
+    gm = kg.group_max(x, lens, chunk=chunk, group=g, num_warps=nw, interpret=interp)
+    gp = pad_axis(gm, 1, next_pow2(gm.shape[1]), value=float("-inf"))
+    thr = kg.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
+    c = kg.count(x, lens, thr, chunk=chunk, num_warps=nw, interpret=interp)
+    cv, ci = kg.compact(x, lens, thr, jnp.cumsum(c, axis=1) - c, capacity=capacity, chunk=chunk,
+                        num_warps=nw, interpret=interp)
+    return final_topk(cv, ci)
+
+  timed = {
+      "floor: one tiny op": (jax.jit(lambda c: c + 1), (counts,)),
+      "group_max": (f_gm, (x, lens)),
+      f"threshold (bisect {config.bisect_iters})": (thr_fns[config.bisect_iters], (gp,)),
+      "threshold (bisect 8)": (thr_fns[8], (gp,)),
+      "count": (f_cnt, (x, lens, thr)),
+      "cumsum": (f_scan, (counts,)),
+      "compact": (f_cmp, (x, lens, thr, offsets)),
+      f"final lax.top_k [{bsz},{capacity}]": (jax.jit(final_topk), (cv, ci)),
+      f"final lax.sort 2 keys [{bsz},{capacity}]": (jax.jit(final_sort), (cv, ci)),
+      "whole topk": (jax.jit(lambda x: selection.topk(x, k, implementation="pallas",
+                                                      config=config)), (x,)),
+      "whole topk, no fallback cond": (jax.jit(no_cond), (x,)),
+      "lax.top_k": (jax.jit(lambda x: lax.top_k(x, k)), (x,)),
+  }
+  loop_too = ("floor: one tiny op", "whole topk", "lax.top_k")
+  for name, (f, args) in timed.items():
+    for unrolled in ((True, False) if name in loop_too else (True,)):
+      try:
+        us, err = time_in_graph(f, args, unrolled=unrolled, calls=10) * 1e6, ""
+      except Exception as e:  # noqa: BLE001 - report, keep going
+        us, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      _emit(rows, dict(op="topk stage", B=bsz, N=n, K=k, stage=name,
+                       timing="unrolled" if unrolled else "fori_loop", us=us, error=err,
+                       candidates_max=int(total.max()), groups=int(gm.shape[1]), group=g))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--out", default="benchmarks/results/topk_stages_h200.json")
+  p.add_argument("--shapes", default="64x131072,8x131072,1x131072,64x1048576")
+  p.add_argument("--k", type=int, default=2048)
+  a = p.parse_args(argv)
+  rows = []
+  for s in a.shapes.split(","):
+    b, n = (int(v) for v in s.split("x"))
+    stages(b, n, a.k, TopkConfig(), rows)
+  print_table(rows, ["B", "N", "K", "stage", "timing", "us", "candidates_max", "error"])
+  write_json(a.out, dict(environment=environment(), rows=rows))
+  print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()
