@@ -18,14 +18,17 @@ def main(argv=None):
   p.add_argument("--batches", default="1,8,64")
   p.add_argument("--slots", default="131072,524288")
   p.add_argument("--sparsities", default="0.2,0.4,0.5")
+  p.add_argument("--step-only", action="store_true",
+                 help="time only the full step and the SPIN step (warm=True), not its parts")
   a = p.parse_args(argv)
   if a.quick:
     rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2)
   else:
     rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
                             tuple(int(v) for v in a.slots.split(",")),
-                            tuple(float(v) for v in a.sparsities.split(",")))
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "predict_update_us",
+                            tuple(float(v) for v in a.sparsities.split(",")),
+                            step_only=a.step_only)
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_xla_us", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")

@@ -15,6 +15,7 @@ from jaxsparse.prep import quantize_fp8
 from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, time_calls, time_in_graph
 
 L2_BYTES = 60 << 20
+NEG_INF = float("-inf")
 FP8 = "float8_e4m3fn"  # fp8 keys, bf16 queries
 FP8_QK = "fp8 q+k"  # fp8 queries and keys (DeepSeek-V3.2's indexer precision)
 
@@ -24,7 +25,9 @@ def _timed(fn, arg_sets, **kw):
   variant that fails to compile or run is reported, not fatal to a sweep."""
   try:
     if in_graph_mode():
-      return time_in_graph(fn, arg_sets[0], calls=kw.get("calls", 20), reps=kw.get("reps", 5)), ""
+      return time_in_graph(fn, arg_sets[0], calls=kw.get("calls", 20), reps=kw.get("reps", 5),
+                           carry=kw.get("carry")), ""
+    kw.pop("carry", None)
     return time_calls(fn, arg_sets, **kw), ""
   except Exception as e:  # noqa: BLE001 - any lowering/runtime failure of one variant
     return float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -274,7 +277,7 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
-               reps=5, calls=20):
+               reps=5, calls=20, step_only=False):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state."""
@@ -292,17 +295,39 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
+      nan = (float("nan"), "")
       pu = jax.jit(lambda st, l, cfg=cfg: _predict_update(st, l, cfg, key))
-      pu_s, err2 = _timed(pu, [(st, lens)], reps=reps, calls=calls)
+      pu_s, err2 = nan if step_only else _timed(pu, [(st, lens)], reps=reps, calls=calls)
       pr = jax.jit(lambda st, l, cfg=cfg: _predict(st, l, cfg, key))
-      pr_s, err3 = _timed(pr, [(st, lens)], reps=reps, calls=calls)
-      for name, warm in (("SPIN step", None), ("SPIN step, warm=True", True)):
+      pr_s, err3 = nan if step_only else _timed(pr, [(st, lens)], reps=reps, calls=calls)
+      width = spin.max_selected_blocks(n // 64, cfg)
+      sel, _ = spin.compact_blocks(info["block_masks"], width)
+      zsel = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
+                       jax.random.normal(key, (bsz, width * 64), jnp.float32), NEG_INF)
+      upd_times = {}
+      for uname, uf in (("kernel", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
+                            st, z, s, l - 1, l, cfg)),
+                        ("xla", lambda st, z, s, l, cfg=cfg: jax.vmap(
+                            spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(
+                                st, z, s, l - 1, l, cfg))):
+        if step_only or (uname == "kernel" and jax.default_backend() not in ("gpu", "cuda")):
+          continue
+        upd_times[uname], _ = _timed(jax.jit(uf), [(st, zsel, sel, lens)], reps=reps,
+                                     calls=calls, carry=(0, None))
+      variants = ((("SPIN step", None),) if not step_only else ()) + (
+          ("SPIN step, warm=True", True),)
+      for name, warm in variants:
+        # the whole step, EMA update included (the new state is an output and, in-graph, the
+        # next call's state, as in a decode loop)
         step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg, warm=warm: spin.decode_step(
-            st, q, kc, t, l, w, cfg, key, warm=warm)[:2])
-        sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls)
+            st, q, kc, t, l, w, cfg, key, warm=warm)[:3])
+        sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
+                          carry=(0, 2))
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name,
                          error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
                          predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
+                         update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,
+                         update_xla_us=upd_times.get("xla", float("nan")) * 1e6,
                          predict_update_frac=pu_s / full_s,
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))
   return rows

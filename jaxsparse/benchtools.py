@@ -44,17 +44,19 @@ def in_graph_mode() -> str:
   return {"1": "loop"}.get(mode, mode)
 
 
-def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | None = None
-                  ) -> float:
+def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | None = None,
+                  carry: tuple[int, int] | None = None) -> float:
   """Median device seconds per call, without host dispatch: `fn` runs `calls` times inside one
   jitted program (an optimization barrier ties each call's inputs to the previous result, so XLA
-  can neither hoist nor overlap them), minus a 1-call program, over calls - 1.
+  can neither hoist nor overlap them), minus a 1-call program, over calls - 1. Every output
+  leaf feeds the result, so XLA cannot drop any part of the work.
 
   unrolled=False: the calls are a `fori_loop`. XLA on GPU reads a while loop's predicate on the
-    host every iteration, which adds a fixed ~8 us per call (measured on the H200: a tiny cumsum
-    "took" 9.5 us, benchmarks/NOTES.md).
+    host every iteration, which adds a fixed ~9 us per call (H200, benchmarks/NOTES.md).
   unrolled=True: the calls are straight-line code (what a CUDA-graph-captured serving step
     sees); `calls` is capped at 10 to bound compile time. Default: $JAXSPARSE_IN_GRAPH.
+  carry=(i, j): argument i of each call is output j (j=None: the whole output) of the previous
+    call (a decode loop threading its state), instead of the same input every time.
   """
   import jax.numpy as jnp
   from jax import lax
@@ -66,17 +68,22 @@ def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | 
 
   def one_call(a0, acc):
     a, acc = lax.optimization_barrier((a0, acc))
-    leaf = jax.tree.leaves(fn(*a))[0]
-    return acc + leaf.reshape(-1)[0].astype(jnp.float32)
+    out = fn(*a)
+    for leaf in jax.tree.leaves(out):
+      acc = acc + leaf.reshape(-1)[0].astype(jnp.float32)
+    if carry is not None:
+      new = out if carry[1] is None else out[carry[1]]
+      a = tuple(new if n == carry[0] else x for n, x in enumerate(a))
+    return a, acc
 
   def looped(n):
     def loop(a0):
+      state = (tuple(a0), jnp.float32(0))
       if unrolled:
-        acc = jnp.float32(0)
         for _ in range(n):
-          acc = one_call(a0, acc)
-        return acc
-      return lax.fori_loop(0, n, lambda i, acc: one_call(a0, acc), jnp.float32(0))
+          state = one_call(*state)
+        return state[1]
+      return lax.fori_loop(0, n, lambda i, st: one_call(*st), state)[1]
     return jax.jit(loop)
 
   one, many = looped(1), looped(calls)
@@ -85,7 +92,7 @@ def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | 
     # the unrolled program would under-count, so time the loop instead
     print("time_in_graph: unrolled calls were merged by XLA; using the fori_loop timing",
           file=sys.stderr)
-    return time_in_graph(fn, args, calls=calls, reps=reps, unrolled=False)
+    return time_in_graph(fn, args, calls=calls, reps=reps, unrolled=False, carry=carry)
   jax.block_until_ready(one(args))
   jax.block_until_ready(many(args))
   samples = []

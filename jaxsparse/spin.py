@@ -255,13 +255,43 @@ def update_dense(state, z, obs, pos, length, config: SpinConfig):
   d = jnp.where(obs_off, a * state["D"] + (1 - a) * z_off, state["D"])
   seen = obs.reshape(nb, b).any(-1)
   blk = jnp.where(obs, z, NEG_INF).reshape(nb, b).max(-1)  # A2: pooled observation per block
+  return {"V": v, "D": d, **_block_state_update(state, seen, blk, pos, config)}
+
+
+def _block_state_update(state, seen, blk, pos, config: SpinConfig):
+  """The per-block part of the update (A2's VB, DB, block ages, step, warm): seen [nb] bool,
+  blk [nb] the max observed score of each block."""
+  a = config.ema_decay
+  b = config.block_size
   vb = jnp.where(seen, a * state["VB"] + (1 - a) * blk, state["VB"])
   blk_off, seen_off = by_offset(jnp.where(seen, blk, 0.0), pos // b), by_offset(seen, pos // b,
                                                                              False)
   db = jnp.where(seen_off, a * state["DB"] + (1 - a) * blk_off, state["DB"])
   age = jnp.where(seen, state["step"], state["age"])
-  return {"V": v, "D": d, "VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
+  return {"VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
           "warm": jnp.ones_like(state["warm"])}
+
+
+def update_blocks_batched(state, scores, sel, pos, lengths, config: SpinConfig, *,
+                          interpret: bool = False):
+  """`update_blocks` for a batch, with V and D updated in place by the GPU kernel (only the
+  selected blocks' slots are read or written). scores [B, W * b], sel [B, W], pos/lengths [B]."""
+  from pallas_kernels.spin_update import update_vd_gpu
+  b = config.block_size
+  bsz, width = sel.shape
+  nb = state["VB"].shape[-1]
+  v, d = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
+                       decay=config.ema_decay, page=b, interpret=interpret)
+  slot = sel[:, :, None] * b + jnp.arange(b)
+  obs = (sel[:, :, None] >= 0) & (slot < lengths[:, None, None])  # [B, W, b]
+  blk_w = jnp.where(obs, scores.reshape(bsz, width, b), NEG_INF).max(-1)
+  seen_w = obs.any(-1)
+  rows = jnp.broadcast_to(jnp.arange(bsz)[:, None], sel.shape)
+  idx = jnp.where(sel >= 0, sel, nb)
+  seen = jnp.zeros((bsz, nb), bool).at[rows, idx].set(seen_w, mode="drop")
+  blk = jnp.full((bsz, nb), NEG_INF, jnp.float32).at[rows, idx].set(blk_w, mode="drop")
+  rest = jax.vmap(_block_state_update, in_axes=(0, 0, 0, 0, None))(state, seen, blk, pos, config)
+  return {"V": v, "D": d, **rest}
 
 
 def update(state, scores, slots, pos, length, config: SpinConfig):
@@ -569,17 +599,25 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   impl = backend.resolve(implementation)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
-  def finish(z, slots, sel):
+  plat = backend.kernel_platform()
+
+  def finish(z, sel):
     # top-K over the scored slots only (the compacted width, not N), then map to slots
     vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
-    top = jnp.where(idx >= 0, jnp.take_along_axis(slots, jnp.maximum(idx, 0), axis=1), -1)
-    return vals, top, upd(state, z, sel, pos, lengths, config)
+    # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
+    blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
+    top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
+    if impl == "pallas" and plat.kind == "gpu":  # in-place V/D update of the scored blocks
+      new = update_blocks_batched(state, z, sel, pos, lengths, config, interpret=plat.interpret)
+    else:
+      new = upd(state, z, sel, pos, lengths, config)
+    return vals, top, new
 
   def sparse(_):
     sel, counts = compact_blocks(masks, width)
-    z, slots = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts,
-                              k_scale, impl, decode_config, b)
-    return finish(z[:, 0], slots, sel)
+    z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts,
+                          k_scale, impl, decode_config, b)
+    return finish(z[:, 0], sel)
 
   def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":
@@ -588,8 +626,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     else:
       z = paged_indexer_scores_xla(q[:, None], k_cache, block_table, lengths, w[:, None],
                                    k_scale)[:, 0]
-    return finish(z, jnp.broadcast_to(jnp.arange(nb * b, dtype=jnp.int32), z.shape),
-                  jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
+    return finish(z, jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
 
   if warm is None:
     vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)

@@ -60,6 +60,24 @@ def test_overflow_falls_back_exactly(platform):
   _check(_rows(x, lens, k, platform, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
 
 
+def test_overflow_repair_mixed_rows_gpu_kernel():
+  """GPU path: overflowing rows (ties across the k-th value, negative values, -0.0, NaN,
+  -inf, ragged) are redone by the repair kernel while ordinary rows in the same call are
+  left as the filter found them; no lax.cond involved."""
+  rng = np.random.default_rng(4)
+  n, k = 16384, 64
+  x = rng.standard_normal((5, n)).astype(np.float32)
+  x[0] = np.tile(np.arange(64, dtype=np.float32), n // 64) - 40.0  # overflow, ties at k-th
+  x[1] = -np.round(np.abs(rng.standard_normal(n)) * 2) / 2  # overflow, all <= 0 with -0.0
+  x[1, ::5] = -0.0
+  x[1, 3::11] = np.nan
+  x[1, 7::13] = -np.inf
+  x[3] = np.repeat(np.arange(n // 256, dtype=np.float32), 256)  # sorted runs: overflow
+  lens = np.array([n, n - 9, n // 3, 5000, 40])
+  plat = KernelPlatform("gpu", True)
+  _check(_rows(x, lens, k, plat, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
+
+
 def test_public_api_shapes_dtypes_k_larger_than_n():
   rng = np.random.default_rng(2)
   x = rng.standard_normal((2, 3, 50)).astype(np.float32)

@@ -140,7 +140,7 @@ def decode_scores_gpu(q, k_cache, block_table, lens, w, k_scale, *, config: Deco
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=config.num_warps,
-                                           num_stages=config.num_stages),
+                                           num_stages=config.stages_for(k_cache.dtype.itemsize)),
       interpret=interpret,
       name="jaxsparse_decode_scores",
   )(*args)

@@ -145,7 +145,92 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact",
   )(x, lengths, thr, offsets, v0, i0)
-  return v[:, :capacity], i[:, :capacity]
+  return v, i  # [R, 2 * capacity]: callers keep [:, :capacity] (after `repair`)
+
+
+def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, *, n: int, chunk: int,
+                   capacity: int, k: int):
+  """Rows whose candidates overflowed the buffer (tot > capacity) get their exact top-k set
+  written into it instead, in index order; every other row returns at once.
+
+  One program per row, sequential over the row: the k-th largest key is found bit by bit (32
+  counting sweeps), then entries above it and the first ties (by index) up to k are compacted
+  with a running offset. Slow (the row is read 34 times by one program) but only runs for
+  adversarial rows (long runs of near-equal scores), and it keeps the whole call branch-free:
+  no device-to-host predicate, which on GPU costs more than all the filter passes together.
+  """
+  del v_in, i_in
+  length = len_ref[0]
+  nchunks = n // chunk
+  iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+  def load(c):
+    x = x_ref[pl.ds(c * chunk, chunk)].astype(jnp.float32)
+    idx = c * chunk + iota
+    ok = (idx < length) & (x == x) & (x > NEG_INF)
+    x = jnp.where(x == 0, 0.0, x)
+    return x, idx, ok, jnp.where(ok, _ordered_key(x), jnp.uint32(0))
+
+  def count_ge(cand):
+    def body(c, acc):
+      _, _, ok, key = load(c)
+      return acc + jnp.sum((ok & (key >= cand)).astype(jnp.int32))
+    return lax.fori_loop(0, nchunks, body, jnp.int32(0))
+
+  @pl.when(tot_ref[0] > capacity)
+  def _():
+    def bit(i, t):
+      cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+      return jnp.where(count_ge(cand) >= k, cand, t)
+
+    t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
+    n_gt = count_ge(t + jnp.uint32(1))
+    quota = k - n_gt
+    width = v_ref.shape[0]
+
+    def clear(c, carry):
+      v_ref[pl.ds(c * chunk, chunk)] = jnp.full((chunk,), NEG_INF, jnp.float32)
+      i_ref[pl.ds(c * chunk, chunk)] = jnp.full((chunk,), -1, jnp.int32)
+      return carry
+
+    lax.fori_loop(0, width // chunk, clear, 0)
+
+    def emit(c, carry):
+      off, ties = carry
+      x, idx, ok, key = load(c)
+      tie = ok & (key == t)
+      tie_rank = ties + jnp.cumsum(tie.astype(jnp.int32))
+      take = (ok & (key > t)) | (tie & (tie_rank <= quota))
+      pos = off + jnp.cumsum(take.astype(jnp.int32)) - 1
+      pos = jnp.where(take, pos, width - 1)
+      plgpu.store(v_ref.at[pos], x, mask=take)
+      plgpu.store(i_ref.at[pos], idx, mask=take)
+      return off + jnp.sum(take.astype(jnp.int32)), ties + jnp.sum(tie.astype(jnp.int32))
+
+    lax.fori_loop(0, nchunks, emit, (jnp.int32(0), jnp.int32(0)))
+
+
+def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_warps: int,
+           interpret: bool):
+  """Exact candidates for overflowing rows (see _repair_kernel); v, i: compact's buffers."""
+  r, n = x.shape
+  width = v.shape[1]
+  if width % chunk or width < k:
+    raise ValueError(f"candidate buffer width {width} must be a multiple of chunk={chunk} "
+                     f"and hold k={k}")
+  row = pl.BlockSpec((None, width), lambda i: (i, 0))
+  one = pl.BlockSpec((1,), lambda i: (i,))
+  return pl.pallas_call(
+      functools.partial(_repair_kernel, n=n, chunk=chunk, capacity=capacity, k=k),
+      grid=(r,),
+      in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0)), one, one, row, row],
+      out_specs=[row, row],
+      out_shape=[jax.ShapeDtypeStruct(v.shape, jnp.float32),
+                 jax.ShapeDtypeStruct(i.shape, jnp.int32)],
+      input_output_aliases={3: 0, 4: 1},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_repair",
+  )(x, lengths, total.astype(jnp.int32), v, i)
 
 
 def _ordered_key(x):

@@ -1,0 +1,74 @@
+"""SPIN EMA update on GPU (Pallas, Triton backend): V and D updated in place.
+
+Per request, only the selected blocks were scored, so only their slots change:
+  V[i]       <- a * V[i] + (1 - a) * z[i]         for observed slots i (i < length)
+  D[pos - i] <- a * D[pos - i] + (1 - a) * z[i]   (D is indexed by offset from the query)
+The kernel reads the block-sparse scoring output as it is laid out (selected blocks in order,
+`page` scores each) and touches V and D only where a slot was observed; V and D are aliased
+to the outputs, so nothing else is read or written (the XLA version rewrites all N slots of
+both arrays and first scatters the scores back onto N slots).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, page: int,
+            blocks: int, decay: float, cap: int):
+  del v_in, d_in  # aliased with v_ref / d_ref
+  pos = pos_ref[0]
+  length = len_ref[0]
+  lane = lax.broadcasted_iota(jnp.int32, (page,), 0)
+
+  def body(s, carry):
+    j = sel_ref[s]
+
+    @pl.when(j >= 0)
+    def _():
+      i = j * page + lane
+      obs = i < length
+      z = z_ref[pl.ds(s * page, page)]
+      z = jnp.where(obs, z, 0.0)
+      v = v_ref[pl.ds(j * page, page)]
+      v_ref[pl.ds(j * page, page)] = jnp.where(obs, decay * v + (1 - decay) * z, v)
+      o = pos - i  # unobserved lanes (past the query) wrap to distinct slots and are masked
+      o = jnp.where(o >= 0, o, o + cap)
+      d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
+      plgpu.store(d_ref.at[o], decay * d + (1 - decay) * z, mask=obs)
+
+    return carry
+
+  lax.fori_loop(0, blocks, body, 0)
+
+
+def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
+                  blocks_per_program: int = 8, interpret: bool = False):
+  """v, d [B, cap] float32; z [B, W * page] float32 scores of the selected blocks in order;
+  sel [B, W] int32 block ids (-1: padding); pos, lengths [B] int32 -> updated (v, d)."""
+  bsz, cap = v.shape
+  width = sel.shape[1]
+  bpp = blocks_per_program
+  padded = -(-width // bpp) * bpp
+  if padded != width:
+    sel = jnp.pad(sel, ((0, 0), (0, padded - width)), constant_values=-1)
+    z = jnp.pad(z, ((0, 0), (0, (padded - width) * page)))
+  row = pl.BlockSpec((None, cap), lambda b, c: (b, 0))
+  one = pl.BlockSpec((1,), lambda b, c: (b,))
+  return pl.pallas_call(
+      functools.partial(_kernel, page=page, blocks=bpp, decay=float(decay), cap=cap),
+      grid=(bsz, padded // bpp),
+      in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one,
+                pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), row, row],
+      out_specs=[row, row],
+      out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype)],
+      input_output_aliases={4: 0, 5: 1},
+      compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
+      interpret=interpret, name="jaxsparse_spin_update",
+  )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
+    z.astype(jnp.float32), v, d)
