@@ -19,8 +19,30 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 
+def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, page: int,
+                 blocks: int, decay: float, cap: int):
+  """All `blocks` selected blocks of the program as one [blocks, page] tile: every load is
+  issued at once (the per-block loop below waits on each block's loads in turn)."""
+  del v_in, d_in
+  pos = pos_ref[0]
+  length = len_ref[0]
+  j = sel_ref[...]  # [blocks]
+  i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
+  obs = (j[:, None] >= 0) & (i < length)
+  z = jnp.where(obs, z_ref[...].reshape(blocks, page), 0.0)
+  i_safe = jnp.where(obs, i, 0)
+  v = plgpu.load(v_ref.at[i_safe], mask=obs, other=0.0)
+  plgpu.store(v_ref.at[i_safe], decay * v + (1 - decay) * z, mask=obs)
+  o = jnp.where(obs, pos - i, 0)
+  d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
+  plgpu.store(d_ref.at[o], decay * d + (1 - decay) * z, mask=obs)
+
+
 def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, page: int,
             blocks: int, decay: float, cap: int):
+  """One block at a time (used in interpret mode, where a masked scatter is a read-modify-
+  write of every lane, so masked lanes must not share a slot with a real one: per block they
+  can be given distinct wrapped slots)."""
   del v_in, d_in  # aliased with v_ref / d_ref
   pos = pos_ref[0]
   length = len_ref[0]
@@ -60,15 +82,16 @@ def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
     z = jnp.pad(z, ((0, 0), (0, (padded - width) * page)))
   row = pl.BlockSpec((None, cap), lambda b, c: (b, 0))
   one = pl.BlockSpec((1,), lambda b, c: (b,))
+  body = _kernel if interpret else _kernel_tile
   return pl.pallas_call(
-      functools.partial(_kernel, page=page, blocks=bpp, decay=float(decay), cap=cap),
+      functools.partial(body, page=page, blocks=bpp, decay=float(decay), cap=cap),
       grid=(bsz, padded // bpp),
       in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one,
                 pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), row, row],
       out_specs=[row, row],
       out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype)],
       input_output_aliases={4: 0, 5: 1},
-      compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_update",
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     z.astype(jnp.float32), v, d)
