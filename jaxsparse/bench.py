@@ -297,7 +297,10 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
       nan = (float("nan"), "")
       pu = jax.jit(lambda st, l, cfg=cfg: _predict_update(st, l, cfg, key))
-      pu_s, err2 = nan if step_only else _timed(pu, [(st, lens)], reps=reps, calls=calls)
+      # the state is threaded through the calls: otherwise XLA computes only the one element of
+      # the elementwise update that the timing loop reads
+      pu_s, err2 = nan if step_only else _timed(pu, [(st, lens)], reps=reps, calls=calls,
+                                                carry=(0, None))
       pr = jax.jit(lambda st, l, cfg=cfg: _predict(st, l, cfg, key))
       pr_s, err3 = nan if step_only else _timed(pr, [(st, lens)], reps=reps, calls=calls)
       width = spin.max_selected_blocks(n // 64, cfg)

@@ -48,8 +48,9 @@ def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | 
                   carry: tuple[int, int] | None = None) -> float:
   """Median device seconds per call, without host dispatch: `fn` runs `calls` times inside one
   jitted program (an optimization barrier ties each call's inputs to the previous result, so XLA
-  can neither hoist nor overlap them), minus a 1-call program, over calls - 1. Every output
-  leaf feeds the result, so XLA cannot drop any part of the work.
+  can neither hoist nor overlap them), minus a 1-call program, over calls - 1. One element of
+  every output leaf feeds the result; XLA may then compute only that element of an output made
+  by elementwise ops (an EMA update, say), so pass such outputs on with `carry`.
 
   unrolled=False: the calls are a `fori_loop`. XLA on GPU reads a while loop's predicate on the
     host every iteration, which adds a fixed ~9 us per call (H200, benchmarks/NOTES.md).
@@ -133,11 +134,14 @@ def environment() -> dict:
     info["jaxlib"] = jaxlib.__version__
   except ImportError:
     pass
-  try:
-    info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, check=False).stdout.strip()
-  except OSError:
-    pass
+  # $JAXSPARSE_GIT: the commit, where the checkout's .git is absent or stale (a copied tree)
+  info["git"] = os.environ.get("JAXSPARSE_GIT", "")
+  if not info["git"]:
+    try:
+      info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True, check=False).stdout.strip()
+    except OSError:
+      pass
   return info
 
 

@@ -33,3 +33,23 @@ def assert_scores_close(out, ref, *, dtype_tol=2e-2, reduction=1):
   if fin.any():
     err = np.linalg.norm(out[fin] - ref[fin]) / max(np.linalg.norm(ref[fin]), 1e-30)
     assert err < dtype_tol * max(1.0, np.sqrt(reduction) / 16), f"relative error {err}"
+
+
+def export_for(fn, platform: str, *shapes):
+  """jax.export `fn` for "cuda" or "tpu" from this machine (no such device needed).
+
+  jax >= 0.11 asks which GPU the Triton kernels are lowered for when none is attached: there
+  the cuda lowering runs under an abstract mesh naming an H200 (jax 0.10 needs no device).
+  """
+  import contextlib
+  import inspect
+  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  ctx = contextlib.nullcontext()
+  abstract = getattr(jax.sharding, "AbstractDevice", None)
+  if (platform == "cuda" and not has_gpu() and abstract is not None
+      and "platform" in inspect.signature(abstract).parameters):
+    dev = abstract(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
+    ctx = jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("d",), abstract_device=dev))
+  with ctx:
+    return jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(*shapes)

@@ -11,7 +11,7 @@ import jaxsparse
 from jaxsparse.backend import KernelPlatform
 from jaxsparse.prep import quantize_fp8
 from pallas_kernels import indexer_decode, indexer_prefill
-from tests.conftest import assert_scores_close
+from tests.conftest import assert_scores_close, export_for
 from tests.reference import np_indexer, random_paged
 
 GPU_I = KernelPlatform("gpu", True)
@@ -126,14 +126,13 @@ def test_kernels_lower_from_cpu(platform):
   S = jax.ShapeDtypeStruct
   kind = "tpu" if platform == "tpu" else "gpu"
   plat = KernelPlatform(kind, False)
-  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   cfg = indexer_prefill.config.TPU_DEFAULT if kind == "tpu" else None
   for kd in (jnp.bfloat16, jnp.float8_e4m3fn):
     sc = S((4096,), jnp.float32) if kd == jnp.float8_e4m3fn else None
     f = lambda q, k, w, s, p: indexer_prefill.prefill_scores(q, k, w, k_scale=s,
                                                              query_positions=p, platform=plat,
                                                              config=cfg)
-    ex = jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(
+    ex = export_for(f, platform,
         S((64, 64, 128), jnp.bfloat16), S((4096, 128), kd), S((64, 64), jnp.float32), sc,
         S((64,), jnp.int32))
     assert "jaxsparse_prefill" in ex.mlir_module() or "tpu_custom_call" in ex.mlir_module() \
@@ -141,7 +140,7 @@ def test_kernels_lower_from_cpu(platform):
     sc2 = S((100, 64), jnp.float32) if kd == jnp.float8_e4m3fn else None
     g = lambda q, k, t, l, w, s: indexer_decode.decode_scores(q, k, t, l, w, k_scale=s,
                                                               platform=plat)
-    jax.export.export(jax.jit(g), platforms=[platform], disabled_checks=checks)(
+    export_for(g, platform,
         S((2, 2, 64, 128), jnp.bfloat16), S((100, 64, 128), kd), S((2, 32), jnp.int32),
         S((2,), jnp.int32), S((2, 2, 64), jnp.float32), sc2)
 

@@ -10,6 +10,7 @@ import jaxsparse
 from jaxsparse import spin, traces
 from jaxsparse.backend import KernelPlatform
 from pallas_kernels import indexer_decode
+from tests.conftest import export_for
 from tests.reference import np_indexer, np_topk, random_paged
 
 
@@ -213,8 +214,7 @@ def test_block_sparse_kernel_lowers(kind, plat):
   S = jax.ShapeDtypeStruct
   g = lambda q, k, bt, l, w, sel, c: indexer_decode.block_sparse_scores(
       q, k, bt, l, w, sel, c, platform=KernelPlatform(kind, False))
-  jax.export.export(jax.jit(g), platforms=[plat], disabled_checks=[
-      jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+  export_for(g, plat,
           S((4, 1, 64, 128), jnp.bfloat16), S((1000, 64, 128), jnp.bfloat16),
           S((4, 100), jnp.int32), S((4,), jnp.int32), S((4, 1, 64), jnp.float32),
           S((4, 60), jnp.int32), S((4,), jnp.int32))
@@ -271,9 +271,7 @@ def test_select_mask_kernel_matches_argsort(ties):
     ref = np.asarray(spin._rank_desc(jnp.asarray(x[i]), jnp.asarray(elig[i])) < n[i])
     np.testing.assert_array_equal(got[i], ref)
     assert got[i].sum() == n[i]
-  jax.export.export(jax.jit(lambda x, e, n: kg.select_mask(x, e, n)), platforms=["cuda"],
-                    disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
-                        "__gpu$xla.gpu.triton")])(
+  export_for(lambda x, e, n: kg.select_mask(x, e, n), "cuda",
       jax.ShapeDtypeStruct((64, 2048), jnp.float32), jax.ShapeDtypeStruct((64, 2048), bool),
       jax.ShapeDtypeStruct((64,), jnp.int32))
 
@@ -326,9 +324,6 @@ def test_update_kernel_matches_xla_update():
     np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5, atol=1e-6,
                                err_msg=name)
   from pallas_kernels.spin_update import update_vd_gpu
-  jax.export.export(jax.jit(lambda v, d, z, s, p, l: update_vd_gpu(v, d, z, s, p, l, decay=0.5,
-                                                                   page=64)),
-                    platforms=["cuda"], disabled_checks=[
-                        jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-      *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["V"], st["D"], z, sel, pos,
+  export_for(lambda v, d, z, s, p, l: update_vd_gpu(v, d, z, s, p, l, decay=0.5, page=64),
+             "cuda", *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["V"], st["D"], z, sel, pos,
                                                          lengths)))

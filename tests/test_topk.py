@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 import jaxsparse
 from jaxsparse.backend import KernelPlatform
 from pallas_kernels import topk as ktopk
+from tests.conftest import export_for
 from tests.reference import np_topk, random_paged
 
 PLATFORMS = [KernelPlatform("gpu", True), KernelPlatform("tpu", True)]
@@ -131,9 +132,7 @@ def test_topk_lowers_for_tpu_and_gpu():
   S = jax.ShapeDtypeStruct
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
-    jax.export.export(jax.jit(f), platforms=[plat], disabled_checks=[
-        jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-            S((8, 131072), jnp.float32), S((8,), jnp.int32))
+    export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
 
 
 def test_bad_input():
