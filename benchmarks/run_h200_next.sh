@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# For the next session with device time: re-measure what changed after the last H200 run, and
-# run the CPU suite under the device's jax (0.11.x). One call, ~7 minutes. Output in $OUT.
+# The next device call (~8 minutes): the runs session 2 could not fit in its device time.
+#  - decode bf16 at the small shapes with the unrolled timing (B=1 x 1M, B=8 x 128K), 6 stages;
+#  - SPIN sweep (B in {1, 8, 64} x 32K-512K x 20-50%) with the tiled update kernel;
+#  - SPIN parts at B=64 x 512K with the honest (threaded) predict + update timing.
 set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export JAXSPARSE_BENCH_JSONL="$OUT/rows.jsonl"
-python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-JAXSPARSE_IN_GRAPH=1 timeout 200 python3 benchmarks/bench_spin.py --batches 1,8,64 \
-  --slots 32768,131072,524288 --sparsities 0.2,0.4,0.5 --out "$OUT/spin_ingraph_h200.json" \
-  > "$OUT/bench_spin.log" 2>&1; grep "^{" "$OUT/bench_spin.log" | cut -c1-200
-JAXSPARSE_IN_GRAPH=1 timeout 150 python3 benchmarks/bench_topk.py --k 512 --no-approx \
-  --default-config-only --out "$OUT/topk512_ingraph_h200.json" > "$OUT/bench_topk.log" 2>&1
-grep "^{" "$OUT/bench_topk.log" | cut -c1-120
-JAX_PLATFORMS=cpu timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 tests \
-  2>&1 | tee "$OUT/cpu_tests_jax011.log" | tail -3
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAXSPARSE_IN_GRAPH=unrolled
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
+L=$OUT/logs
+export JAXSPARSE_BENCH_JSONL="$OUT/rows.jsonl" JAXSPARSE_GIT=${JAXSPARSE_GIT:-unknown}
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$L/gpu_tests.log" | tail -2
+for s in 1:1048576 8:131072; do
+  b=${s%%:*}; n=${s##*:}
+  timeout 60 python3 benchmarks/bench_indexer.py --what decode --key-dtypes bfloat16 --no-baseline \
+    --decode-batches $b --decode-slots $n --decode-configs 2:8:4:6,1:8:4:6 \
+    --out "$OUT/decode_small_b${b}.json" > "$L/decode_b${b}.log" 2>&1; grep "│" "$L/decode_b${b}.log"
+done
+timeout 100 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 --sparsities 0.4 \
+  --out "$OUT/spin_parts.json" > "$L/spin_parts.log" 2>&1; grep "│" "$L/spin_parts.log"
+timeout 240 python3 benchmarks/bench_spin.py --batches 64,8,1 --slots 131072,524288,32768 \
+  --sparsities 0.2,0.4,0.5 --step-only --out "$OUT/spin_sweep.json" > "$L/spin_sweep.log" 2>&1
+grep "│" "$L/spin_sweep.log"
+cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
