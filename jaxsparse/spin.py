@@ -209,8 +209,8 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
   n_exploit = cap - n_explore
   if config.reduction == "A0":
     z = predicted_slot_scores(state, pos, length)
-    from jaxsparse.selection import topk_xla
-    _, idx = topk_xla(z, config.topk)
+    from jaxsparse.selection import topk
+    _, idx = topk(z, config.topk)  # the project's top-K (Pallas on GPU/TPU, sort on CPU)
     hit = jnp.zeros(nb, bool).at[jnp.where(idx >= 0, idx // b, nb)].set(True, mode="drop") & valid
     exploit = hit & ~forced
   else:
@@ -368,10 +368,10 @@ def update_rows(state, scores_rows, mask, lengths_rows, accepted, config: SpinCo
 
 def _full_topk_sets(z, lengths_rows, k):
   """Ground-truth top-K slot masks per step and row from full scores z [S, R, N]."""
-  from jaxsparse.selection import topk_xla
+  from jaxsparse.selection import topk
   s, r, n = z.shape
-  lens = lengths_rows.reshape(s * r)
-  _, idx = topk_xla(z.reshape(s * r, n), k, lens)
+  lens = lengths_rows.reshape(s * r).astype(jnp.int32)
+  _, idx = topk(z.reshape(s * r, n), k, lengths=lens)
   rows = jnp.broadcast_to(jnp.arange(s * r)[:, None], idx.shape)
   hit = jnp.zeros((s * r, n), bool).at[rows, jnp.where(idx >= 0, idx, n)].set(True, mode="drop")
   return hit.reshape(s, r, n)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from jaxsparse import cli
@@ -45,3 +46,21 @@ def test_eval_rejects_bad_spin_options(capsys):
   assert cli.main(["eval", "--sparsities", "1.5"]) == 2
   assert "sparsity" in capsys.readouterr().err
   assert cli.main(["eval", "--explore", "greedy"]) == 2
+
+
+def test_time_in_graph_modes(monkeypatch):
+  """The device timer: loop and unrolled modes with threaded state, and the env switch."""
+  import jax
+  import jax.numpy as jnp
+  from jaxsparse import benchtools
+  x = jnp.arange(4096.0)
+  f = jax.jit(lambda v: (jnp.sort(v)[::-1] * 1.0001, v.sum()))
+  for unrolled in (False, True):
+    t = benchtools.time_in_graph(f, (x,), calls=3, reps=1, unrolled=unrolled, carry=(0, 0))
+    assert np.isfinite(t)
+  monkeypatch.setenv("JAXSPARSE_IN_GRAPH", "unrolled")
+  assert benchtools.in_graph_mode() == "unrolled"
+  assert "unrolled" in benchtools.environment()["timing"]
+  monkeypatch.setenv("JAXSPARSE_IN_GRAPH", "sometimes")
+  with pytest.raises(ValueError, match="JAXSPARSE_IN_GRAPH"):
+    benchtools.in_graph_mode()
