@@ -21,16 +21,21 @@ def main(argv=None):
   p.add_argument("--k", default="", help="comma list of K (default: shapes.TOPK_K)")
   p.add_argument("--no-approx", action="store_true", help="skip lax.approx_max_k")
   p.add_argument("--default-config-only", action="store_true")
+  p.add_argument("--finish", default="",
+                 help="comma list of TopkConfig.finish values to time (e.g. sort,rank); "
+                      "implies one config per value")
   a = p.parse_args(argv)
   ks = tuple(int(v) for v in a.k.split(",")) if a.k else shapes.TOPK_K
   cfgs = (TopkConfig(),) if a.default_config_only else CONFIGS
+  if a.finish:
+    cfgs = tuple(TopkConfig(finish=f.strip()) for f in a.finish.split(","))
   if a.quick:
     rows = bench.bench_topk((1, 2), (8192,), (64,), configs=(None,), reps=2, calls=3)
     fused = bench.bench_decode_topk((1,), (8192,), 64, heads=8, head_dim=64, reps=2, calls=3)
   else:
     rows = bench.bench_topk(shapes.TOPK_BATCHES, shapes.TOPK_N, ks, configs=cfgs,
                             approx=not a.no_approx)
-    fused = [] if a.default_config_only else bench.bench_decode_topk(
+    fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
   print_table(rows, ["B", "N", "K", "impl", "config", "us", "tbps", "vs_lax_top_k", "vs_torch", "error"])
   print_table(fused, ["B", "N", "K", "impl", "us", "vs_jnp", "error"])

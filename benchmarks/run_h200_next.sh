@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The next device call (~8 minutes): the runs session 2 could not fit in its device time.
+# The next device call (~10 minutes: split it in two if the limit is near): the runs session 2 could not fit in its device time.
 #  - decode bf16 at the small shapes with the unrolled timing (B=1 x 1M, B=8 x 128K), 6 stages;
 #  - SPIN sweep (B in {1, 8, 64} x 32K-512K x 20-50%) with the tiled update kernel;
-#  - SPIN parts at B=64 x 512K with the honest (threaded) predict + update timing.
+#  - SPIN parts at B=64 x 512K with the honest (threaded) predict + update timing;
+#  - top-K with the rank-counting finish against the sort finish, K in {512, 2048}.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAXSPARSE_IN_GRAPH=unrolled
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
@@ -20,4 +21,6 @@ timeout 100 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 
 timeout 240 python3 benchmarks/bench_spin.py --batches 64,8,1 --slots 131072,524288,32768 \
   --sparsities 0.2,0.4,0.5 --step-only --out "$OUT/spin_sweep.json" > "$L/spin_sweep.log" 2>&1
 grep "│" "$L/spin_sweep.log"
+timeout 200 python3 benchmarks/bench_topk.py --k 2048,512 --no-approx --finish sort,rank \
+  --out "$OUT/topk_rank.json" > "$L/topk_rank.log" 2>&1; grep "│" "$L/topk_rank.log" | grep jaxsparse
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

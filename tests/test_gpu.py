@@ -39,14 +39,17 @@ def test_prefill_gpu(key_dtype):
   assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 
+@pytest.mark.parametrize("finish", ["sort", "rank"])
 @pytest.mark.parametrize("n,k", [(131072, 2048), (1 << 20, 512), (40000, 2048)])
-def test_topk_gpu(n, k):
+def test_topk_gpu(n, k, finish):
   rng = np.random.default_rng(n)
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5  # ties across the threshold: overflows the buffer, repaired in-kernel
   x[4] = (np.arange(n) // 256).astype(np.float32)  # sorted runs: overflow, repaired
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
-  v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas")
+  from pallas_kernels.topk import TopkConfig
+  v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
+                        config=TopkConfig(finish=finish))
   rv, ri = np_topk(x, k, lens)
   np.testing.assert_array_equal(np.asarray(i), ri)
   np.testing.assert_array_equal(np.asarray(v), rv)

@@ -79,6 +79,25 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
   _check(_rows(x, lens, k, plat, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
 
 
+@pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
+def test_rank_finish_matches_numpy(n, k):
+  """The rank-counting finish (GPU kernel, interpret): ties by index, overflow rows after the
+  repair, fewer valid entries than k, -0.0, NaN and -inf."""
+  rng = np.random.default_rng(n + k)
+  x = rng.standard_normal((5, n)).astype(np.float32)
+  x[1] = np.round(x[1])  # heavy ties: overflow, repaired, then ranked
+  x[2, : n // 4] = 1.5
+  x[3, ::3] = np.nan
+  x[3, 1::3] = -np.inf
+  x[4, ::2] = -0.0
+  lens = np.array([n, n // 2 + 3, n, n, 7])
+  plat = KernelPlatform("gpu", True)
+  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto")):
+    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+  with pytest.raises(ValueError, match="finish"):
+    ktopk.TopkConfig(finish="radix")
+
+
 def test_public_api_shapes_dtypes_k_larger_than_n():
   rng = np.random.default_rng(2)
   x = rng.standard_normal((2, 3, 50)).astype(np.float32)
@@ -133,6 +152,9 @@ def test_topk_lowers_for_tpu_and_gpu():
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
+  g = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(finish="rank"),
+                                   KernelPlatform("gpu", False))
+  export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
 
 
 def test_bad_input():

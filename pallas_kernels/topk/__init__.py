@@ -99,8 +99,11 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
     cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
                          chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
                          interpret=interp)
-    v, p = lax.top_k(cv[:, :capacity], k)
-    return finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1))
+    cv, ci = cv[:, :capacity], ci[:, :capacity]
+    if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows):
+      return finish(*_gpu.rank_finish(cv, ci, total, k, interpret=interp))
+    v, p = lax.top_k(cv, k)
+    return finish(v, jnp.take_along_axis(ci, p, axis=1))
   else:
     gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
     thr = lax.top_k(gm, k)[0][:, k - 1]

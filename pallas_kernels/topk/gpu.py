@@ -280,3 +280,62 @@ def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
       interpret=interpret, name="jaxsparse_select_mask",
   )(x.astype(jnp.float32), eligible.astype(jnp.int32), n.astype(jnp.int32))
   return out != 0
+
+
+def _rank_kernel(v_ref, i_ref, tot_ref, vo_in, io_in, vo_ref, io_ref, *, block_i: int,
+                 block_j: int, capacity: int, k: int):
+  """Sorted top-k of one row's candidates by counting ranks: candidate p's rank is the number
+  of candidates above it plus the equal ones before it (the buffer is in index order, so
+  "before" means "lower index"). Ranks are distinct; those below k are scattered to their
+  place. O(live^2) compares, but no sort and a single launch."""
+  del vo_in, io_in
+  c = pl.program_id(1)
+  live = jnp.minimum(tot_ref[0], capacity)
+
+  @pl.when(c * block_i < live)
+  def _():
+    pi = c * block_i + lax.broadcasted_iota(jnp.int32, (block_i,), 0)
+    vi = v_ref[pl.ds(c * block_i, block_i)]
+
+    def body(t, cnt):
+      pj = t * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
+      vj = v_ref[pl.ds(t * block_j, block_j)]
+      beats = (vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
+                                             & (pj[None, :] < pi[:, None]))
+      return cnt + jnp.sum(beats.astype(jnp.int32), axis=1)
+
+    rank = lax.fori_loop(0, pl.cdiv(live, block_j), body, jnp.zeros((block_i,), jnp.int32))
+    keep = (pi < live) & (rank < k) & (vi > NEG_INF)
+    dest = jnp.where(keep, rank, vo_ref.shape[0] - 1 - lax.broadcasted_iota(
+        jnp.int32, (block_i,), 0))  # masked lanes: distinct slots (interpret mode writes them)
+    plgpu.store(vo_ref.at[dest], vi, mask=keep)
+    plgpu.store(io_ref.at[dest], i_ref[pl.ds(c * block_i, block_i)], mask=keep)
+
+
+def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
+                num_warps: int = 4, interpret: bool = False):
+  """cv, ci [R, C] candidates in index order (-inf / -1 padded), total [R] -> the k best,
+  sorted: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail)."""
+  r, cap = cv.shape
+  block_i, block_j = min(block_i, cap), min(block_j, cap)
+  width = 2 * max(next_pow2_int(k), block_i)  # upper half: slots for masked lanes
+  vo = jnp.full((r, width), NEG_INF, jnp.float32)
+  io = jnp.full((r, width), -1, jnp.int32)
+  row_in = pl.BlockSpec((None, cap), lambda i, c: (i, 0))
+  row_out = pl.BlockSpec((None, width), lambda i, c: (i, 0))
+  v, i = pl.pallas_call(
+      functools.partial(_rank_kernel, block_i=block_i, block_j=block_j, capacity=cap, k=k),
+      grid=(r, cap // block_i),
+      in_specs=[row_in, row_in, pl.BlockSpec((1,), lambda i, c: (i,)), row_out, row_out],
+      out_specs=[row_out, row_out],
+      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      input_output_aliases={3: 0, 4: 1},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
+      interpret=interpret, name="jaxsparse_topk_rank",
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32), total.astype(jnp.int32), vo, io)
+  return v[:, :k], i[:, :k]
+
+
+def next_pow2_int(n: int) -> int:
+  return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
