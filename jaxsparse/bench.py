@@ -310,10 +310,13 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       upd_times = {}
       for uname, uf in (("kernel", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
                             st, z, s, l - 1, l, cfg)),
+                        ("kernel32", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
+                            st, z, s, l - 1, l, cfg, blocks_per_program=32)),
                         ("xla", lambda st, z, s, l, cfg=cfg: jax.vmap(
                             spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(
                                 st, z, s, l - 1, l, cfg))):
-        if step_only or (uname == "kernel" and jax.default_backend() not in ("gpu", "cuda")):
+        if step_only or (uname.startswith("kernel")
+                         and jax.default_backend() not in ("gpu", "cuda")):
           continue
         upd_times[uname], _ = _timed(jax.jit(uf), [(st, zsel, sel, lens)], reps=reps,
                                      calls=calls, carry=(0, None))
@@ -330,6 +333,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                          error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
                          predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
                          update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,
+                         update_kernel32_us=upd_times.get("kernel32", float("nan")) * 1e6,
                          update_xla_us=upd_times.get("xla", float("nan")) * 1e6,
                          predict_update_frac=pu_s / full_s,
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))

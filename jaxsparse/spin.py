@@ -273,19 +273,18 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
 
 
 def update_blocks_batched(state, scores, sel, pos, lengths, config: SpinConfig, *,
-                          interpret: bool = False):
+                          interpret: bool = False, blocks_per_program: int = 8):
   """`update_blocks` for a batch, with V and D updated in place by the GPU kernel (only the
-  selected blocks' slots are read or written). scores [B, W * b], sel [B, W], pos/lengths [B]."""
+  selected blocks' slots are read or written; it also returns each block's max observed
+  score). scores [B, W * b], sel [B, W], pos/lengths [B]."""
   from pallas_kernels.spin_update import update_vd_gpu
   b = config.block_size
   bsz, width = sel.shape
   nb = state["VB"].shape[-1]
-  v, d = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
-                       decay=config.ema_decay, page=b, interpret=interpret)
-  slot = sel[:, :, None] * b + jnp.arange(b)
-  obs = (sel[:, :, None] >= 0) & (slot < lengths[:, None, None])  # [B, W, b]
-  blk_w = jnp.where(obs, scores.reshape(bsz, width, b), NEG_INF).max(-1)
-  seen_w = obs.any(-1)
+  v, d, blk_w = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
+                              decay=config.ema_decay, page=b, interpret=interpret,
+                              blocks_per_program=blocks_per_program)
+  seen_w = (sel >= 0) & (sel * b < lengths[:, None])
   rows = jnp.broadcast_to(jnp.arange(bsz)[:, None], sel.shape)
   idx = jnp.where(sel >= 0, sel, nb)
   seen = jnp.zeros((bsz, nb), bool).at[rows, idx].set(seen_w, mode="drop")

@@ -169,8 +169,9 @@ def test_spin_update_kernel_gpu():
   z = jnp.asarray(rng.standard_normal((bsz, width * 64)), jnp.float32)
   want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z, sel, lengths - 1,
                                                                      lengths, cfg)
-  got = jax.jit(lambda s, z, sel, l: spin.update_blocks_batched(s, z, sel, l - 1, l, cfg))(
-      st, z, sel, lengths)
-  for name in want:
-    np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5,
-                               atol=1e-6, err_msg=name)
+  for bpp in (8, 32):
+    got = jax.jit(lambda s, z, sel, l: spin.update_blocks_batched(
+        s, z, sel, l - 1, l, cfg, blocks_per_program=bpp))(st, z, sel, lengths)
+    for name in want:
+      np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)

@@ -319,10 +319,12 @@ def test_update_kernel_matches_xla_update():
   z = jnp.asarray(rng.standard_normal((bsz, width * 64)), jnp.float32)
   want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z, sel, pos, lengths,
                                                                      cfg)
-  got = spin.update_blocks_batched(st, z, sel, pos, lengths, cfg, interpret=True)
-  for name in want:
-    np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5, atol=1e-6,
-                               err_msg=name)
+  for bpp in (8, 4):
+    got = spin.update_blocks_batched(st, z, sel, pos, lengths, cfg, interpret=True,
+                                     blocks_per_program=bpp)
+    for name in want:
+      np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)
   from pallas_kernels.spin_update import update_vd_gpu
   export_for(lambda v, d, z, s, p, l: update_vd_gpu(v, d, z, s, p, l, decay=0.5, page=64),
              "cuda", *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["V"], st["D"], z, sel, pos,

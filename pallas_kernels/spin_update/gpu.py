@@ -18,12 +18,23 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+NEG_INF = float("-inf")
 
-def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, page: int,
-                 blocks: int, decay: float, cap: int):
+
+def _block_max(sel_ref, len_ref, z_ref, blk_ref, *, page: int, blocks: int):
+  """blk_ref[s] = max observed score of selected block s (-inf if none): A2's block states."""
+  j = sel_ref[...]
+  i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
+  obs = (j[:, None] >= 0) & (i < len_ref[0])
+  blk_ref[...] = jnp.max(jnp.where(obs, z_ref[...].reshape(blocks, page), NEG_INF), axis=1)
+
+
+def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref, *,
+                 page: int, blocks: int, decay: float, cap: int):
   """All `blocks` selected blocks of the program as one [blocks, page] tile: every load is
   issued at once (the per-block loop below waits on each block's loads in turn)."""
   del v_in, d_in
+  _block_max(sel_ref, len_ref, z_ref, blk_ref, page=page, blocks=blocks)
   pos = pos_ref[0]
   length = len_ref[0]
   j = sel_ref[...]  # [blocks]
@@ -38,12 +49,13 @@ def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, 
   plgpu.store(d_ref.at[o], decay * d + (1 - decay) * z, mask=obs)
 
 
-def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, page: int,
+def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref, *, page: int,
             blocks: int, decay: float, cap: int):
   """One block at a time (used in interpret mode, where a masked scatter is a read-modify-
   write of every lane, so masked lanes must not share a slot with a real one: per block they
   can be given distinct wrapped slots)."""
   del v_in, d_in  # aliased with v_ref / d_ref
+  _block_max(sel_ref, len_ref, z_ref, blk_ref, page=page, blocks=blocks)
   pos = pos_ref[0]
   length = len_ref[0]
   lane = lax.broadcasted_iota(jnp.int32, (page,), 0)
@@ -72,7 +84,8 @@ def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, *, page:
 def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
                   blocks_per_program: int = 8, interpret: bool = False):
   """v, d [B, cap] float32; z [B, W * page] float32 scores of the selected blocks in order;
-  sel [B, W] int32 block ids (-1: padding); pos, lengths [B] int32 -> updated (v, d)."""
+  sel [B, W] int32 block ids (-1: padding); pos, lengths [B] int32 -> updated (v, d) and
+  blk [B, W] float32, the max observed score of each selected block (-inf: none)."""
   bsz, cap = v.shape
   width = sel.shape[1]
   bpp = blocks_per_program
@@ -83,15 +96,17 @@ def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
   row = pl.BlockSpec((None, cap), lambda b, c: (b, 0))
   one = pl.BlockSpec((1,), lambda b, c: (b,))
   body = _kernel if interpret else _kernel_tile
-  return pl.pallas_call(
+  v, d, blk = pl.pallas_call(
       functools.partial(body, page=page, blocks=bpp, decay=float(decay), cap=cap),
       grid=(bsz, padded // bpp),
       in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one,
                 pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), row, row],
-      out_specs=[row, row],
-      out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype)],
+      out_specs=[row, row, pl.BlockSpec((None, bpp), lambda b, c: (b, c))],
+      out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype),
+                 jax.ShapeDtypeStruct((bsz, padded), jnp.float32)],
       input_output_aliases={4: 0, 5: 1},
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_update",
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     z.astype(jnp.float32), v, d)
+  return v, d, blk[:, :width]
