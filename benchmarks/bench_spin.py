@@ -18,6 +18,8 @@ def main(argv=None):
   p.add_argument("--batches", default="1,8,64")
   p.add_argument("--slots", default="131072,524288")
   p.add_argument("--sparsities", default="0.2,0.4,0.5")
+  p.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="SPIN's EMA state dtype")
   p.add_argument("--step-only", action="store_true",
                  help="time only the full step and the SPIN step (warm=True), not its parts")
   a = p.parse_args(argv)
@@ -27,7 +29,7 @@ def main(argv=None):
     rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")),
-                            step_only=a.step_only)
+                            step_only=a.step_only, state_dtype=a.state_dtype)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))

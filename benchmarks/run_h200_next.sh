@@ -3,7 +3,7 @@
 # the 10-minute limit):  bash benchmarks/run_h200_next.sh a   then   bash benchmarks/run_h200_next.sh b
 #  a: GPU tests (incl. the rank finish, compiled), top-K rank vs sort finish, K in {512, 2048};
 #  b: decode bf16 at B=1 x 1M and B=8 x 128K (unrolled timing, 6 stages); SPIN parts at B=64 with
-#     the threaded predict + update timing; the SPIN sweep with the tiled update kernel.
+#     the threaded predict + update timing, float32 and bfloat16 state; the SPIN sweep.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAXSPARSE_IN_GRAPH=unrolled
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
@@ -20,9 +20,12 @@ else
       --decode-batches $b --decode-slots $n --decode-configs 2:8:4:6,1:8:4:6 \
       --out "$OUT/decode_small_b${b}.json" > "$L/decode_b${b}.log" 2>&1; grep "│" "$L/decode_b${b}.log"
   done
-  timeout 100 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 --sparsities 0.4 \
-    --out "$OUT/spin_parts.json" > "$L/spin_parts.log" 2>&1; grep "│" "$L/spin_parts.log"
-  timeout 300 python3 benchmarks/bench_spin.py --batches 64,8,1 --slots 131072,524288,32768 \
+  for dt in float32 bfloat16; do
+    timeout 90 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 --sparsities 0.4 \
+      --state-dtype $dt --out "$OUT/spin_parts_$dt.json" > "$L/spin_parts_$dt.log" 2>&1
+    grep "│" "$L/spin_parts_$dt.log"
+  done
+  timeout 230 python3 benchmarks/bench_spin.py --batches 64,8,1 --slots 131072,524288,32768 \
     --sparsities 0.2,0.4,0.5 --step-only --out "$OUT/spin_sweep.json" > "$L/spin_sweep.log" 2>&1
   grep "│" "$L/spin_sweep.log"
 fi

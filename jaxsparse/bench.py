@@ -277,7 +277,7 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
-               reps=5, calls=20, step_only=False):
+               reps=5, calls=20, step_only=False, state_dtype="float32"):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state."""
@@ -290,7 +290,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
     _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err,
                      us=full_s * 1e6, vs_full=1.0, realized=0.0))
     for rho in sparsities:
-      cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho)
+      cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype)
       st = spin.init_state(n, cfg, (bsz,))
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
@@ -329,7 +329,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
             st, q, kc, t, l, w, cfg, key, warm=warm)[:3])
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
-        _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name,
+        _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
                          predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
                          update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,

@@ -28,6 +28,7 @@ REDUCTIONS = ("A0", "A1", "A2")
 EXPLORES = ("random", "staleness", "block-age", "none")
 MASK_POLICIES = ("union", "row0")
 UPDATE_POLICIES = ("prefix", "row0")
+STATE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,8 @@ class SpinConfig:
   reduction: "A0" (slot top-K, then expand to blocks) | "A1" (pool predicted slot scores) |
     "A2" (block-level EMA states).
   mask_policy, update_policy: speculative decoding (R > 1 verifier rows).
+  state_dtype: "float32" (default) or "bfloat16" for the V, D, VB, DB EMAs (updates are
+    computed in float32 and rounded once; half the state bytes to read and write per step).
   """
   block_size: int = 64
   topk: int = 2048
@@ -55,6 +58,7 @@ class SpinConfig:
   reduction: str = "A1"
   mask_policy: str = "union"
   update_policy: str = "prefix"
+  state_dtype: str = "float32"
 
   def __post_init__(self):
     b = self.block_size
@@ -71,7 +75,8 @@ class SpinConfig:
                        "exploration may take at most half of the block budget")
     for name, allowed in (("explore", EXPLORES), ("pooling", POOLINGS),
                           ("reduction", REDUCTIONS), ("mask_policy", MASK_POLICIES),
-                          ("update_policy", UPDATE_POLICIES)):
+                          ("update_policy", UPDATE_POLICIES),
+                          ("state_dtype", STATE_DTYPES)):
       if getattr(self, name) not in allowed:
         raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
 
@@ -91,7 +96,7 @@ def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
   if capacity % config.block_size:
     raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
   nb = capacity // config.block_size
-  z = lambda n: jnp.zeros(batch + (n,), jnp.float32)
+  z = lambda n: jnp.zeros(batch + (n,), jnp.dtype(config.state_dtype))
   return {"V": z(capacity), "D": z(capacity), "VB": z(nb), "DB": z(nb),
           "age": jnp.zeros(batch + (nb,), jnp.int32), "step": jnp.zeros(batch, jnp.int32),
           "warm": jnp.zeros(batch, bool)}
@@ -139,7 +144,8 @@ def predicted_slot_scores(state, pos, length):
   """zhat[i] = max(V[i], D[pos - i]) for i < length, else -inf (eq. 1)."""
   cap = state["V"].shape[-1]
   i = jnp.arange(cap)
-  return jnp.where(i < length, jnp.maximum(state["V"], by_offset(state["D"], pos)), NEG_INF)
+  zhat = jnp.maximum(state["V"], by_offset(state["D"], pos)).astype(jnp.float32)
+  return jnp.where(i < length, zhat, NEG_INF)
 
 
 def block_scores(state, pos, length, config: SpinConfig):
@@ -150,7 +156,7 @@ def block_scores(state, pos, length, config: SpinConfig):
   n_blocks = -(-length // b)
   if config.reduction == "A2":
     d = by_offset(state["DB"], pos // b)
-    return jnp.where(jb < n_blocks, jnp.maximum(state["VB"], d), NEG_INF)
+    return jnp.where(jb < n_blocks, jnp.maximum(state["VB"], d).astype(jnp.float32), NEG_INF)
   z = predicted_slot_scores(state, pos, length).reshape(nb, b)
   return _pool(z, config)
 
@@ -237,6 +243,11 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
 # ---------------------------------------------------------------------------------- update
 
 
+def _ema(old, new, a):
+  """a * old + (1 - a) * new in float32, stored back in the state's dtype."""
+  return (a * old.astype(jnp.float32) + (1 - a) * new).astype(old.dtype)
+
+
 def update_dense(state, z, obs, pos, length, config: SpinConfig):
   """EMA update from observed scores only (Algorithm 1 lines 8-10), all elementwise.
 
@@ -250,9 +261,9 @@ def update_dense(state, z, obs, pos, length, config: SpinConfig):
   nb = cap // b
   obs = obs & (jnp.arange(cap) < length)
   z = jnp.where(obs, z, 0.0)
-  v = jnp.where(obs, a * state["V"] + (1 - a) * z, state["V"])
+  v = jnp.where(obs, _ema(state["V"], z, a), state["V"])
   z_off, obs_off = by_offset(z, pos), by_offset(obs, pos, False)
-  d = jnp.where(obs_off, a * state["D"] + (1 - a) * z_off, state["D"])
+  d = jnp.where(obs_off, _ema(state["D"], z_off, a), state["D"])
   seen = obs.reshape(nb, b).any(-1)
   blk = jnp.where(obs, z, NEG_INF).reshape(nb, b).max(-1)  # A2: pooled observation per block
   return {"V": v, "D": d, **_block_state_update(state, seen, blk, pos, config)}
@@ -263,10 +274,10 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
   blk [nb] the max observed score of each block."""
   a = config.ema_decay
   b = config.block_size
-  vb = jnp.where(seen, a * state["VB"] + (1 - a) * blk, state["VB"])
+  vb = jnp.where(seen, _ema(state["VB"], blk, a), state["VB"])
   blk_off, seen_off = by_offset(jnp.where(seen, blk, 0.0), pos // b), by_offset(seen, pos // b,
                                                                              False)
-  db = jnp.where(seen_off, a * state["DB"] + (1 - a) * blk_off, state["DB"])
+  db = jnp.where(seen_off, _ema(state["DB"], blk_off, a), state["DB"])
   age = jnp.where(seen, state["step"], state["age"])
   return {"VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
           "warm": jnp.ones_like(state["warm"])}

@@ -21,6 +21,11 @@ from jax.experimental.pallas import triton as plgpu
 NEG_INF = float("-inf")
 
 
+def _ema(old, new, decay):
+  """EMA in float32, rounded once to the state's dtype (float32 or bfloat16)."""
+  return (decay * old.astype(jnp.float32) + (1 - decay) * new).astype(old.dtype)
+
+
 def _block_max(sel_ref, len_ref, z_ref, blk_ref, *, page: int, blocks: int):
   """blk_ref[s] = max observed score of selected block s (-inf if none): A2's block states."""
   j = sel_ref[...]
@@ -43,10 +48,10 @@ def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk
   z = jnp.where(obs, z_ref[...].reshape(blocks, page), 0.0)
   i_safe = jnp.where(obs, i, 0)
   v = plgpu.load(v_ref.at[i_safe], mask=obs, other=0.0)
-  plgpu.store(v_ref.at[i_safe], decay * v + (1 - decay) * z, mask=obs)
+  plgpu.store(v_ref.at[i_safe], _ema(v, z, decay), mask=obs)
   o = jnp.where(obs, pos - i, 0)
   d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
-  plgpu.store(d_ref.at[o], decay * d + (1 - decay) * z, mask=obs)
+  plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
 
 
 def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref, *, page: int,
@@ -70,11 +75,11 @@ def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref,
       z = z_ref[pl.ds(s * page, page)]
       z = jnp.where(obs, z, 0.0)
       v = v_ref[pl.ds(j * page, page)]
-      v_ref[pl.ds(j * page, page)] = jnp.where(obs, decay * v + (1 - decay) * z, v)
+      v_ref[pl.ds(j * page, page)] = jnp.where(obs, _ema(v, z, decay), v)
       o = pos - i  # unobserved lanes (past the query) wrap to distinct slots and are masked
       o = jnp.where(o >= 0, o, o + cap)
       d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
-      plgpu.store(d_ref.at[o], decay * d + (1 - decay) * z, mask=obs)
+      plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
 
     return carry
 
@@ -83,7 +88,7 @@ def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref,
 
 def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
                   blocks_per_program: int = 8, interpret: bool = False):
-  """v, d [B, cap] float32; z [B, W * page] float32 scores of the selected blocks in order;
+  """v, d [B, cap] float32 or bfloat16; z [B, W * page] float32 scores of the selected blocks in order;
   sel [B, W] int32 block ids (-1: padding); pos, lengths [B] int32 -> updated (v, d) and
   blk [B, W] float32, the max observed score of each selected block (-inf: none)."""
   bsz, cap = v.shape
