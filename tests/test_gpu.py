@@ -149,16 +149,17 @@ def test_spin_block_ranking_kernel_gpu():
       np.testing.assert_array_equal(got, ref)
 
 
-def test_spin_update_kernel_gpu():
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_spin_update_kernel_gpu(state_dtype):
   """The in-place V/D update kernel, compiled, equals the XLA update per request."""
   from jaxsparse import spin
   rng = np.random.default_rng(23)
-  cfg = spin.SpinConfig(block_size=64, topk=64, sparsity=0.4)
+  cfg = spin.SpinConfig(block_size=64, topk=64, sparsity=0.4, state_dtype=state_dtype)
   bsz, nb, width = 4, 40, 30
   cap = nb * 64
   st = spin.init_state(cap, cfg, (bsz,))
-  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), jnp.float32),
-        "D": jnp.asarray(rng.standard_normal((bsz, cap)), jnp.float32)}
+  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype),
+        "D": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype)}
   lengths = jnp.asarray([cap, 2000, 700, 65], jnp.int32)
   sel = np.full((bsz, width), -1, np.int32)
   for b in range(bsz):
@@ -173,5 +174,6 @@ def test_spin_update_kernel_gpu():
     got = jax.jit(lambda s, z, sel, l: spin.update_blocks_batched(
         s, z, sel, l - 1, l, cfg, blocks_per_program=bpp))(st, z, sel, lengths)
     for name in want:
-      np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5,
-                                 atol=1e-6, err_msg=name)
+      np.testing.assert_allclose(np.asarray(got[name], np.float32),
+                                 np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
+                                 err_msg=name)
