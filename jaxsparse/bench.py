@@ -303,7 +303,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                                                 carry=(0, None))
       pr = jax.jit(lambda st, l, cfg=cfg: _predict(st, l, cfg, key))
       pr_s, err3 = nan if step_only else _timed(pr, [(st, lens)], reps=reps, calls=calls)
-      width = spin.max_selected_blocks(n // 64, cfg)
+      width = spin._aligned_width(spin.max_selected_blocks(n // 64, cfg), n // 64)
       sel, _ = spin.compact_blocks(info["block_masks"], width)
       zsel = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
                        jax.random.normal(key, (bsz, width * 64), jnp.float32), NEG_INF)

@@ -525,6 +525,17 @@ def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
   return min(num_blocks, max(m, 2))
 
 
+ALIGN_BLOCKS = 64  # 64 blocks of 64 slots = 4096 scores: the top-K chunk and the kernel runs
+
+
+def _aligned_width(width: int, num_blocks: int) -> int:
+  """Round the compacted width up to whole 64-block runs (capped at num_blocks): the
+  block-sparse kernel's output then needs no slicing, the top-K no padding and the update
+  kernel no padding, i.e. no copies of the [B, width * b] scores (padding blocks are -1 and
+  cost an early exit)."""
+  return min(num_blocks, -(-width // ALIGN_BLOCKS) * ALIGN_BLOCKS)
+
+
 def _validate_step(state, q, k_cache, block_table, lengths, config):
   if k_cache.shape[1] != config.block_size:
     raise ValueError(f"config.block_size={config.block_size} must equal the cache page size "
@@ -605,7 +616,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   pos = lengths - 1
   keys = jax.random.split(key, bsz)
   masks = jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
-  width = max_selected_blocks(nb, config)
+  width = _aligned_width(max_selected_blocks(nb, config), nb)
   impl = backend.resolve(implementation)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
@@ -682,8 +693,8 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   lrows = row_lengths(lengths, r)  # [B, R]
   keys = jax.random.split(key, bsz)
   shared, row_masks = jax.vmap(select_rows, in_axes=(0, 0, None, 0))(state, lrows, config, keys)
-  width = min(nb, max_selected_blocks(nb, config) * (r if config.mask_policy == "union" else 1)
-              + (r if config.mask_policy == "row0" else 0))
+  per_row = max_selected_blocks(nb, config)
+  width = _aligned_width(per_row * r if config.mask_policy == "union" else per_row + r, nb)
   sel, counts = compact_blocks(shared, width)
   z, slots = _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale,
                             backend.resolve(implementation), decode_config, b)
