@@ -12,21 +12,22 @@ export JAXSPARSE_BENCH_JSONL="$OUT/rows.jsonl" JAXSPARSE_GIT=${JAXSPARSE_GIT:-un
 if [ "${1:-a}" = a ]; then
   timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$L/gpu_tests.log" | tail -2
   timeout 300 python3 benchmarks/bench_topk.py --k 2048,512 --no-approx --finish sort,rank \
-    --out "$OUT/topk_rank.json" > "$L/topk_rank.log" 2>&1; grep "│" "$L/topk_rank.log" | grep jaxsparse
+    --out "$L/topk_rank.json" > "$L/topk_rank.log" 2>&1; grep "│" "$L/topk_rank.log" | grep jaxsparse
 else
   for s in 1:1048576 8:131072 8:524288 8:1048576 64:524288; do
     b=${s%%:*}; n=${s##*:}
     timeout 45 python3 benchmarks/bench_indexer.py --what decode --key-dtypes bfloat16 --no-baseline \
       --decode-batches $b --decode-slots $n --decode-configs 2:8:4:6,1:8:4:6 \
-      --out "$OUT/decode_small_b${b}.json" > "$L/decode_b${b}.log" 2>&1; grep "│" "$L/decode_b${b}.log"
+      --out "$L/decode_b${b}_n${n}.json" > "$L/decode_b${b}_n${n}.log" 2>&1; grep "│" "$L/decode_b${b}_n${n}.log"
   done
   for dt in float32 bfloat16; do
     timeout 90 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 --sparsities 0.4 \
-      --state-dtype $dt --out "$OUT/spin_parts_$dt.json" > "$L/spin_parts_$dt.log" 2>&1
+      --state-dtype $dt --out "$L/spin_parts_$dt.json" > "$L/spin_parts_$dt.log" 2>&1
     grep "│" "$L/spin_parts_$dt.log"
   done
   timeout 200 python3 benchmarks/bench_spin.py --batches 64,8,1 --slots 131072,524288,32768 \
-    --sparsities 0.2,0.4,0.5 --step-only --out "$OUT/spin_sweep.json" > "$L/spin_sweep.log" 2>&1
+    --sparsities 0.2,0.4,0.5 --step-only --out "$L/spin_sweep.json" > "$L/spin_sweep.log" 2>&1
   grep "│" "$L/spin_sweep.log"
 fi
+# every result file is inside logs.tgz (the device returns at most 8 files)
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
