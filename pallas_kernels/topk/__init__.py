@@ -7,7 +7,8 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   2. t = k-th largest group maximum (`lax.top_k` over N / g entries), or on GPU a value found
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
-  4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index).
+  4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
+     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank.
 If any row has more than C candidates (adversarial ties or long runs of near-equal scores): on
 GPU a repair kernel recomputes that row's exact top-k set into the buffer (one program per
 row, a no-op for every other row, so the call has no branch); on TPU the call falls back to
