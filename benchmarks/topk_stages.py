@@ -56,7 +56,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
     nv, i = lax.sort((-cv, ci), dimension=1, num_keys=2)
     return -nv[:, :k], i[:, :k]
 
-  def no_cond(x):  # the filtered path alone (inexact if a row overflowed): the cond's price
+  def no_cond(x):  # topk_rows without overflow handling (then a lax.cond, now the repair kernel)
     gm = kg.group_max(x, lens, chunk=chunk, group=g, num_warps=nw, interpret=interp)
     gp = pad_axis(gm, 1, next_pow2(gm.shape[1]), value=float("-inf"))
     thr = kg.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)

@@ -17,6 +17,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._util import next_pow2
+
 NEG_INF = float("-inf")
 
 
@@ -38,6 +40,13 @@ def _count_kernel(x_ref, len_ref, thr_ref, o_ref, *, chunk: int):
   x, _ = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   o_ref[...] = jnp.sum(m.astype(jnp.int32)).reshape(1)
+
+
+def _empty_candidates(rows: int, width: int):
+  """(-inf values, -1 indices) buffers [rows, width] and their shapes, for kernels that
+  scatter into them through input_output_aliases."""
+  bufs = (jnp.full((rows, width), NEG_INF, jnp.float32), jnp.full((rows, width), -1, jnp.int32))
+  return bufs, [jax.ShapeDtypeStruct(b.shape, b.dtype) for b in bufs]
 
 
 def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_in, i_in, v_ref, i_ref, *, chunk: int,
@@ -129,8 +138,7 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
   """-> (values [R, capacity] float32, indices [R, capacity] int32), -inf / -1 past the count."""
   r, n = x.shape
   width = 2 * capacity  # [capacity, 2 * capacity) is the trash region (power-of-two block)
-  v0 = jnp.full((r, width), NEG_INF, jnp.float32)
-  i0 = jnp.full((r, width), -1, jnp.int32)
+  (v0, i0), out_shape = _empty_candidates(r, width)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   v, i = pl.pallas_call(
       functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
@@ -139,8 +147,7 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
                                           pl.BlockSpec((None, 1), lambda r, c: (r, c)),
                                           row, row],
       out_specs=[row, row],
-      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      out_shape=out_shape,
       input_output_aliases={4: 0, 5: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact",
@@ -318,9 +325,8 @@ def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
   sorted: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail)."""
   r, cap = cv.shape
   block_i, block_j = min(block_i, cap), min(block_j, cap)
-  width = 2 * max(next_pow2_int(k), block_i)  # upper half: slots for masked lanes
-  vo = jnp.full((r, width), NEG_INF, jnp.float32)
-  io = jnp.full((r, width), -1, jnp.int32)
+  width = 2 * max(next_pow2(k), block_i)  # upper half: slots for masked lanes
+  (vo, io), out_shape = _empty_candidates(r, width)
   row_in = pl.BlockSpec((None, cap), lambda i, c: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i, c: (i, 0))
   v, i = pl.pallas_call(
@@ -328,14 +334,10 @@ def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
       grid=(r, cap // block_i),
       in_specs=[row_in, row_in, pl.BlockSpec((1,), lambda i, c: (i,)), row_out, row_out],
       out_specs=[row_out, row_out],
-      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      out_shape=out_shape,
       input_output_aliases={3: 0, 4: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
       interpret=interpret, name="jaxsparse_topk_rank",
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), total.astype(jnp.int32), vo, io)
   return v[:, :k], i[:, :k]
 
-
-def next_pow2_int(n: int) -> int:
-  return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
