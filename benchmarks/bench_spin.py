@@ -30,7 +30,8 @@ def main(argv=None):
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype)
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "predict_update_us",
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "compact_us", "sparse_scores_us", "topk_width_us",
+                     "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")

@@ -320,6 +320,19 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
           continue
         upd_times[uname], _ = _timed(jax.jit(uf), [(st, zsel, sel, lens)], reps=reps,
                                      calls=calls, carry=(0, None))
+      # the step's other stages alone, on this state's selection: block compaction, the
+      # block-sparse scoring kernel, the top-K over the compacted width
+      stage_us = {}
+      if not step_only:
+        masks = info["block_masks"]
+        counts = jnp.minimum(masks.sum(1), width).astype(jnp.int32)
+        for sname, sf, sargs in (
+            ("compact", lambda m, width=width: spin.compact_blocks(m, width), (masks,)),
+            ("sparse_scores", lambda q, kc, t, l, w, s, c: spin._sparse_scores(
+                q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
+             (q, kc, table, lens, w, sel, counts)),
+            ("topk_width", lambda z: _topk.topk(z, k), (zsel,))):
+          stage_us[sname], _ = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls)
       variants = ((("SPIN step", None),) if not step_only else ()) + (
           ("SPIN step, warm=True", True),)
       for name, warm in variants:
@@ -336,6 +349,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                          update_kernel32_us=upd_times.get("kernel32", float("nan")) * 1e6,
                          update_xla_us=upd_times.get("xla", float("nan")) * 1e6,
                          predict_update_frac=pu_s / full_s,
+                         **{f"{n}_us": v * 1e6 for n, v in stage_us.items()},
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))
   return rows
 

@@ -8,7 +8,8 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
   4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
-     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank.
+     GPU a kernel: TopkConfig(finish="rank") counts each candidate's rank, finish="bitonic"
+     sorts each row's buffer with a bitonic network in registers.
 If any row has more than C candidates (adversarial ties or long runs of near-equal scores): on
 GPU a repair kernel recomputes that row's exact top-k set into the buffer (one program per
 row, a no-op for every other row, so the call has no branch); on TPU the call falls back to
@@ -103,6 +104,10 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
     cv, ci = cv[:, :capacity], ci[:, :capacity]
     if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows):
       return finish(*_gpu.rank_finish(cv, ci, total, k, interpret=interp))
+    if config.finish == "bitonic" or (config.finish == "auto"
+                                      and capacity <= config.bitonic_max_capacity):
+      return finish(*_gpu.bitonic_finish(cv, ci, k, num_warps=config.bitonic_warps,
+                                         interpret=interp))
     v, p = lax.top_k(cv, k)
     return finish(v, jnp.take_along_axis(ci, p, axis=1))
   else:

@@ -17,7 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._util import next_pow2
+from pallas_kernels._util import is_pow2, next_pow2
 
 NEG_INF = float("-inf")
 
@@ -341,3 +341,67 @@ def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), total.astype(jnp.int32), vo, io)
   return v[:, :k], i[:, :k]
 
+
+
+def _beats(va, ia, vb, ib):
+  """(va, ia) comes before (vb, ib) in the output order: larger value, then lower index."""
+  return (va > vb) | ((va == vb) & (ia < ib))
+
+
+def _bitonic_sort_desc(v, i):
+  """Sort a power-of-two vector of (value, index) pairs into output order, in registers.
+
+  Bitonic network: log2(n) * (log2(n) + 1) / 2 compare-exchange steps. A step at distance j
+  views the vector as [n / 2j, 2, j]; the two halves of axis 1 are pulled out by a masked
+  reduction (Triton has no strided slice of a register tensor), compared, and put back.
+  """
+  n = v.shape[0]
+  size = 2
+  while size <= n:
+    j = size // 2
+    while j >= 1:
+      shape = (n // (2 * j), 2, j)
+      half = lax.broadcasted_iota(jnp.int32, shape, 1)
+      pos = (lax.broadcasted_iota(jnp.int32, (n // (2 * j), j), 0) * (2 * j)
+             + lax.broadcasted_iota(jnp.int32, (n // (2 * j), j), 1))  # left element's index
+      v3, i3 = v.reshape(shape), i.reshape(shape)
+      vl = jnp.max(jnp.where(half == 0, v3, NEG_INF), axis=1)
+      vr = jnp.max(jnp.where(half == 1, v3, NEG_INF), axis=1)
+      il = jnp.sum(jnp.where(half == 0, i3, 0), axis=1)
+      ir = jnp.sum(jnp.where(half == 1, i3, 0), axis=1)
+      # blocks of `size` alternate direction so that each pair of them merges as a bitonic run;
+      # the last merge (size == n) is all "descending" (output order)
+      want = (pos & size) == 0
+      swap = _beats(vr, ir, vl, il) == want
+      nvl, nvr = jnp.where(swap, vr, vl), jnp.where(swap, vl, vr)
+      nil, nir = jnp.where(swap, ir, il), jnp.where(swap, il, ir)
+      v = jnp.where(half == 0, nvl[:, None, :], nvr[:, None, :]).reshape(n)
+      i = jnp.where(half == 0, nil[:, None, :], nir[:, None, :]).reshape(n)
+      j //= 2
+    size *= 2
+  return v, i
+
+
+def _bitonic_kernel(v_ref, i_ref, vo_ref, io_ref):
+  vo_ref[...], io_ref[...] = _bitonic_sort_desc(v_ref[...], i_ref[...])
+
+
+def bitonic_finish(cv, ci, k: int, *, num_warps: int = 8, interpret: bool = False):
+  """cv, ci [R, C] candidates (C a power of two >= k, -inf / -1 padded) -> the k best, sorted:
+  values [R, k] float32 and indices [R, k] int32, ties to the lower index. One program per row
+  sorts the whole buffer in registers (no XLA sort)."""
+  r, cap = cv.shape
+  if not is_pow2(cap) or cap < k:
+    raise ValueError(f"candidate buffer width {cap} must be a power of two >= k={k}")
+  row = pl.BlockSpec((None, cap), lambda i: (i, 0))
+  v, i = pl.pallas_call(
+      _bitonic_kernel,
+      grid=(r,),
+      in_specs=[row, row],
+      out_specs=[row, row],
+      out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.float32),
+                 jax.ShapeDtypeStruct((r, cap), jnp.int32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_bitonic",
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32))
+  return v[:, :k], i[:, :k]
