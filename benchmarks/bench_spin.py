@@ -22,14 +22,18 @@ def main(argv=None):
                  help="SPIN's EMA state dtype")
   p.add_argument("--step-only", action="store_true",
                  help="time only the full step and the SPIN step (warm=True), not its parts")
+  p.add_argument("--unsorted", action="store_true",
+                 help="both steps return the top-K as a set (sorted=False)")
   a = p.parse_args(argv)
   if a.quick:
-    rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2)
+    rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2,
+                            unsorted=a.unsorted)
   else:
     rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")),
-                            step_only=a.step_only, state_dtype=a.state_dtype)
+                            step_only=a.step_only, state_dtype=a.state_dtype,
+                            unsorted=a.unsorted)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "compact_us", "sparse_scores_us", "topk_width_us",
                      "predict_update_us",
                      "predict_update_frac", "realized", "error"])

@@ -24,17 +24,22 @@ def main(argv=None):
   p.add_argument("--finish", default="",
                  help="comma list of TopkConfig.finish values to time (e.g. sort,rank); "
                       "implies one config per value")
+  p.add_argument("--unsorted", action="store_true",
+                 help="also time the top-k as a set: jaxsparse and torch.topk with sorted=False")
+  p.add_argument("--batches", default="", help="comma list of B (default: shapes.TOPK_BATCHES)")
   a = p.parse_args(argv)
+  batches = tuple(int(v) for v in a.batches.split(",")) if a.batches else shapes.TOPK_BATCHES
   ks = tuple(int(v) for v in a.k.split(",")) if a.k else shapes.TOPK_K
   cfgs = (TopkConfig(),) if a.default_config_only else CONFIGS
   if a.finish:
     cfgs = tuple(TopkConfig(finish=f.strip()) for f in a.finish.split(","))
   if a.quick:
-    rows = bench.bench_topk((1, 2), (8192,), (64,), configs=(None,), reps=2, calls=3)
+    rows = bench.bench_topk((1, 2), (8192,), (64,), configs=(None,), reps=2, calls=3,
+                            unsorted=True)
     fused = bench.bench_decode_topk((1,), (8192,), 64, heads=8, head_dim=64, reps=2, calls=3)
   else:
-    rows = bench.bench_topk(shapes.TOPK_BATCHES, shapes.TOPK_N, ks, configs=cfgs,
-                            approx=not a.no_approx)
+    rows = bench.bench_topk(batches, shapes.TOPK_N, ks, configs=cfgs,
+                            approx=not a.no_approx, unsorted=a.unsorted)
     fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
   print_table(rows, ["B", "N", "K", "impl", "config", "us", "tbps", "vs_lax_top_k", "vs_torch", "error"])

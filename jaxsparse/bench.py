@@ -183,8 +183,11 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
 
 
 def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), approx=True,
-               torch_topk=True, configs=(None,), seed=0, reps=5, calls=20):
+               torch_topk=True, configs=(None,), seed=0, reps=5, calls=20, unsorted=False):
   """Exact top-k of random float32 rows: lax.top_k, approx_max_k, torch.topk and jaxsparse.
+
+  unsorted: also time the top-k as a set (jaxsparse sorted=False: index order; torch.topk
+  sorted=False: unspecified order), the form sparse attention consumes.
 
   JAX timings go through `_timed` (JAXSPARSE_IN_GRAPH=1 removes host dispatch); torch.topk is
   timed with CUDA events.
@@ -213,27 +216,33 @@ def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), ap
                                      reps=reps, calls=calls))
     if have_torch:
       add("torch.topk", (_time_torch(sets, k, reps=reps, calls=calls), ""))
+      if unsorted:
+        add("torch.topk(sorted=False)", (_time_torch(sets, k, reps=reps, calls=calls,
+                                                     sorted=False), ""))
     if "pallas" in implementations:
       for cfg in configs:
         f = jax.jit(lambda x, cfg=cfg: _topk.topk(x, k, implementation="pallas", config=cfg))
         add("jaxsparse", _timed(f, sets, reps=reps, calls=calls), _cfg_str(cfg))
+      if unsorted:
+        f = jax.jit(lambda x: _topk.topk(x, k, implementation="pallas", sorted=False))
+        add("jaxsparse(sorted=False)", _timed(f, sets, reps=reps, calls=calls))
     del sets
   _add_ratios(rows)
   return rows
 
 
-def _time_torch(sets, k, *, reps, calls):
+def _time_torch(sets, k, *, reps, calls, sorted=True):  # noqa: A002
   import torch
   xs = [torch.from_numpy(np.asarray(s[0])).cuda() for s in sets]
   for x in xs:
-    torch.topk(x, k, dim=-1)
+    torch.topk(x, k, dim=-1, sorted=sorted)
   torch.cuda.synchronize()
   start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
   samples = []
   for _ in range(reps):
     start.record()
     for i in range(calls):
-      torch.topk(xs[i % len(xs)], k, dim=-1)
+      torch.topk(xs[i % len(xs)], k, dim=-1, sorted=sorted)
     end.record()
     torch.cuda.synchronize()
     samples.append(start.elapsed_time(end) / 1e3 / calls)
@@ -277,17 +286,19 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
-               reps=5, calls=20, step_only=False, state_dtype="float32"):
+               reps=5, calls=20, step_only=False, state_dtype="float32", unsorted=False):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
-  values; the block masks come from a warmed state."""
+  values; the block masks come from a warmed state. unsorted: both steps return their top-K
+  as a set (sorted=False), as sparse attention needs."""
+  srt = not unsorted
   from jaxsparse import spin
   rows = []
   for bsz, n, (q, w, lens, table, kc) in _paged_cases(batches, slots_list, heads, head_dim,
                                                       seed):
-    full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k))
+    full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k, sorted=srt))
     full_s, err = _timed(full, [(q, kc, table, lens, w)], reps=reps, calls=calls)
-    _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err,
+    _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err, sorted=srt,
                      us=full_s * 1e6, vs_full=1.0, realized=0.0))
     for rho in sparsities:
       cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype)
@@ -331,7 +342,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
             ("sparse_scores", lambda q, kc, t, l, w, s, c: spin._sparse_scores(
                 q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
              (q, kc, table, lens, w, sel, counts)),
-            ("topk_width", lambda z: _topk.topk(z, k), (zsel,))):
+            ("topk_width", lambda z: _topk.topk(z, k, sorted=srt), (zsel,))):
           stage_us[sname], _ = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls)
       variants = ((("SPIN step", None),) if not step_only else ()) + (
           ("SPIN step, warm=True", True),)
@@ -339,10 +350,11 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
         # the whole step, EMA update included (the new state is an output and, in-graph, the
         # next call's state, as in a decode loop)
         step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg, warm=warm: spin.decode_step(
-            st, q, kc, t, l, w, cfg, key, warm=warm)[:3])
+            st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt)[:3])
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
+                         sorted=srt,
                          error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
                          predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
                          update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,

@@ -43,7 +43,7 @@ def _validate(scores, k, lengths):
       raise ValueError(f"lengths.dtype={lengths.dtype} must be an integer type")
 
 
-def topk(scores, k: int, *, lengths=None, implementation=None, config=None):
+def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sorted=True):  # noqa: A002
   """Exact top-k of each row of `scores`.
 
   Args:
@@ -52,18 +52,28 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None):
     lengths: optional [...] int; entries at or past lengths[...] are never chosen.
     implementation: None, "xla" (sort-based `lax.top_k`) or "pallas" (threshold filter).
     config: optional `pallas_kernels.topk.TopkConfig`.
+    sorted: True (default): values in descending order, ties broken by the lower index.
+      False: the same k entries (same tie rule) in ascending index order, the form sparse
+      attention consumes; on GPU this skips the final sort of the candidates.
 
   Returns:
-    values [..., k] (scores.dtype) in descending order, ties broken by the lower index, and
-    indices [..., k] int32. Entries past lengths, -inf entries and NaN entries are never chosen
-    (NaN counts as "no score"); when fewer than k entries are valid the tail is index -1 with
-    value -inf.
+    values [..., k] (scores.dtype) and indices [..., k] int32, ordered as `sorted` says.
+    Entries past lengths, -inf entries and NaN entries are never chosen (NaN counts as "no
+    score"); when fewer than k entries are valid the tail is index -1 with value -inf.
   """
   _checks.check_implementation(implementation)
   _validate(scores, k, lengths)
+  if not isinstance(sorted, bool):
+    raise ValueError(f"sorted={sorted!r} must be a bool")
   impl = backend.resolve(implementation)
   if impl == "xla":
-    return _topk_xla_jit(scores, k, lengths)
+    v, i = _topk_xla_jit(scores, k, lengths)
+    if sorted:
+      return v, i
+    from pallas_kernels.topk import index_order
+    lead = v.shape[:-1]
+    v, i = index_order(v.reshape(-1, k), i.reshape(-1, k))
+    return v.reshape(*lead, k), i.reshape(*lead, k)
   from pallas_kernels import topk as ktopk
   config = config or ktopk.TopkConfig()
   if not isinstance(config, ktopk.TopkConfig):
@@ -73,7 +83,7 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None):
   lens = (jnp.full(x.shape[:1], n, jnp.int32) if lengths is None
           else lengths.reshape(-1).astype(jnp.int32))
   kk = min(k, n)
-  v, i = ktopk.topk_rows(x, lens, kk, config, backend.kernel_platform())
+  v, i = ktopk.topk_rows(x, lens, kk, config, backend.kernel_platform(), ordered=sorted)
   if k > n:
     v = jnp.pad(v, ((0, 0), (0, k - n)), constant_values=NEG_INF)
     i = jnp.pad(i, ((0, 0), (0, k - n)), constant_values=-1)
@@ -85,25 +95,28 @@ _topk_xla_jit = jax.jit(topk_xla, static_argnums=(1,))
 
 def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
                  implementation=None, decode_config=None, topk_config=None,
-                 fuse_group_max: bool = False):
+                 fuse_group_max: bool = False, sorted: bool = True):  # noqa: A002
   """Decode path: paged indexer scoring and exact top-k in one call (one jit).
 
   Shapes as `paged_indexer_scores` (q [B, H, D] or [B, R, H, D]); returns (values, indices)
   of shape [B, (R,) k]. With fuse_group_max=True (GPU) the scoring kernel also emits the group
   maxima that the top-k threshold needs, saving one 4-byte-per-slot pass over the scores; on
   the H200 that epilogue cost more than it saved (benchmarks/NOTES.md), so it is off by default.
+  sorted: as in `topk` (False: the top-k set in ascending slot order, no final sort on GPU).
   """
   _checks.check_implementation(implementation)
   impl = backend.resolve(implementation)
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
     raise ValueError(f"k={k!r} must be a positive int")
+  if not isinstance(sorted, bool):
+    raise ValueError(f"sorted={sorted!r} must be a bool")
   plat = backend.kernel_platform()
   if impl == "xla" or plat.kind != "gpu":
     z = _indexer.paged_indexer_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
                                       implementation=impl, config=decode_config)
     lens = _indexer.row_lengths(lengths, 1 if q.ndim == 3 else q.shape[1])
     lens = lens[:, 0] if q.ndim == 3 else lens
-    return topk(z, k, lengths=lens, implementation=impl, config=topk_config)
+    return topk(z, k, lengths=lens, implementation=impl, config=topk_config, sorted=sorted)
   _indexer._validate_paged(q, k_cache, block_table, lengths, w, k_scale)
   from pallas_kernels import indexer_decode, topk as ktopk
   topk_config = topk_config or ktopk.TopkConfig()
@@ -112,12 +125,12 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
   if single:
     q, w = q[:, None], w[:, None]
   return _fused(q, k_cache, block_table.astype(jnp.int32), lengths.astype(jnp.int32), w,
-                k_scale, k, decode_config, topk_config, plat, single, fuse_group_max)
+                k_scale, k, decode_config, topk_config, plat, single, fuse_group_max, sorted)
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
+@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11, 12))
 def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_config, plat,
-           single, fuse_group_max):
+           single, fuse_group_max, ordered):
   from pallas_kernels import indexer_decode, topk as ktopk
   bsz, rows = q.shape[:2]
   slots = block_table.shape[1] * k_cache.shape[1]
@@ -129,11 +142,12 @@ def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_
     z, gm = indexer_decode.decode_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
                                          config=decode_config, platform=plat, group_max=g)
     v, i = ktopk.topk_rows(z.reshape(bsz * rows, slots), lens, kk, topk_config, plat,
-                           gm.reshape(bsz * rows, -1))
+                           gm.reshape(bsz * rows, -1), ordered=ordered)
   else:
     z = indexer_decode.decode_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
                                      config=decode_config, platform=plat)
-    v, i = ktopk.topk_rows(z.reshape(bsz * rows, slots), lens, kk, topk_config, plat)
+    v, i = ktopk.topk_rows(z.reshape(bsz * rows, slots), lens, kk, topk_config, plat,
+                           ordered=ordered)
   if k > kk:
     v = jnp.pad(v, ((0, 0), (0, k - kk)), constant_values=NEG_INF)
     i = jnp.pad(i, ((0, 0), (0, k - kk)), constant_values=-1)

@@ -550,7 +550,7 @@ def _validate_step(state, q, k_cache, block_table, lengths, config):
 
 def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
                 k_scale=None, implementation=None, decode_config=None, topk_config=None,
-                warm=None):
+                warm=None, sorted=True):  # noqa: A002
   """One SPIN decode step for B requests (one query row each), jit-friendly.
 
   state: `init_state(capacity, config, (B,))`; q [B, H, D]; k_cache [num_blocks, 64, D];
@@ -564,12 +564,17 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   request, so it can pass warm=False for the first step after a reset (dense, static) and
   warm=True otherwise (sparse, static, no sync). warm=True with a cold request in the batch is
   wrong (a cold request selects every block, more than the compiled width): don't.
+
+  sorted: as in `jaxsparse.topk`; False returns the top-K as a set in ascending slot order (on
+  GPU without the final sort of the candidates).
   """
   _validate_step(state, q, k_cache, block_table, lengths, config)
   if warm not in (None, True, False):
     raise ValueError(f"warm={warm!r} must be None, True or False")
+  if not isinstance(sorted, bool):
+    raise ValueError(f"sorted={sorted!r} must be a bool")
   return _decode_step(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
-                      implementation, decode_config, topk_config, warm)
+                      implementation, decode_config, topk_config, warm, sorted)
 
 
 def compact_blocks(mask, width: int):
@@ -606,7 +611,7 @@ def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, im
 
 
 def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
-                      implementation, decode_config, topk_config, warm=None):
+                      implementation, decode_config, topk_config, warm=None, ordered=True):
   from jaxsparse import backend, selection
   from jaxsparse.indexer import paged_indexer_scores, paged_indexer_scores_xla
   bsz = q.shape[0]
@@ -624,7 +629,8 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 
   def finish(z, sel):
     # top-K over the scored slots only (the compacted width, not N), then map to slots
-    vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
+    vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config,
+                               sorted=ordered)
     # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
     blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
     top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
@@ -658,7 +664,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   return vals, top_slots, new_state, info
 
 
-_decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12))
+_decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12, 13))
 
 
 # ----------------------------------------------------------- serving: speculative decoding

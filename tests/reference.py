@@ -67,6 +67,14 @@ def np_topk(x, k, lengths=None):
   return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
 
+def index_ordered(v, i):
+  """Sorted top-k rows (np_topk's output) -> the same entries in ascending index order, the
+  -1 tail last: what topk(..., sorted=False) returns."""
+  v, i = np.asarray(v), np.asarray(i)
+  o = np.argsort(np.where(i < 0, np.iinfo(np.int32).max, i), axis=-1, kind="stable")
+  return np.take_along_axis(v, o, -1), np.take_along_axis(i, o, -1)
+
+
 def random_paged(rng, bsz, rows, heads, d, max_len, num_blocks, key_dtype="bfloat16"):
   """Random paged decode inputs with ragged lengths and a shuffled block table."""
   max_blocks = -(-max_len // 64)

@@ -11,7 +11,7 @@ from jaxsparse import spin, traces
 from jaxsparse.backend import KernelPlatform
 from pallas_kernels import indexer_decode
 from tests.conftest import export_for
-from tests.reference import np_indexer, np_topk, random_paged
+from tests.reference import index_ordered, np_indexer, np_topk, random_paged
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -293,8 +293,17 @@ def test_decode_step_static_warm_matches_cond():
   d = spin.decode_step(b[2], q, kc, table, lens + 1, w, cfg, key, warm=True)
   np.testing.assert_array_equal(np.asarray(c[1]), np.asarray(d[1]))
   assert np.asarray(d[3]["realized_sparsity"]).min() > 0.3
+  # sorted=False: the same slots (and values) as a set in ascending slot order, same new state
+  e = spin.decode_step(b[2], q, kc, table, lens + 1, w, cfg, key, warm=True, sorted=False)
+  rv, ri = index_ordered(d[0], d[1])
+  np.testing.assert_array_equal(np.asarray(e[1]), ri)
+  np.testing.assert_array_equal(np.asarray(e[0]), rv)
+  for name in ("V", "D"):
+    np.testing.assert_array_equal(np.asarray(e[2][name]), np.asarray(d[2][name]))
   with pytest.raises(ValueError, match="warm"):
     spin.decode_step(st0, q, kc, table, lens, w, cfg, key, warm="yes")
+  with pytest.raises(ValueError, match="sorted"):
+    spin.decode_step(st0, q, kc, table, lens, w, cfg, key, sorted="no")
 
 
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])

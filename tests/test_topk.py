@@ -12,7 +12,7 @@ import jaxsparse
 from jaxsparse.backend import KernelPlatform
 from pallas_kernels import topk as ktopk
 from tests.conftest import export_for
-from tests.reference import np_topk, random_paged
+from tests.reference import index_ordered, np_topk, random_paged
 
 PLATFORMS = [KernelPlatform("gpu", True), KernelPlatform("tpu", True)]
 IDS = ["gpu", "tpu"]
@@ -80,9 +80,9 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
-def test_kernel_finishes_match_numpy(n, k):
-  """The rank-counting and bitonic finishes (GPU kernels, interpret): ties by index, overflow
-  rows after the repair, fewer valid entries than k, -0.0, NaN and -inf."""
+def test_rank_finish_matches_numpy(n, k):
+  """The rank-counting finish (GPU kernel, interpret): ties by index, overflow rows after the
+  repair, fewer valid entries than k, -0.0, NaN and -inf."""
   rng = np.random.default_rng(n + k)
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.round(x[1])  # heavy ties: overflow, repaired, then ranked
@@ -92,11 +92,44 @@ def test_kernel_finishes_match_numpy(n, k):
   x[4, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="bitonic"),
-              ktopk.TopkConfig(finish="auto")):
+  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto")):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
+@pytest.mark.parametrize("n,k", [(20000, 64), (65536, 512), (3000, 2048), (100, 300)])
+def test_unsorted_set_in_index_order(platform, n, k):
+  """ordered=False: the same k entries as the sorted top-k (ties by index), in ascending index
+  order; on GPU through the no-sort finish kernel (interpret), incl. overflow-repaired rows."""
+  rng = np.random.default_rng(n + 2 * k)
+  x = rng.standard_normal((5, n)).astype(np.float32)
+  x[1] = np.round(x[1])  # heavy ties (overflow -> repair)
+  x[2, : n // 4] = 1.5
+  x[3, ::3] = np.nan
+  x[4, ::2] = -0.0
+  lens = np.array([n, n // 2 + 3, n, n, 7])
+  kk = min(k, n)
+  v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), kk, ktopk.TopkConfig(),
+                         platform, ordered=False)
+  rv, ri = index_ordered(*np_topk(x, kk, lens))
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+
+
+def test_public_api_unsorted():
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((2, 3, 5000)).astype(np.float32)
+  lens = np.array([[5000, 10, 0], [3, 4999, 5000]])
+  ref = index_ordered(*np_topk(x.reshape(6, -1), 40, lens.reshape(-1)))
+  for impl in ("xla", "pallas"):
+    v, i = jaxsparse.topk(jnp.asarray(x), 40, lengths=jnp.asarray(lens), implementation=impl,
+                          sorted=False)
+    np.testing.assert_array_equal(np.asarray(i).reshape(6, -1), ref[1])
+    np.testing.assert_array_equal(np.asarray(v).reshape(6, -1), ref[0])
+  with pytest.raises(ValueError, match="sorted"):
+    jaxsparse.topk(jnp.asarray(x), 4, sorted=1)
 
 
 def test_public_api_shapes_dtypes_k_larger_than_n():
@@ -146,6 +179,10 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
   rv, ri = np_topk(z, 16, row_lens)
   np.testing.assert_array_equal(np.asarray(i), ri)
   np.testing.assert_allclose(np.asarray(v), rv, rtol=1e-5)
+  v, i = jaxsparse.indexer_topk(q, kc, table, lens, w, 16, implementation="pallas", sorted=False)
+  rv, ri = index_ordered(rv, ri)
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_allclose(np.asarray(v), rv, rtol=1e-5)
 
 
 def test_topk_lowers_for_tpu_and_gpu():
@@ -153,9 +190,9 @@ def test_topk_lowers_for_tpu_and_gpu():
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
-  for fin in ("rank", "bitonic"):
-    g = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(finish=fin),
-                                     KernelPlatform("gpu", False))
+  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False)):
+    g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
+                                     ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
 
 

@@ -8,8 +8,10 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
   4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
-     GPU a kernel: TopkConfig(finish="rank") counts each candidate's rank, finish="bitonic"
-     sorts each row's buffer with a bitonic network in registers.
+     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank. When the
+     caller asks for the top-k as a set (ordered=False: ascending index order, what sparse
+     attention consumes), a GPU kernel finds the exact k-th candidate bit by bit and compacts
+     the k best in index order: no sort at all.
 If any row has more than C candidates (adversarial ties or long runs of near-equal scores): on
 GPU a repair kernel recomputes that row's exact top-k set into the buffer (one program per
 row, a no-op for every other row, so the call has no branch); on TPU the call falls back to
@@ -64,17 +66,38 @@ def full_sort(x, lengths, k):
   return finish(v, i.astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, gmax=None):
+def index_order(v, i):
+  """Sorted top-k rows -> the same entries in ascending index order (-1 / -inf tail last)."""
+  key = jnp.where(i < 0, jnp.iinfo(jnp.int32).max, i)
+  _, v, i = lax.sort((key, v, i), dimension=1, num_keys=1)
+  return v, i
+
+
+def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, gmax=None, *,
+              ordered: bool = True):
   """x [R, N] float32/bfloat16, lengths [R] int32 -> (values [R, k] float32, indices [R, k]).
 
+  ordered: True -> values descending (ties: lower index first); False -> the same k entries
+    in ascending index order (valid entries first, then the -inf / -1 tail), which lets the
+    GPU path skip the final sort.
   gmax: optional [R, N / g] maxima of consecutive groups of g = group_size(...) entries, as
   emitted by the fused decode scoring kernel (GPU); computed here when None.
   """
+  return _topk_rows(x, lengths, k, config, platform, ordered, gmax)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _topk_rows(x, lengths, k, config, platform, ordered, gmax):
+  out = _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax)
+  return out[:2] if ordered or out[2] else index_order(*out[:2])
+
+
+def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
+  """-> (values, indices, in_index_order)."""
   r, n = x.shape
   g = group_size(n, k, config, platform.kind)
   if g == 0 or n <= k:
-    return full_sort(x, lengths, k)
+    return *full_sort(x, lengths, k), False
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
   chunk = g * _tpu.LANES if platform.kind == "tpu" else max(min(config.chunk, next_pow2(n)), g)
   n_pad = -(-n // chunk) * chunk
@@ -102,14 +125,13 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
                          chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
                          interpret=interp)
     cv, ci = cv[:, :capacity], ci[:, :capacity]
-    if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows):
-      return finish(*_gpu.rank_finish(cv, ci, total, k, interpret=interp))
-    if config.finish == "bitonic" or (config.finish == "auto"
-                                      and capacity <= config.bitonic_max_capacity):
-      return finish(*_gpu.bitonic_finish(cv, ci, k, num_warps=config.bitonic_warps,
-                                         interpret=interp))
+    if not ordered:
+      return *finish(*_gpu.index_order_finish(cv, ci, k, interpret=interp)), True
+    if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows
+                                   and k >= config.rank_min_k):
+      return *finish(*_gpu.rank_finish(cv, ci, total, k, interpret=interp)), False
     v, p = lax.top_k(cv, k)
-    return finish(v, jnp.take_along_axis(ci, p, axis=1))
+    return *finish(v, jnp.take_along_axis(ci, p, axis=1)), False
   else:
     gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
     thr = lax.top_k(gm, k)[0][:, k - 1]
@@ -126,4 +148,4 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
     v, p = lax.top_k(cv, k)
     return finish(v, jnp.take_along_axis(ci, p, axis=1))
 
-  return lax.cond(jnp.all(total <= capacity), filtered, lambda: full_sort(x, lengths, k))
+  return *lax.cond(jnp.all(total <= capacity), filtered, lambda: full_sort(x, lengths, k)), False

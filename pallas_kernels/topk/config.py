@@ -17,11 +17,10 @@ class TopkConfig:
   bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
   finish: how the candidates become the sorted top-k (GPU): "sort" (`lax.top_k` over the
     candidate buffer, ~35 us on the H200 whatever the batch) or "rank" (one Pallas kernel that
-    counts each candidate's rank, O(candidates^2) compares: predicted far cheaper for a few
-    rows, not yet measured), "bitonic" (one Pallas program per row sorts the C-entry buffer
-    with a bitonic network in registers), or "auto" (rank for at most `rank_max_rows` rows,
-    else bitonic when C <= `bitonic_max_capacity`, else sort).
-  bitonic_warps: Triton warps of the bitonic program (GPU only).
+    counts each candidate's rank, O(candidates^2) compares), or "auto" (the default: rank for
+    at most `rank_max_rows` rows when k >= `rank_min_k`, else sort; from the H200 timings in
+    benchmarks/results/session3/topk_finish_partial.json, where rank won every single-row
+    K=2048 shape and sort most K=512 ones).
   """
   chunk: int = 4096
   capacity_factor: int = 2
@@ -29,20 +28,19 @@ class TopkConfig:
   num_warps: int = 4
   threshold: str = "bisect"
   bisect_iters: int = 20
-  finish: str = "sort"
+  finish: str = "auto"
   rank_max_rows: int = 16
-  bitonic_max_capacity: int = 8192
-  bitonic_warps: int = 8
+  rank_min_k: int = 1024
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
       raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
-    if self.finish not in ("sort", "rank", "bitonic", "auto"):
-      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
+    if self.finish not in ("sort", "rank", "auto"):
+      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
-                 "bitonic_max_capacity", "bitonic_warps"):
+                 "rank_min_k"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

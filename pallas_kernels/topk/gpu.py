@@ -17,7 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._util import is_pow2, next_pow2
+from pallas_kernels._util import next_pow2
 
 NEG_INF = float("-inf")
 
@@ -248,15 +248,11 @@ def _ordered_key(x):
   return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
 
 
-def _select_kernel(x_ref, e_ref, n_ref, o_ref):
-  """One row: mask of the n_ref[0] best eligible entries, ties to the lower index.
-
-  The n-th largest key is found bit by bit from the top (32 counting steps, exact, no sort);
-  entries above it are all taken, entries equal to it in index order up to the quota.
-  """
-  n = n_ref[0]
-  elig = e_ref[...] != 0
-  key = jnp.where(elig, _ordered_key(x_ref[...]), jnp.uint32(0))
+def _take_best(x, elig, n):
+  """Mask of the n best eligible entries of a row held in registers, ties to the lower
+  position: the n-th largest key is found bit by bit from the top (32 counting steps, exact,
+  no sort); entries above it are all taken, entries equal to it in order up to the quota."""
+  key = jnp.where(elig, _ordered_key(x), jnp.uint32(0))
 
   def body(i, t):
     cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
@@ -267,8 +263,12 @@ def _select_kernel(x_ref, e_ref, n_ref, o_ref):
   gt = elig & (key > t)
   tie = elig & (key == t)
   quota = n - jnp.sum(gt.astype(jnp.int32))
-  take = gt | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= quota))
-  o_ref[...] = (take & (n > 0)).astype(jnp.int32)
+  return (gt | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= quota))) & (n > 0)
+
+
+def _select_kernel(x_ref, e_ref, n_ref, o_ref):
+  """One row: mask of the n_ref[0] best eligible entries, ties to the lower index."""
+  o_ref[...] = _take_best(x_ref[...], e_ref[...] != 0, n_ref[0]).astype(jnp.int32)
 
 
 def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
@@ -343,65 +343,41 @@ def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
 
 
 
-def _beats(va, ia, vb, ib):
-  """(va, ia) comes before (vb, ib) in the output order: larger value, then lower index."""
-  return (va > vb) | ((va == vb) & (ia < ib))
+def _index_order_kernel(v_ref, i_ref, vo_in, io_in, vo_ref, io_ref, *, k: int):
+  """One row of candidates (index order, -inf / -1 padded): the k best, kept in index order.
+  The k-th key is found by `_take_best` over the buffer in registers, then the taken entries
+  are compacted with a running position (no sort)."""
+  del vo_in, io_in
+  v = v_ref[...]
+  live = v > NEG_INF
+  n = jnp.minimum(jnp.sum(live.astype(jnp.int32)), k)
+  take = _take_best(v, live, n)
+  pos = jnp.cumsum(take.astype(jnp.int32)) - 1
+  lane = lax.broadcasted_iota(jnp.int32, v.shape, 0)
+  pos = jnp.where(take, pos, vo_ref.shape[0] - 1 - lane)  # masked lanes: distinct trash slots
+  plgpu.store(vo_ref.at[pos], v, mask=take)
+  plgpu.store(io_ref.at[pos], i_ref[...], mask=take)
 
 
-def _bitonic_sort_desc(v, i):
-  """Sort a power-of-two vector of (value, index) pairs into output order, in registers.
-
-  Bitonic network: log2(n) * (log2(n) + 1) / 2 compare-exchange steps. A step at distance j
-  views the vector as [n / 2j, 2, j]; the two halves of axis 1 are pulled out by a masked
-  reduction (Triton has no strided slice of a register tensor), compared, and put back.
-  """
-  n = v.shape[0]
-  size = 2
-  while size <= n:
-    j = size // 2
-    while j >= 1:
-      shape = (n // (2 * j), 2, j)
-      half = lax.broadcasted_iota(jnp.int32, shape, 1)
-      pos = (lax.broadcasted_iota(jnp.int32, (n // (2 * j), j), 0) * (2 * j)
-             + lax.broadcasted_iota(jnp.int32, (n // (2 * j), j), 1))  # left element's index
-      v3, i3 = v.reshape(shape), i.reshape(shape)
-      vl = jnp.max(jnp.where(half == 0, v3, NEG_INF), axis=1)
-      vr = jnp.max(jnp.where(half == 1, v3, NEG_INF), axis=1)
-      il = jnp.sum(jnp.where(half == 0, i3, 0), axis=1)
-      ir = jnp.sum(jnp.where(half == 1, i3, 0), axis=1)
-      # blocks of `size` alternate direction so that each pair of them merges as a bitonic run;
-      # the last merge (size == n) is all "descending" (output order)
-      want = (pos & size) == 0
-      swap = _beats(vr, ir, vl, il) == want
-      nvl, nvr = jnp.where(swap, vr, vl), jnp.where(swap, vl, vr)
-      nil, nir = jnp.where(swap, ir, il), jnp.where(swap, il, ir)
-      v = jnp.where(half == 0, nvl[:, None, :], nvr[:, None, :]).reshape(n)
-      i = jnp.where(half == 0, nil[:, None, :], nir[:, None, :]).reshape(n)
-      j //= 2
-    size *= 2
-  return v, i
-
-
-def _bitonic_kernel(v_ref, i_ref, vo_ref, io_ref):
-  vo_ref[...], io_ref[...] = _bitonic_sort_desc(v_ref[...], i_ref[...])
-
-
-def bitonic_finish(cv, ci, k: int, *, num_warps: int = 8, interpret: bool = False):
-  """cv, ci [R, C] candidates (C a power of two >= k, -inf / -1 padded) -> the k best, sorted:
-  values [R, k] float32 and indices [R, k] int32, ties to the lower index. One program per row
-  sorts the whole buffer in registers (no XLA sort)."""
+def index_order_finish(cv, ci, k: int, *, num_warps: int = 8, interpret: bool = False):
+  """cv, ci [R, C] candidates in index order (-inf / -1 padded) -> the k best as a set in
+  ascending index order: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
+  One program per row; the row's C candidates stay in registers."""
   r, cap = cv.shape
-  if not is_pow2(cap) or cap < k:
-    raise ValueError(f"candidate buffer width {cap} must be a power of two >= k={k}")
-  row = pl.BlockSpec((None, cap), lambda i: (i, 0))
+  if cap < k:
+    raise ValueError(f"candidate buffer width {cap} must hold k={k}")
+  width = 2 * cap  # slots [cap, 2 * cap): trash for masked lanes (cap >= k)
+  (vo, io), out_shape = _empty_candidates(r, width)
+  row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
+  row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
   v, i = pl.pallas_call(
-      _bitonic_kernel,
+      functools.partial(_index_order_kernel, k=k),
       grid=(r,),
-      in_specs=[row, row],
-      out_specs=[row, row],
-      out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.float32),
-                 jax.ShapeDtypeStruct((r, cap), jnp.int32)],
+      in_specs=[row_in, row_in, row_out, row_out],
+      out_specs=[row_out, row_out],
+      out_shape=out_shape,
+      input_output_aliases={2: 0, 3: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_topk_bitonic",
-  )(cv.astype(jnp.float32), ci.astype(jnp.int32))
+      interpret=interpret, name="jaxsparse_topk_index_order",
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32), vo, io)
   return v[:, :k], i[:, :k]
