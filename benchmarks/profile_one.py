@@ -1,7 +1,9 @@
-"""Run one indexer kernel a few times (for `ncu`): decode bf16 / fp8 / fp8 q+k, or prefill.
+"""Run one indexer kernel a few times (for `ncu`): decode bf16 / fp8 / fp8 q+k, or prefill;
+or a whole top-K call (sorted / set) or SPIN step, to list every kernel they launch.
 
   ncu --clock-control none -k regex:jaxsparse --launch-skip 2 --launch-count 1 \\
       python benchmarks/profile_one.py decode-fp8
+  ncu --clock-control none --metrics gpu__time_duration.sum python benchmarks/profile_one.py topk
 """
 from __future__ import annotations
 
@@ -17,14 +19,38 @@ from jaxsparse.prep import quantize_fp8
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("what", choices=("decode-bf16", "decode-fp8", "decode-fp8qk", "prefill"))
+  p.add_argument("what", choices=("decode-bf16", "decode-fp8", "decode-fp8qk", "prefill",
+                                  "topk", "topk-set", "spin"))
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--slots", type=int, default=131072)
   p.add_argument("--calls", type=int, default=4)
   a = p.parse_args(argv)
   key = jax.random.PRNGKey(0)
   h, d = 64, 128
-  if a.what == "prefill":
+  if a.what in ("topk", "topk-set"):
+    from jaxsparse import selection
+    x = jax.random.normal(key, (a.batch, a.slots), jnp.float32)
+    f = jax.jit(lambda x: selection.topk(x, 2048, sorted=a.what == "topk"))
+    args = (x,)
+  elif a.what == "spin":
+    from jaxsparse import spin
+    b, n = a.batch, a.slots
+    pages = n // 64
+    q = jax.random.normal(key, (b, h, d), jnp.bfloat16)
+    w = jnp.ones((b, h), jnp.float32)
+    kc = jax.random.normal(key, (b * pages, 64, d), jnp.bfloat16)
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(np.stack([rng.permutation(pages) + i * pages for i in range(b)]), jnp.int32)
+    lens = jnp.full((b,), n, jnp.int32)
+    cfg = spin.SpinConfig(topk=2048, sparsity=0.4)
+    st = spin.init_state(n, cfg, (b,))
+    st = spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=False)[2]
+    step = jax.jit(lambda st: spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=True)[2])
+    for _ in range(a.calls):
+      st = jax.block_until_ready(step(st))
+    print("done", a.what)
+    return
+  elif a.what == "prefill":
     t, n = 2048, a.slots
     q = jax.random.normal(key, (t, h, d), jnp.bfloat16)
     k = jax.random.normal(key, (n, d), jnp.bfloat16)
