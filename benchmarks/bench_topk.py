@@ -27,8 +27,10 @@ def main(argv=None):
   p.add_argument("--unsorted", action="store_true",
                  help="also time the top-k as a set: jaxsparse and torch.topk with sorted=False")
   p.add_argument("--batches", default="", help="comma list of B (default: shapes.TOPK_BATCHES)")
+  p.add_argument("--n", default="", help="comma list of row lengths (default: shapes.TOPK_N)")
   a = p.parse_args(argv)
   batches = tuple(int(v) for v in a.batches.split(",")) if a.batches else shapes.TOPK_BATCHES
+  n_list = tuple(int(v) for v in a.n.split(",")) if a.n else shapes.TOPK_N
   ks = tuple(int(v) for v in a.k.split(",")) if a.k else shapes.TOPK_K
   cfgs = (TopkConfig(),) if a.default_config_only else CONFIGS
   if a.finish:
@@ -38,7 +40,7 @@ def main(argv=None):
                             unsorted=True)
     fused = bench.bench_decode_topk((1,), (8192,), 64, heads=8, head_dim=64, reps=2, calls=3)
   else:
-    rows = bench.bench_topk(batches, shapes.TOPK_N, ks, configs=cfgs,
+    rows = bench.bench_topk(batches, n_list, ks, configs=cfgs,
                             approx=not a.no_approx, unsorted=a.unsorted)
     fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)

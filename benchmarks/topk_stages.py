@@ -46,7 +46,14 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
   offsets, total = f_scan(counts)
   f_cmp = jax.jit(lambda x, l, t, o: kg.compact(x, l, t, o, capacity=capacity, chunk=chunk,
                                                 num_warps=nw, interpret=interp))
-  cv, ci = f_cmp(x, lens, thr, offsets)
+  cv_raw, ci_raw = f_cmp(x, lens, thr, offsets)
+  live = jnp.minimum(total, capacity).astype(jnp.int32)
+
+  def masked(cv, ci, total):  # compact leaves the slots past the count uninitialised
+    ok = jnp.arange(capacity) < jnp.minimum(total, capacity)[:, None]
+    return jnp.where(ok, cv[:, :capacity], float("-inf")), ci[:, :capacity]
+
+  cv, ci = masked(cv_raw, ci_raw, total)
 
   def final_topk(cv, ci):
     v, p = lax.top_k(cv, k)
@@ -63,7 +70,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
     c = kg.count(x, lens, thr, chunk=chunk, num_warps=nw, interpret=interp)
     cv, ci = kg.compact(x, lens, thr, jnp.cumsum(c, axis=1) - c, capacity=capacity, chunk=chunk,
                         num_warps=nw, interpret=interp)
-    return final_topk(cv, ci)
+    return final_topk(*masked(cv, ci, c.sum(axis=1)))
 
   timed = {
       "floor: one tiny op": (jax.jit(lambda c: c + 1), (counts,)),
@@ -75,6 +82,9 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
       "compact": (f_cmp, (x, lens, thr, offsets)),
       f"final lax.top_k [{bsz},{capacity}]": (jax.jit(final_topk), (cv, ci)),
       f"final lax.sort 2 keys [{bsz},{capacity}]": (jax.jit(final_sort), (cv, ci)),
+      f"final set in index order [{bsz},{capacity}] (kernel)": (jax.jit(
+          lambda cv, ci, l: kg.index_order_finish(cv, ci, l, k, capacity, interpret=interp)),
+          (cv_raw, ci_raw, live)),
       "whole topk": (jax.jit(lambda x: selection.topk(x, k, implementation="pallas",
                                                       config=config)), (x,)),
       "whole topk, no fallback cond": (jax.jit(no_cond), (x,)),

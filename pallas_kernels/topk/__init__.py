@@ -124,14 +124,16 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
                          chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
                          interpret=interp)
-    cv, ci = cv[:, :capacity], ci[:, :capacity]
+    # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
+    live = jnp.where(total > capacity, k, total).astype(jnp.int32)
     if not ordered:
-      return *finish(*_gpu.index_order_finish(cv, ci, k, interpret=interp)), True
+      return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True
     if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows
                                    and k >= config.rank_min_k):
-      return *finish(*_gpu.rank_finish(cv, ci, total, k, interpret=interp)), False
-    v, p = lax.top_k(cv, k)
-    return *finish(v, jnp.take_along_axis(ci, p, axis=1)), False
+      return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False
+    cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
+    v, p = lax.top_k(cvm, k)
+    return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False
   else:
     gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
     thr = lax.top_k(gm, k)[0][:, k - 1]

@@ -17,7 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._util import next_pow2
+from pallas_kernels._util import is_pow2, next_pow2
 
 NEG_INF = float("-inf")
 
@@ -49,9 +49,15 @@ def _empty_candidates(rows: int, width: int):
   return bufs, [jax.ShapeDtypeStruct(b.shape, b.dtype) for b in bufs]
 
 
-def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_in, i_in, v_ref, i_ref, *, chunk: int,
+def _scatter_width(width: int, interpret: bool) -> int:
+  """Width of a buffer that masked scatters write into. Compiled, masked-off lanes touch no
+  memory, so `width` is enough; interpret mode runs a masked scatter as read-modify-write of
+  every lane's slot, so masked lanes get their own trash slots past `width` (2 * width)."""
+  return 2 * width if interpret else width
+
+
+def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: int,
                     capacity: int):
-  del v_in, i_in  # aliased with the outputs: the -inf / -1 fill
   x, idx = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
@@ -135,24 +141,25 @@ def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool):
 
 def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
             interpret: bool):
-  """-> (values [R, capacity] float32, indices [R, capacity] int32), -inf / -1 past the count."""
+  """-> (values, indices) [R, W >= capacity] float32 / int32: row r's first min(count,
+  capacity) slots hold its candidates in index order; the rest is NOT initialised (no fill
+  pass: consumers mask by the count)."""
   r, n = x.shape
-  width = 2 * capacity  # [capacity, 2 * capacity) is the trash region (power-of-two block)
-  (v0, i0), out_shape = _empty_candidates(r, width)
+  width = _scatter_width(capacity, interpret)
+  out_shape = [jax.ShapeDtypeStruct((r, width), jnp.float32),
+               jax.ShapeDtypeStruct((r, width), jnp.int32)]
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   v, i = pl.pallas_call(
       functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,)),
-                                          pl.BlockSpec((None, 1), lambda r, c: (r, c)),
-                                          row, row],
+                                          pl.BlockSpec((None, 1), lambda r, c: (r, c))],
       out_specs=[row, row],
       out_shape=out_shape,
-      input_output_aliases={4: 0, 5: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact",
-  )(x, lengths, thr, offsets, v0, i0)
-  return v, i  # [R, 2 * capacity]: callers keep [:, :capacity] (after `repair`)
+  )(x, lengths, thr, offsets)
+  return v, i
 
 
 def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, *, n: int, chunk: int,
@@ -289,15 +296,15 @@ def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
   return out != 0
 
 
-def _rank_kernel(v_ref, i_ref, tot_ref, vo_in, io_in, vo_ref, io_ref, *, block_i: int,
-                 block_j: int, capacity: int, k: int):
+def _rank_kernel(v_ref, i_ref, live_ref, vo_in, io_in, vo_ref, io_ref, *, block_i: int,
+                 block_j: int, k: int):
   """Sorted top-k of one row's candidates by counting ranks: candidate p's rank is the number
   of candidates above it plus the equal ones before it (the buffer is in index order, so
   "before" means "lower index"). Ranks are distinct; those below k are scattered to their
   place. O(live^2) compares, but no sort and a single launch."""
   del vo_in, io_in
   c = pl.program_id(1)
-  live = jnp.minimum(tot_ref[0], capacity)
+  live = live_ref[0]  # slots past it are not initialised
 
   @pl.when(c * block_i < live)
   def _():
@@ -307,8 +314,9 @@ def _rank_kernel(v_ref, i_ref, tot_ref, vo_in, io_in, vo_ref, io_ref, *, block_i
     def body(t, cnt):
       pj = t * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
       vj = v_ref[pl.ds(t * block_j, block_j)]
-      beats = (vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
-                                             & (pj[None, :] < pi[:, None]))
+      beats = ((vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
+                                              & (pj[None, :] < pi[:, None])))
+      beats &= pj[None, :] < live
       return cnt + jnp.sum(beats.astype(jnp.int32), axis=1)
 
     rank = lax.fori_loop(0, pl.cdiv(live, block_j), body, jnp.zeros((block_i,), jnp.int32))
@@ -319,18 +327,19 @@ def _rank_kernel(v_ref, i_ref, tot_ref, vo_in, io_in, vo_ref, io_ref, *, block_i
     plgpu.store(io_ref.at[dest], i_ref[pl.ds(c * block_i, block_i)], mask=keep)
 
 
-def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
+def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 64, block_j: int = 256,
                 num_warps: int = 4, interpret: bool = False):
-  """cv, ci [R, C] candidates in index order (-inf / -1 padded), total [R] -> the k best,
-  sorted: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail)."""
-  r, cap = cv.shape
+  """cv, ci [R, >= cap] candidates in index order, live [R] (<= cap) of them per row (slots
+  past live are ignored; slots before it may be -inf) -> the k best, sorted: values [R, k]
+  float32 (-inf tail) and indices [R, k] int32 (-1 tail)."""
+  r = cv.shape[0]
   block_i, block_j = min(block_i, cap), min(block_j, cap)
   width = 2 * max(next_pow2(k), block_i)  # upper half: slots for masked lanes
   (vo, io), out_shape = _empty_candidates(r, width)
   row_in = pl.BlockSpec((None, cap), lambda i, c: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i, c: (i, 0))
   v, i = pl.pallas_call(
-      functools.partial(_rank_kernel, block_i=block_i, block_j=block_j, capacity=cap, k=k),
+      functools.partial(_rank_kernel, block_i=block_i, block_j=block_j, k=k),
       grid=(r, cap // block_i),
       in_specs=[row_in, row_in, pl.BlockSpec((1,), lambda i, c: (i,)), row_out, row_out],
       out_specs=[row_out, row_out],
@@ -338,46 +347,53 @@ def rank_finish(cv, ci, total, k: int, *, block_i: int = 64, block_j: int = 256,
       input_output_aliases={3: 0, 4: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
       interpret=interpret, name="jaxsparse_topk_rank",
-  )(cv.astype(jnp.float32), ci.astype(jnp.int32), total.astype(jnp.int32), vo, io)
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32), vo, io)
   return v[:, :k], i[:, :k]
 
 
 
-def _index_order_kernel(v_ref, i_ref, vo_in, io_in, vo_ref, io_ref, *, k: int):
-  """One row of candidates (index order, -inf / -1 padded): the k best, kept in index order.
-  The k-th key is found by `_take_best` over the buffer in registers, then the taken entries
-  are compacted with a running position (no sort)."""
-  del vo_in, io_in
+def _index_order_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref, *, k: int):
+  """One row of candidates (index order; slots past live_ref[0] not initialised): the k best,
+  kept in index order. The k-th key is found by `_take_best` over the buffer in registers, the
+  taken entries are compacted with a running position (no sort), and the -inf / -1 tail is
+  written into the slots after them (the output needs no fill pass)."""
   v = v_ref[...]
-  live = v > NEG_INF
+  lane = lax.broadcasted_iota(jnp.int32, v.shape, 0)
+  live = (lane < live_ref[0]) & (v > NEG_INF)
+  v = jnp.where(live, v, NEG_INF)
   n = jnp.minimum(jnp.sum(live.astype(jnp.int32)), k)
   take = _take_best(v, live, n)
-  pos = jnp.cumsum(take.astype(jnp.int32)) - 1
-  lane = lax.broadcasted_iota(jnp.int32, v.shape, 0)
-  pos = jnp.where(take, pos, vo_ref.shape[0] - 1 - lane)  # masked lanes: distinct trash slots
+  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
+  pos = jnp.where(take, jnp.cumsum(take.astype(jnp.int32)) - 1, trash)
   plgpu.store(vo_ref.at[pos], v, mask=take)
   plgpu.store(io_ref.at[pos], i_ref[...], mask=take)
+  tail = lane < k - n  # slots [n, k): disjoint from the ones written above
+  pos = jnp.where(tail, n + lane, trash)
+  plgpu.store(vo_ref.at[pos], jnp.full(v.shape, NEG_INF, jnp.float32), mask=tail)
+  plgpu.store(io_ref.at[pos], jnp.full(v.shape, -1, jnp.int32), mask=tail)
 
 
-def index_order_finish(cv, ci, k: int, *, num_warps: int = 8, interpret: bool = False):
-  """cv, ci [R, C] candidates in index order (-inf / -1 padded) -> the k best as a set in
-  ascending index order: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
-  One program per row; the row's C candidates stay in registers."""
-  r, cap = cv.shape
-  if cap < k:
-    raise ValueError(f"candidate buffer width {cap} must hold k={k}")
-  width = 2 * cap  # slots [cap, 2 * cap): trash for masked lanes (cap >= k)
-  (vo, io), out_shape = _empty_candidates(r, width)
+def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
+                       interpret: bool = False):
+  """cv, ci [R, >= cap] candidates in index order, live [R] (<= cap) of them per row (slots
+  past live are ignored; slots before it may be -inf) -> the k best as a set in ascending
+  index order: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail). One
+  program per row; the row's cap candidates stay in registers."""
+  r = cv.shape[0]
+  if not is_pow2(cap) or cap < k or cv.shape[1] < cap:
+    raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
+                     f"{cv.shape[1]}")
+  width = _scatter_width(cap, interpret)
   row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
   v, i = pl.pallas_call(
       functools.partial(_index_order_kernel, k=k),
       grid=(r,),
-      in_specs=[row_in, row_in, row_out, row_out],
+      in_specs=[row_in, row_in, pl.BlockSpec((1,), lambda i: (i,))],
       out_specs=[row_out, row_out],
-      out_shape=out_shape,
-      input_output_aliases={2: 0, 3: 1},
+      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_index_order",
-  )(cv.astype(jnp.float32), ci.astype(jnp.int32), vo, io)
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
   return v[:, :k], i[:, :k]
