@@ -18,7 +18,7 @@ def main(argv=None):
   p.add_argument("--batches", default="1,8,64")
   p.add_argument("--slots", default="131072,524288")
   p.add_argument("--sparsities", default="0.2,0.4,0.5")
-  p.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16"),
+  p.add_argument("--state-dtype", default="bfloat16", choices=("float32", "bfloat16"),
                  help="SPIN's EMA state dtype")
   p.add_argument("--step-only", action="store_true",
                  help="time only the full step and the SPIN step (warm=True), not its parts")

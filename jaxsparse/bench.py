@@ -286,7 +286,7 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
-               reps=5, calls=20, step_only=False, state_dtype="float32", unsorted=False):
+               reps=5, calls=20, step_only=False, state_dtype="bfloat16", unsorted=False):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state. unsorted: both steps return their top-K

@@ -45,8 +45,11 @@ class SpinConfig:
   reduction: "A0" (slot top-K, then expand to blocks) | "A1" (pool predicted slot scores) |
     "A2" (block-level EMA states).
   mask_policy, update_policy: speculative decoding (R > 1 verifier rows).
-  state_dtype: "float32" (default) or "bfloat16" for the V, D, VB, DB EMAs (updates are
-    computed in float32 and rounded once; half the state bytes to read and write per step).
+  state_dtype: "bfloat16" (default) or "float32" for the V, D, VB, DB EMAs (updates are
+    computed in float32 and rounded once). bfloat16 halves the state bytes read and written
+    per step: on the H200 at B=64 x 128K prediction + update take 62.7 us instead of 78.7
+    (benchmarks/results/session3/spin_parts_*.json) with the same misses on the shipped trace
+    (benchmarks/results/spin_state_dtype.json).
   """
   block_size: int = 64
   topk: int = 2048
@@ -58,7 +61,7 @@ class SpinConfig:
   reduction: str = "A1"
   mask_policy: str = "union"
   update_policy: str = "prefix"
-  state_dtype: str = "float32"
+  state_dtype: str = "bfloat16"
 
   def __post_init__(self):
     b = self.block_size
