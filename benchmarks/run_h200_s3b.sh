@@ -3,10 +3,7 @@
 # the SPIN step and its stages with sorted=False (B=64, 128K / 512K, float32 state), and the
 # top-K at B=64 with the default (finish="auto") and sorted=False, against lax.top_k and
 # torch.topk (sorted and not).
-set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAXSPARSE_IN_GRAPH=unrolled
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"; L=$OUT/logs
-export JAXSPARSE_BENCH_JSONL="$OUT/rows.jsonl" JAXSPARSE_GIT=${JAXSPARSE_GIT:-unknown}
+source benchmarks/h200_env.sh
 timeout 130 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "topk or spin" 2>&1 \
   | tee "$L/gpu_tests.log" | tail -3
 timeout 110 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 --sparsities 0.4 \

@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Session 3, device call 3: per-kernel durations (ncu) of a top-K call (sorted / set) and a SPIN
 # step at B=64 x 128K; SPIN step sorted vs set in back-to-back processes; top-K at B in {8, 1}.
-set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAXSPARSE_IN_GRAPH=unrolled
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"; L=$OUT/logs
-export JAXSPARSE_BENCH_JSONL="$OUT/rows.jsonl" JAXSPARSE_GIT=${JAXSPARSE_GIT:-unknown}
+source benchmarks/h200_env.sh
 for w in topk topk-set spin; do
   timeout 100 ncu --clock-control none --csv --print-units base \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \

@@ -2,10 +2,7 @@
 # Session 3, device call 4: the top-K without fill passes or slice copies (consumers mask by the
 # count): GPU tests, top-K at N in {128K, 1M}, K=2048, sorted and set; SPIN step sorted and set;
 # per-kernel durations of the set path (ncu).
-set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAXSPARSE_IN_GRAPH=unrolled
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"; L=$OUT/logs
-export JAXSPARSE_BENCH_JSONL="$OUT/rows.jsonl" JAXSPARSE_GIT=${JAXSPARSE_GIT:-unknown}
+source benchmarks/h200_env.sh
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "topk or spin" 2>&1 \
   | tee "$L/gpu_tests.log" | tail -2
 timeout 170 python3 benchmarks/bench_topk.py --k 2048 --batches 64,8,1 --n 131072,1048576 \
