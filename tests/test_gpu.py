@@ -183,3 +183,53 @@ def test_spin_update_kernel_gpu(state_dtype):
       np.testing.assert_allclose(np.asarray(got[name], np.float32),
                                  np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
                                  err_msg=name)
+
+
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_spin_fused_update_and_predict_gpu(state_dtype):
+  """Compiled: block-sparse scoring with the EMA update fused in gives the XLA update's V and D
+  (the scores themselves within the scoring tolerance), and the prediction kernel equals
+  `block_scores` (max and mean pooling)."""
+  from jaxsparse import spin
+  from jaxsparse.backend import KernelPlatform
+  from pallas_kernels import indexer_decode
+  from pallas_kernels.spin_predict import block_scores_gpu
+  rng = np.random.default_rng(29)
+  bsz, nb = 4, 48
+  cap = nb * 64
+  q, kc, table, lens, w, _ = random_paged(rng, bsz, 1, 64, 128, cap, 400, "bfloat16")
+  lens = jnp.asarray([cap, 2000, 700, 65], jnp.int32)
+  pos = lens - 1
+  cfg = spin.SpinConfig(block_size=64, topk=64, sparsity=0.4, state_dtype=state_dtype)
+  st = spin.init_state(cap, cfg, (bsz,))
+  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype),
+        "D": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype)}
+  width = 32
+  sel = np.full((bsz, width), -1, np.int32)
+  for b in range(bsz):
+    nblk = -(-int(lens[b]) // 64)
+    pick = np.sort(rng.choice(nblk, min(width, max(1, nblk * 3 // 5)), replace=False))
+    sel[b, :len(pick)] = pick
+  counts = jnp.asarray((sel >= 0).sum(1), jnp.int32)
+  sel = jnp.asarray(sel)
+  plat = KernelPlatform("gpu", False)
+  z, slots, (v, d, blk) = jax.jit(lambda st, sel, c: indexer_decode.block_sparse_scores(
+      q, kc, table, lens, w, sel, c, platform=plat, ema=(st["V"], st["D"], pos, 0.5)))(
+          st, sel, counts)
+  want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z[:, 0], sel, pos, lens,
+                                                                     cfg)
+  for name, got in (("V", v), ("D", d)):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want[name], np.float32),
+                               rtol=1e-5, atol=1e-6, err_msg=name)
+  full = np_indexer.paged(q, kc, table, lens, w)[:, 0]
+  sl = np.asarray(slots)
+  ok = (sl >= 0) & (sl < np.asarray(lens)[:, None])
+  ref = np.take_along_axis(full, np.maximum(sl, 0), axis=1)
+  np.testing.assert_allclose(np.asarray(z[:, 0])[ok], ref[ok], rtol=2e-2, atol=1e-2)
+  zz = np.where(ok, np.asarray(z[:, 0]), -np.inf).reshape(bsz, width, 64).max(-1)
+  np.testing.assert_array_equal(np.asarray(blk), zz)
+  for pooling in ("max", "mean"):
+    c = spin.SpinConfig(block_size=64, topk=64, pooling=pooling, state_dtype=state_dtype)
+    got = block_scores_gpu(st["V"], st["D"], pos, lens, page=64, pooling=pooling)
+    ref = jax.vmap(spin.block_scores, in_axes=(0, 0, 0, None))(st, pos, lens, c)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-6)

@@ -346,6 +346,88 @@ def test_update_kernel_matches_xla_update(state_dtype):
                                                          lengths)))
 
 
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("pps", [1, 2])
+def test_block_sparse_kernel_fused_update(state_dtype, pps):
+  """Block-sparse scoring with the EMA update fused in (GPU interpret) = the same scores, V and D
+  as scoring then `update_blocks`, and blk = each selected block's max observed score; ragged
+  lengths, a partial newest block, -1 padding selections; it also lowers for CUDA."""
+  rng = np.random.default_rng(11)
+  bsz, nb = 3, 10
+  cap = nb * 64
+  q, kc, table, lens, w, _ = random_paged(rng, bsz, 1, 8, 64, cap, 30)
+  lens = jnp.asarray([cap, 500, 130], jnp.int32)
+  pos = lens - 1
+  cfg = spin.SpinConfig(block_size=64, topk=32, ema_decay=0.3, state_dtype=state_dtype)
+  st = spin.init_state(cap, cfg, (bsz,))
+  dt = jnp.dtype(state_dtype)
+  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), dt),
+        "D": jnp.asarray(rng.standard_normal((bsz, cap)), dt)}
+  sel = np.full((bsz, 8), -1, np.int32)
+  sel[0, :7] = [0, 1, 3, 4, 6, 8, 9]
+  sel[1, :5] = [0, 2, 5, 6, 7]
+  sel[2, :3] = [0, 1, 2]
+  sel = jnp.asarray(sel)
+  counts = jnp.asarray([7, 5, 3], jnp.int32)
+  plat = KernelPlatform("gpu", True)
+  dc = indexer_decode.DecodeConfig(pages_per_step=pps, steps_per_program=2)
+  z0, _ = indexer_decode.block_sparse_scores(q, kc, table, lens, w, sel, counts, platform=plat,
+                                             config=dc)
+  z, slots, (v, d, blk) = indexer_decode.block_sparse_scores(
+      q, kc, table, lens, w, sel, counts, platform=plat, config=dc,
+      ema=(st["V"], st["D"], pos, cfg.ema_decay))
+  np.testing.assert_array_equal(np.asarray(z), np.asarray(z0))
+  want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z0[:, 0], sel, pos,
+                                                                     lens, cfg)
+  for name, got in (("V", v), ("D", d)):
+    assert got.dtype == dt
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want[name], np.float32),
+                               rtol=1e-6, atol=1e-6, err_msg=name)
+  zz = np.asarray(z0[:, 0]).reshape(bsz, -1, 64)
+  sl = np.asarray(slots).reshape(bsz, -1, 64)
+  obs = (sl >= 0) & (sl < np.asarray(lens)[:, None, None])
+  np.testing.assert_array_equal(np.asarray(blk), np.where(obs, zz, -np.inf).max(-1))
+  sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q, kc, table, lens, w, sel, counts,
+                                                          st["V"], st["D"], pos)]
+  export_for(lambda q, kc, t, l, w, s, c, v, d, p: indexer_decode.block_sparse_scores(
+      q, kc, t, l, w, s, c, platform=KernelPlatform("gpu", False), ema=(v, d, p, 0.5)),
+      "cuda", *sds)
+
+
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("pooling", ["max", "mean"])
+def test_predict_kernel_matches_block_scores(state_dtype, pooling):
+  """The batched prediction kernel (GPU interpret) = `block_scores` per request (A1): ragged
+  lengths, a partial newest block, blocks past the context at -inf; it lowers for CUDA."""
+  from pallas_kernels.spin_predict import block_scores_gpu
+  rng = np.random.default_rng(13)
+  cfg = spin.SpinConfig(block_size=64, topk=32, pooling=pooling, state_dtype=state_dtype)
+  bsz, nb = 4, 12
+  cap = nb * 64
+  dt = jnp.dtype(state_dtype)
+  st = spin.init_state(cap, cfg, (bsz,))
+  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), dt),
+        "D": jnp.asarray(rng.standard_normal((bsz, cap)), dt)}
+  lengths = jnp.asarray([cap, 700, 130, 1], jnp.int32)
+  pos = lengths - 1
+  want = jax.vmap(spin.block_scores, in_axes=(0, 0, 0, None))(st, pos, lengths, cfg)
+  for bpp in (32, 4, 1):
+    got = block_scores_gpu(st["V"], st["D"], pos, lengths, page=64, pooling=pooling,
+                           blocks_per_program=bpp, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  key = jax.random.split(jax.random.PRNGKey(0), bsz)
+  cfg_w = {**st, "warm": jnp.ones((bsz,), bool)}
+  got = spin.select_blocks_batched(cfg_w, pos, lengths, cfg, key, "pallas",
+                                   KernelPlatform("gpu", True))
+  ref = jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(cfg_w, pos, lengths, cfg, key)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+  with pytest.raises(ValueError, match="pooling"):
+    block_scores_gpu(st["V"], st["D"], pos, lengths, page=64, pooling="top4", interpret=True)
+  export_for(lambda v, d, p, l: block_scores_gpu(v, d, p, l, page=64, pooling=pooling), "cuda",
+             *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["V"], st["D"], pos,
+                                                                lengths)))
+
+
 def test_bfloat16_state_keeps_quality_on_real_trace():
   """bfloat16 EMAs (half the state traffic) select almost the same blocks as float32 on the
   shipped SmolLM2 trace: mean miss within 0.5 points, same realized sparsity."""
