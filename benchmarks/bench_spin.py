@@ -34,9 +34,9 @@ def main(argv=None):
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted)
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_fused_us",
-                     "compact_us", "sparse_scores_us", "sparse_scores_ema_us", "topk_width_us",
-                     "predict_update_us", "predict_update_frac", "realized", "error"])
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "compact_us", "sparse_scores_us", "topk_width_us",
+                     "predict_update_us",
+                     "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")
 

@@ -1,8 +1,8 @@
 """Block-sparse decode scoring (SPIN) against dense scoring, per kernel tiling, on the H200.
 
 Dense scoring of B x N slots and block-sparse scoring of a (1 - rho) fraction of the blocks,
-picked at random per request (ascending, as SPIN compacts them), without and with SPIN's EMA
-update fused in, for several `DecodeConfig` tilings. Reports time and effective TB/s (key
+picked at random per request (ascending, as SPIN compacts them), for several `DecodeConfig`
+tilings. Reports time and effective TB/s (key
 bytes read + scores written) so that the sparse kernel's efficiency can be compared with the
 dense kernel's.
 
@@ -41,7 +41,6 @@ def main(argv=None):
   for b in range(bsz):
     sel[b, :keep] = np.sort(rng.choice(nb, keep, replace=False))
   sel, counts = jnp.asarray(sel), jnp.full((bsz,), keep, jnp.int32)
-  v = jnp.zeros((bsz, n), jnp.bfloat16)
   plat = kernel_platform()
   rows = []
   for spec in a.configs.split(","):
@@ -52,18 +51,10 @@ def main(argv=None):
         q[:, None], kc, t, l, w[:, None], config=cfg, platform=plat))
     sparse = jax.jit(lambda q, kc, t, l, w, s, c, cfg=cfg: indexer_decode.block_sparse_scores(
         q[:, None], kc, t, l, w[:, None], s, c, config=cfg, platform=plat)[0])
-    def fused(vd, q, kc, t, l, w, s, c, cfg=cfg):  # ((V, D), ...) -> ((V', D'), z)
-      z, _, (v2, d2, _) = indexer_decode.block_sparse_scores(
-          q[:, None], kc, t, l, w[:, None], s, c, config=cfg, platform=plat,
-          ema=(vd[0], vd[1], l - 1, 0.5))
-      return (v2, d2), z
 
     for name, f, args, carry, slots in (
         ("dense", dense, (q, kc, table, lens, w), None, bsz * n),
-        ("sparse", sparse, (q, kc, table, lens, w, sel, counts), None, bsz * keep * 64),
-        ("sparse+ema", jax.jit(fused), ((v, v + 1), q, kc, table, lens, w, sel, counts), (0, 0),
-         bsz * keep * 64)):
-      # the fused kernel's new state is the next call's state (carry), as in a decode loop
+        ("sparse", sparse, (q, kc, table, lens, w, sel, counts), None, bsz * keep * 64)):
       sec, err = bench._timed(f, [args], reps=5, calls=10, carry=carry)
       tbps = slots * (128 * 2 + 4) / sec / 1e12
       row = dict(op="sparse_tiling", B=bsz, N=n, sparsity=a.sparsity, config=spec, kernel=name,

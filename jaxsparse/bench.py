@@ -307,38 +307,43 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
       nan = (float("nan"), "")
+      pu = jax.jit(lambda st, l, cfg=cfg: _predict_update(st, l, cfg, key))
+      # the state is threaded through the calls: otherwise XLA computes only the one element of
+      # the elementwise update that the timing loop reads
+      pu_s, err2 = nan if step_only else _timed(pu, [(st, lens)], reps=reps, calls=calls,
+                                                carry=(0, None))
       pr = jax.jit(lambda st, l, cfg=cfg: _predict(st, l, cfg, key))
       pr_s, err3 = nan if step_only else _timed(pr, [(st, lens)], reps=reps, calls=calls)
       width = spin._aligned_width(spin.max_selected_blocks(n // 64, cfg), n // 64)
       sel, _ = spin.compact_blocks(info["block_masks"], width)
       zsel = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
                        jax.random.normal(key, (bsz, width * 64), jnp.float32), NEG_INF)
-      on_gpu = jax.default_backend() in ("gpu", "cuda")
-      # the step's stages alone, on this state's selection: block compaction, the separate
-      # update kernel, the block-sparse scoring kernel without and with the EMA update fused in
-      # (plus the per-block states; the excess over plain scoring is the update's cost in the
-      # step), the top-K over the compacted width. A stage whose output is the new state gets
-      # it back as its next input (carry), as in a decode loop.
+      upd_times = {}
+      for uname, uf in (("kernel", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
+                            st, z, s, l - 1, l, cfg)),
+                        ("kernel32", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
+                            st, z, s, l - 1, l, cfg, blocks_per_program=32)),
+                        ("xla", lambda st, z, s, l, cfg=cfg: jax.vmap(
+                            spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(
+                                st, z, s, l - 1, l, cfg))):
+        if step_only or (uname.startswith("kernel")
+                         and jax.default_backend() not in ("gpu", "cuda")):
+          continue
+        upd_times[uname], _ = _timed(jax.jit(uf), [(st, zsel, sel, lens)], reps=reps,
+                                     calls=calls, carry=(0, None))
+      # the step's other stages alone, on this state's selection: block compaction, the
+      # block-sparse scoring kernel, the top-K over the compacted width
       stage_us = {}
       if not step_only:
         masks = info["block_masks"]
         counts = jnp.minimum(masks.sum(1), width).astype(jnp.int32)
-        for sname, sf, sargs, carry in (
-            ("compact", lambda m, width=width: spin.compact_blocks(m, width), (masks,), None),
-            ("update_kernel", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
-                st, z, s, l - 1, l, cfg), (st, zsel, sel, lens), (0, None)),
+        for sname, sf, sargs in (
+            ("compact", lambda m, width=width: spin.compact_blocks(m, width), (masks,)),
             ("sparse_scores", lambda q, kc, t, l, w, s, c: spin._sparse_scores(
                 q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
-             (q, kc, table, lens, w, sel, counts), None),
-            ("sparse_scores_ema", lambda st, q, kc, t, l, w, s, c, cfg=cfg: _scores_ema(
-                st, q, kc, t, l, w, s, c, cfg), (st, q, kc, table, lens, w, sel, counts),
-             (0, 1)),
-            ("topk_width", lambda z: _topk.topk(z, k, sorted=srt), (zsel,), None)):
-          if sname in ("update_kernel", "sparse_scores_ema") and not on_gpu:
-            continue
-          stage_us[sname], _ = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls,
-                                      carry=carry)
-      upd_us = stage_us.get("sparse_scores_ema", nan[0]) - stage_us.get("sparse_scores", nan[0])
+             (q, kc, table, lens, w, sel, counts)),
+            ("topk_width", lambda z: _topk.topk(z, k, sorted=srt), (zsel,))):
+          stage_us[sname], _ = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls)
       variants = ((("SPIN step", None),) if not step_only else ()) + (
           ("SPIN step, warm=True", True),)
       for name, warm in variants:
@@ -350,27 +355,32 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                           carry=(0, 2))
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          sorted=srt,
-                         error=err or err3, us=sec * 1e6, vs_full=sec / full_s,
-                         predict_us=pr_s * 1e6, update_fused_us=upd_us * 1e6,
-                         predict_update_us=(pr_s + upd_us) * 1e6,
-                         predict_update_frac=(pr_s + upd_us) / full_s,
+                         error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
+                         predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
+                         update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,
+                         update_kernel32_us=upd_times.get("kernel32", float("nan")) * 1e6,
+                         update_xla_us=upd_times.get("xla", float("nan")) * 1e6,
+                         predict_update_frac=pu_s / full_s,
                          **{f"{n}_us": v * 1e6 for n, v in stage_us.items()},
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))
   return rows
 
 
 def _predict(state, lengths, config, key):
-  """SPIN's block selection alone, as the step runs it (the prediction kernel on GPU)."""
-  from jaxsparse import backend, spin
-  keys = jax.random.split(key, lengths.shape[0])
-  return spin.select_blocks_batched(state, lengths - 1, lengths, config, keys,
-                                    backend.resolve(None), backend.kernel_platform())
-
-
-def _scores_ema(state, q, kc, table, lens, w, sel, counts, config):
-  """Block-sparse scoring with the EMA update fused in, then the per-block states."""
+  """SPIN's block selection alone."""
   from jaxsparse import spin
-  z, _, vd = spin._sparse_scores(q[:, None], kc, table, lens, w[:, None], sel, counts, None,
-                                 "pallas", None, 64,
-                                 ema=(state["V"], state["D"], lens - 1, config.ema_decay))
-  return z, spin._block_states_from(state, *vd, sel, lens - 1, lens, config)
+  keys = jax.random.split(key, lengths.shape[0])
+  return jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
+                                                                   config, keys)
+
+
+def _predict_update(state, lengths, config, key):
+  """SPIN's overhead alone: block selection and an EMA update from the selected slots."""
+  from jaxsparse import spin
+  bsz, cap = state["V"].shape
+  keys = jax.random.split(key, bsz)
+  masks = jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
+                                                                    config, keys)
+  obs = jnp.repeat(masks, config.block_size, axis=1)
+  return jax.vmap(spin.update_dense, in_axes=(0, 0, 0, 0, 0, None))(state, state["V"], obs,
+                                                                    lengths - 1, lengths, config)

@@ -196,11 +196,8 @@ def top_mask(score, eligible, n):
   return _rank_desc(score, eligible) < n
 
 
-def select_blocks(state, pos, length, config: SpinConfig, key, block_score=None):
+def select_blocks(state, pos, length, config: SpinConfig, key):
   """Block mask [num_blocks] bool for one query at slot `pos` seeing `length` slots.
-
-  block_score: optional precomputed `block_scores(state, pos, length, config)` [num_blocks]
-  (the batched GPU kernel computes them for a whole batch in one pass).
 
   Cold state (first step after a reset): every block. Otherwise the forced blocks (sink and
   newest), the best predicted blocks, and floor(gamma * m_t) explored blocks, m_t in total
@@ -226,7 +223,7 @@ def select_blocks(state, pos, length, config: SpinConfig, key, block_score=None)
     hit = jnp.zeros(nb, bool).at[jnp.where(idx >= 0, idx // b, nb)].set(True, mode="drop") & valid
     exploit = hit & ~forced
   else:
-    s = block_scores(state, pos, length, config) if block_score is None else block_score
+    s = block_scores(state, pos, length, config)
     exploit = top_mask(s, valid & ~forced, n_exploit)
   rest = valid & ~forced & ~exploit
   if config.explore == "random":
@@ -234,9 +231,8 @@ def select_blocks(state, pos, length, config: SpinConfig, key, block_score=None)
   elif config.explore == "block-age":
     prio = (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * jax.random.uniform(key, (nb,))
   elif config.explore == "staleness":
-    if config.reduction == "A0" or block_score is None:
-      s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
-                       if config.reduction == "A0" else config)
+    s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
+                     if config.reduction == "A0" else config)
     stale = (state["step"] - state["age"]).astype(jnp.float32)
     lo = jnp.min(jnp.where(valid, s, jnp.inf))
     prio = stale * (jnp.where(valid, s, lo) - lo + 1e-6)
@@ -297,18 +293,11 @@ def update_blocks_batched(state, scores, sel, pos, lengths, config: SpinConfig, 
   score). scores [B, W * b], sel [B, W], pos/lengths [B]."""
   from pallas_kernels.spin_update import update_vd_gpu
   b = config.block_size
+  bsz, width = sel.shape
+  nb = state["VB"].shape[-1]
   v, d, blk_w = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
                               decay=config.ema_decay, page=b, interpret=interpret,
                               blocks_per_program=blocks_per_program)
-  return _block_states_from(state, v, d, blk_w, sel, pos, lengths, config)
-
-
-def _block_states_from(state, v, d, blk_w, sel, pos, lengths, config: SpinConfig):
-  """New state from updated V, D [B, cap] and blk_w [B, W], the max observed score of each
-  selected block sel [B, W] (-1: padding): the per-block states (VB, DB, age) in XLA."""
-  b = config.block_size
-  bsz, width = sel.shape
-  nb = state["VB"].shape[-1]
   seen_w = (sel >= 0) & (sel * b < lengths[:, None])
   rows = jnp.broadcast_to(jnp.arange(bsz)[:, None], sel.shape)
   idx = jnp.where(sel >= 0, sel, nb)
@@ -531,21 +520,6 @@ def predictor_study(z_layers, lengths, k: int, *, offset_shift: int = 1, best_of
 # -------------------------------------------------------------------- batched serving step
 
 
-def select_blocks_batched(state, pos, lengths, config: SpinConfig, keys, impl: str, plat):
-  """`select_blocks` for a batch (state [B, ...], pos/lengths [B], keys [B]) -> [B, nb] bool.
-  With Pallas on a GPU, A1's pooled block scores (max or mean pooling) come from one kernel
-  pass over V and D for the whole batch."""
-  from pallas_kernels import spin_predict
-  bs = None
-  if (impl == "pallas" and plat.kind == "gpu" and config.reduction == "A1"
-      and config.pooling in spin_predict.POOLINGS):
-    bs = spin_predict.block_scores_gpu(state["V"], state["D"], pos, lengths,
-                                       page=config.block_size, pooling=config.pooling,
-                                       interpret=plat.interpret)
-  return jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0, 0 if bs is not None else None))(
-      state, pos, lengths, config, keys, bs)
-
-
 def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
   """Static bound on blocks selected per request once warm (the compacted kernel width)."""
   if config.reduction == "A0":
@@ -618,18 +592,16 @@ def compact_blocks(mask, width: int):
 
 
 def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, impl,
-                   decode_config, block, ema=None):
+                   decode_config, block):
   """Block-sparse scores of the selected blocks: q [B, R, H, D] -> (z [B, R, M * b], slots
-  [B, M * b] (-1: padding)), through the Pallas kernel or the XLA reference. With ema =
-  (V, D, pos, decay) (Pallas on GPU, R = 1) the kernel also updates V and D and a third
-  element (V, D, blk [B, M]) follows (see `indexer_decode.block_sparse_scores`)."""
+  [B, M * b] (-1: padding)), through the Pallas kernel or the XLA reference."""
   from jaxsparse import backend
   from jaxsparse.indexer import paged_indexer_scores_xla, row_lengths
   if impl == "pallas":
     from pallas_kernels import indexer_decode
     return indexer_decode.block_sparse_scores(
         q, k_cache, block_table, lengths, w, sel, counts, k_scale=k_scale, config=decode_config,
-        platform=backend.kernel_platform(), ema=ema)
+        platform=backend.kernel_platform())
   bsz, width = sel.shape
   table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
   z = paged_indexer_scores_xla(q, k_cache, table, jnp.full_like(lengths, width * block), w,
@@ -651,22 +623,21 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   lengths = lengths.astype(jnp.int32)
   pos = lengths - 1
   keys = jax.random.split(key, bsz)
-  impl = backend.resolve(implementation)
-  plat = backend.kernel_platform()
-  masks = select_blocks_batched(state, pos, lengths, config, keys, impl, plat)
+  masks = jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
   width = _aligned_width(max_selected_blocks(nb, config), nb)
+  impl = backend.resolve(implementation)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
-  def finish(z, sel, vd=None):
+  plat = backend.kernel_platform()
+
+  def finish(z, sel):
     # top-K over the scored slots only (the compacted width, not N), then map to slots
     vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config,
                                sorted=ordered)
     # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
     blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
     top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
-    if vd is not None:  # V and D were updated inside the scoring kernel
-      new = _block_states_from(state, *vd, sel, pos, lengths, config)
-    elif impl == "pallas" and plat.kind == "gpu":  # in-place V/D update of the scored blocks
+    if impl == "pallas" and plat.kind == "gpu":  # in-place V/D update of the scored blocks
       new = update_blocks_batched(state, z, sel, pos, lengths, config, interpret=plat.interpret)
     else:
       new = upd(state, z, sel, pos, lengths, config)
@@ -674,11 +645,6 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 
   def sparse(_):
     sel, counts = compact_blocks(masks, width)
-    if impl == "pallas" and plat.kind == "gpu":  # EMA update fused into the scoring kernel
-      z, _, vd = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel,
-                                counts, k_scale, impl, decode_config, b,
-                                ema=(state["V"], state["D"], pos, config.ema_decay))
-      return finish(z[:, 0], sel, vd)
     z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts,
                           k_scale, impl, decode_config, b)
     return finish(z[:, 0], sel)

@@ -30,40 +30,24 @@ def decode_scores(q, k_cache, block_table, lengths, w, *, k_scale=None, config=N
 
 
 def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts, *,
-                        k_scale=None, config=None, platform: KernelPlatform, ema=None):
+                        k_scale=None, config=None, platform: KernelPlatform):
   """Score only selected blocks (SPIN). sel_blocks [B, M] int32 logical block ids, the first
   counts[b] valid (ascending), -1 after; -> (z [B, R, M * 64] float32 in selection order,
-  slots [B, M * 64] int32, -1 for padding).
-
-  ema = (v, d, pos, decay) (GPU, R = 1): SPIN's EMA update fused into the scoring kernel; v, d
-  [B, cap] float32 or bfloat16, pos [B] int32 the query slots, decay a Python float. The
-  result is then (z, slots, (v, d, blk)) with v, d updated at the observed slots only (in place
-  when the caller's buffers can be reused) and blk [B, M] each selected block's max observed
-  score (-inf: padding)."""
+  slots [B, M * 64] int32, -1 for padding)."""
   config = config or DecodeConfig()
   page = k_cache.shape[1]
   sel = jnp.where(jnp.arange(sel_blocks.shape[1])[None] < counts[:, None], sel_blocks, -1)
   table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
-  upd = None
-  if ema is not None:
-    if platform.kind != "gpu":
-      raise NotImplementedError("the fused EMA update is a GPU kernel")
-    v, d, pos, decay = ema
-    out = _decode(q, k_cache, table, lengths, w, k_scale, config, platform, 0, sel,
-                  counts.astype(jnp.int32), v, d, pos.astype(jnp.int32), float(decay))
-    z, (v, d, blk) = out[0], out[1:]
-    upd = (v, d, blk[:, :sel.shape[1]])
-  else:
-    z = _decode(q, k_cache, table, lengths, w, k_scale, config, platform, 0, sel,
-                counts.astype(jnp.int32))
+  z = _decode(q, k_cache, table, lengths, w, k_scale, config, platform, 0, sel,
+              counts.astype(jnp.int32))
   slots = (sel[:, :, None] * page + jnp.arange(page)[None, None]).reshape(sel.shape[0], -1)
   slots = jnp.where(jnp.repeat(sel, page, axis=1) >= 0, slots, -1)
-  return (z, slots) if upd is None else (z, slots, upd)
+  return z, slots
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7, 8, 14))
+@functools.partial(jax.jit, static_argnums=(6, 7, 8))
 def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max,
-            logical=None, counts=None, ema_v=None, ema_d=None, ema_pos=None, ema_decay=None):
+            logical=None, counts=None):
   from jaxsparse.indexer import row_lengths
   bsz, rows, heads, d = q.shape
   max_blocks = block_table.shape[1]
@@ -81,17 +65,13 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
   if platform.kind == "gpu":
     out = _gpu.decode_scores_gpu(qp, k_cache, block_table, lp, wp, k_scale, config=config,
                                  interpret=platform.interpret, group_max=group_max,
-                                 logical=logical, counts=counts,
-                                 ema=None if ema_v is None else (ema_v, ema_d, ema_pos, ema_decay))
+                                 logical=logical, counts=counts)
   else:
     if group_max:
       raise NotImplementedError("group_max is fused only in the GPU decode kernel")
     out = _tpu.decode_scores_tpu(qp, k_cache, block_table, lp, wp, k_scale, config=config,
                                  interpret=platform.interpret, logical=logical, counts=counts)
   slots = max_blocks * k_cache.shape[1]
-  if ema_v is not None:
-    z, v, d, blk = out
-    return z[:, :rows, :slots], v, d, blk
   if group_max:
     z, gm = out
     return z[:, :rows, :slots], gm[:, :rows, : slots // group_max]

@@ -22,20 +22,13 @@ NEG_INF = float("-inf")
 
 def _decode_kernel(table_ref, len_ref, q_ref, w_ref, k_ref, *rest, rows: int, heads: int,
                    page: int, pages_per_step: int, steps: int, num_blocks: int,
-                   has_scale: bool, emit_group_max: int, sparse: bool, ema_decay=None,
-                   interpret: bool = False):
+                   has_scale: bool, emit_group_max: int, sparse: bool):
   """One program: request b, a run of `steps * pages_per_step` pages.
 
   sparse (SPIN's block-sparse scoring): the table holds only the selected pages; two more refs
   follow k/scale: logical_ref [pages_per_program] int32 logical block ids (-1: padding) and
   count_ref [1] int32 selected pages of this request. Output slot j of the run then holds slot
   logical[j // page] * page + j % page.
-
-  ema_decay (sparse, one row only: SPIN's step): the EMA update of the observed slots is fused
-  in. Three more refs follow count_ref: pos_ref [1] (the query's slot), v_in, d_in (aliased to
-  the outputs); three more outputs follow o_ref: v_ref, d_ref [cap] (the request's V and D,
-  updated in place at the observed slots / offsets pos - slot) and blk_ref [pages_per_program]
-  (each selected page's max observed score, -inf for padding: A2's block observation).
 
   table_ref: [pages_per_program] int32; len_ref: [rows] int32 visible slots per row;
   q_ref: [rows * heads, D]; w_ref: [rows * heads]; k_ref: [num_blocks, page, D] (whole cache);
@@ -46,13 +39,8 @@ def _decode_kernel(table_ref, len_ref, q_ref, w_ref, k_ref, *rest, rows: int, he
     scale_ref, *rest = rest
   if sparse:
     logical_ref, count_ref, *rest = rest
-  ema = ema_decay is not None
-  if ema:
-    pos_ref, _, _, *rest = rest  # v_in, d_in: aliased with v_ref, d_ref
   o_ref, *rest = rest
-  gmax_ref = rest.pop(0) if emit_group_max else None
-  if ema:
-    v_ref, d_ref, blk_ref = rest
+  gmax_ref = rest[0] if emit_group_max else None
   c = pl.program_id(1)
   step_keys = pages_per_step * page
   first_slot = c * steps * step_keys
@@ -91,44 +79,20 @@ def _decode_kernel(table_ref, len_ref, q_ref, w_ref, k_ref, *rest, rows: int, he
       slot = first_slot + s * step_keys + lax.broadcasted_iota(jnp.int32, (rows, step_keys), 1)
     z = jnp.where(slot < lens[:, None], z, NEG_INF)
     store(s, z)
-    if ema:
-      ema_step(s, z[0], slot[0])
     return carry
-
-  def ema_step(s, z, slot):
-    from pallas_kernels.spin_update import gpu as upd
-    obs = slot < lens[0]
-    blk_ref[pl.ds(s * pages_per_step, pages_per_step)] = jnp.max(
-        jnp.where(obs, z, NEG_INF).reshape(pages_per_step, page), axis=1)
-    pos = pos_ref[0]
-    if interpret:
-      for p in range(pages_per_step):
-        upd.ema_update_page(v_ref, d_ref, z[p * page:(p + 1) * page],
-                            logical_ref[s * pages_per_step + p], lens[0], pos, ema_decay,
-                            page=page, cap=v_ref.shape[0])
-    else:
-      upd.ema_update_lanes(v_ref, d_ref, z, slot, obs, pos, ema_decay)
 
   lax.fori_loop(0, active, body, 0)
 
   def fill(s, carry):
     store(s, jnp.full((rows, step_keys), NEG_INF, jnp.float32))
-    if ema:
-      blk_ref[pl.ds(s * pages_per_step, pages_per_step)] = jnp.full((pages_per_step,), NEG_INF,
-                                                                    jnp.float32)
     return carry
 
   lax.fori_loop(active, steps, fill, 0)
 
 
 def decode_scores_gpu(q, k_cache, block_table, lens, w, k_scale, *, config: DecodeConfig,
-                      interpret: bool = False, group_max: int = 0, logical=None, counts=None,
-                      ema=None):
-  """q [B, R, H, D] (R, H powers of two), lens [B, R] -> z [B, R, S_pad] (+ gmax [B, R, S_pad/g]).
-
-  ema = (v, d, pos, decay) (sparse and R = 1 only): v, d [B, cap] float32 or bfloat16 SPIN
-  states, pos [B] int32, decay a float; the EMA update of the observed slots is fused into the
-  kernel and (v, d, blk [B, S_pad / page]) follow z in the result (see `_decode_kernel`)."""
+                      interpret: bool = False, group_max: int = 0, logical=None, counts=None):
+  """q [B, R, H, D] (R, H powers of two), lens [B, R] -> z [B, R, S_pad] (+ gmax [B, R, S_pad/g])."""
   bsz, rows, heads, d = q.shape
   num_blocks, page, _ = k_cache.shape
   max_blocks = block_table.shape[1]
@@ -147,8 +111,7 @@ def decode_scores_gpu(q, k_cache, block_table, lens, w, k_scale, *, config: Deco
   kernel = functools.partial(
       _decode_kernel, rows=rows, heads=heads, page=page, pages_per_step=config.pages_per_step,
       steps=config.steps_per_program, num_blocks=num_blocks, has_scale=has_scale,
-      emit_group_max=group_max, sparse=sparse,
-      ema_decay=None if ema is None else float(ema[3]), interpret=interpret)
+      emit_group_max=group_max, sparse=sparse)
   in_specs = [
       pl.BlockSpec((None, ppp), lambda b, c: (b, c)),  # block table run
       pl.BlockSpec((None, rows), lambda b, c: (b, 0)),  # lengths per row
@@ -170,29 +133,15 @@ def decode_scores_gpu(q, k_cache, block_table, lens, w, k_scale, *, config: Deco
   if group_max:
     out_shape.append(jax.ShapeDtypeStruct((bsz, rows, slots // group_max), jnp.float32))
     out_specs.append(pl.BlockSpec((None, rows, ppp * page // group_max), lambda b, c: (b, 0, c)))
-  aliases = {}
-  if ema is not None:
-    if not sparse or rows != 1:
-      raise ValueError("the fused EMA update needs block-sparse scoring of one row per request")
-    v, d, pos, _ = ema
-    cap = v.shape[1]
-    vrow = pl.BlockSpec((None, cap), lambda b, c: (b, 0))
-    in_specs += [pl.BlockSpec((1,), lambda b, c: (b,)), vrow, vrow]
-    aliases = {len(args) + 1: len(out_shape), len(args) + 2: len(out_shape) + 1}
-    args += [pos.astype(jnp.int32), v, d]
-    out_shape += [jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype),
-                  jax.ShapeDtypeStruct((bsz, padded), jnp.float32)]
-    out_specs += [vrow, vrow, pl.BlockSpec((None, ppp), lambda b, c: (b, c))]
   out = pl.pallas_call(
       kernel,
       grid=(bsz, programs),
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
-      input_output_aliases=aliases,
       compiler_params=plgpu.CompilerParams(num_warps=config.num_warps,
                                            num_stages=config.stages_for(k_cache.dtype.itemsize)),
       interpret=interpret,
       name="jaxsparse_decode_scores",
   )(*args)
-  return out if (group_max or ema is not None) else out[0]
+  return out if group_max else out[0]

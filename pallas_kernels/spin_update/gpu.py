@@ -86,39 +86,6 @@ def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref,
   lax.fori_loop(0, blocks, body, 0)
 
 
-def ema_update_lanes(v_ref, d_ref, z, slot, obs, pos, decay: float):
-  """Compiled-mode EMA update of one tile of observed slots, from inside another kernel.
-
-  z [L] float32 scores, slot [L] int32 slot ids, obs [L] bool (observed: selected and visible);
-  v_ref, d_ref the request's whole [cap] V and D rows. Masked lanes are neither read nor
-  written (compiled Triton masks them), so they may share index 0."""
-  zz = jnp.where(obs, z, 0.0)
-  i_safe = jnp.where(obs, slot, 0)
-  v = plgpu.load(v_ref.at[i_safe], mask=obs, other=0.0)
-  plgpu.store(v_ref.at[i_safe], _ema(v, zz, decay), mask=obs)
-  o = jnp.where(obs, pos - slot, 0)
-  d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
-  plgpu.store(d_ref.at[o], _ema(d, zz, decay), mask=obs)
-
-
-def ema_update_page(v_ref, d_ref, z, block, length, pos, decay: float, *, page: int, cap: int):
-  """Interpret-mode EMA update of one selected block (`block` a scalar, -1: padding): there a
-  masked scatter rewrites every lane, so masked lanes must get distinct slots (see `_kernel`)."""
-  lane = lax.broadcasted_iota(jnp.int32, (page,), 0)
-
-  @pl.when(block >= 0)
-  def _():
-    i = block * page + lane
-    obs = i < length
-    zz = jnp.where(obs, z, 0.0)
-    v = v_ref[pl.ds(block * page, page)]
-    v_ref[pl.ds(block * page, page)] = jnp.where(obs, _ema(v, zz, decay), v)
-    o = pos - i
-    o = jnp.where(o >= 0, o, o + cap)
-    d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
-    plgpu.store(d_ref.at[o], _ema(d, zz, decay), mask=obs)
-
-
 def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
                   blocks_per_program: int = 8, interpret: bool = False):
   """v, d [B, cap] float32 or bfloat16; z [B, W * page] float32 scores of the selected blocks in order;
