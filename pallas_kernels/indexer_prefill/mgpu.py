@@ -1,0 +1,107 @@
+"""Causal prefill indexer scoring on Hopper with Mosaic GPU (TMA -> shared memory -> wgmma).
+
+One CTA per group of `block_t` queries: their q rows ([block_t * H, D] bf16) and weights stay in
+shared memory while key tiles of `block_n` keys stream through a TMA pipeline. Per key tile and
+query, one wgmma computes S = K_tile @ q_t^T ([block_n, H] f32 in registers); the epilogue applies
+ReLU, multiplies column h by w[t, h] and sums the H columns of each row, giving block_n scores
+of query t. The [block_t, block_n] score tile leaves through shared memory with a TMA store.
+Key tiles entirely past every query of the group are not multiplied (they are still streamed:
+the grid of the pipeline is static) and are written as -inf.
+
+bfloat16 keys only; H a multiple of 8 (<= 256) and D a multiple of 64.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+NEG_INF = float("-inf")
+POS_ROW = 32  # int32 positions per group row: 128 bytes
+
+
+def _mma_transforms():
+  """Shared-memory layout of bf16 wgmma operands with 64-element (128-byte) rows."""
+  return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
+                        max_concurrent_steps: int = 2):
+  """q [T, H, D] bf16, k [N, D] bf16, w [T, H] f32, pos [T] int32 (key i visible to query t
+  iff i <= pos[t]) -> [T, N] float32 scores (-inf where invisible). T % block_t == 0 and
+  N % block_n == 0 (the caller pads)."""
+  t, h, d = q.shape
+  n = k.shape[0]
+  if t % block_t or n % block_n:
+    raise ValueError(f"T={t} and N={n} must be multiples of block_t={block_t}, "
+                     f"block_n={block_n}")
+  q2 = q.reshape(t * h, d)
+  steps = n // block_n
+
+  def body(q_gmem, k_gmem, w_gmem, pos_gmem, o_gmem, q_smem, w_smem, pos_smem, o_smem, bar):
+    g = lax.axis_index("g")
+    plgpu.copy_gmem_to_smem(q_gmem.at[pl.ds(g * block_t * h, block_t * h)], q_smem, bar.at[0])
+    plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(g * block_t, block_t)], w_smem, bar.at[1])
+    plgpu.copy_gmem_to_smem(pos_gmem.at[g], pos_smem, bar.at[2])
+    for i in range(3):
+      plgpu.barrier_wait(bar.at[i])
+    last = pos_smem[block_t - 1]
+    for i in range(1, block_t):
+      last = jnp.maximum(last, pos_smem[block_t - 1 - i])
+
+    def step(idx, k_smem):
+      (j,) = idx
+      slot = lax.rem(j, 2)
+      plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot is done
+      out = o_smem.at[slot]
+      key = j * block_n + plgpu.broadcasted_iota(
+          jnp.int32, (block_n,), 0, layout=plgpu.Layout.WGMMA.reduce(1))
+
+      @pl.when(j * block_n <= last)
+      def _():
+        for r in range(block_t):
+          def mm(acc_ref):
+            plgpu.wgmma(acc_ref, k_smem,
+                        plgpu.transpose_ref(q_smem.at[pl.ds(r * h, h)], (1, 0)))
+            return acc_ref[...]
+          s = pl.run_scoped(mm, plgpu.ACC((block_n, h), jnp.float32))
+          wv = plgpu.load(w_smem.at[r], (), layout=plgpu.Layout.WGMMA.reduce(0))
+          z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (block_n, h), [1])).sum(axis=1)
+          out[r] = jnp.where(key <= pos_smem[r], z, NEG_INF)
+
+      @pl.when(j * block_n > last)
+      def _():
+        out[...] = jnp.full((block_t, block_n), NEG_INF, jnp.float32)
+
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out, o_gmem.at[pl.ds(g * block_t, block_t),
+                                             pl.ds(j * block_n, block_n)])
+
+    plgpu.emit_pipeline(
+        step, grid=(steps,),
+        in_specs=[plgpu.BlockSpec((block_n, d), lambda j: (j, 0), transforms=_mma_transforms())],
+        max_concurrent_steps=max_concurrent_steps,
+    )(k_gmem)
+    plgpu.wait_smem_to_gmem(0)
+
+  f = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((t, n), jnp.float32),
+      scratch_types=[
+          plgpu.SMEM((block_t * h, d), q.dtype, transforms=_mma_transforms()),
+          plgpu.SMEM((block_t, h), jnp.float32),
+          plgpu.SMEM((POS_ROW,), jnp.int32),
+          plgpu.SMEM((2, block_t, block_n), jnp.float32),
+          plgpu.Barrier(num_barriers=3),
+      ],
+      grid=(t // block_t,), grid_names=("g",),
+      kernel_name="jaxsparse_prefill_mgpu",
+  )
+  # each group's positions padded to a 128-byte row (TMA copies move multiples of 128 bytes)
+  pos_rows = jnp.pad(pos.astype(jnp.int32).reshape(t // block_t, block_t),
+                     ((0, 0), (0, POS_ROW - block_t)), constant_values=-1)
+  return f(q2, k, w.astype(jnp.float32), pos_rows)
