@@ -38,7 +38,7 @@ def check(bt, bn, stages):
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--keys", default="65536,262144")
-  p.add_argument("--configs", default="4:64:2,8:64:2,4:64:4,2:64:4,4:128:2,8:128:2",
+  p.add_argument("--configs", default="4:64:2,8:64:2,4:64:4,2:64:4,4:128:2,8:128:2,4:128:3",
                  help="block_t:block_n:max_concurrent_steps, comma-separated")
   p.add_argument("--out", default="benchmarks/results/prefill_mgpu_h200.json")
   a = p.parse_args(argv)

@@ -288,3 +288,20 @@ def test_vmap_over_query_sets():
   out = f(q, w, pos)
   for i in range(3):
     assert_scores_close(out[i], np_indexer.dense(q[i], k, w[i], None, pos[i]), reduction=8 * 32)
+
+
+@pytest.mark.parametrize("bt,bn,stages", [(4, 64, 2), (8, 128, 2)])
+def test_prefill_mosaic_kernel_lowers_for_cuda(bt, bn, stages):
+  """The Mosaic GPU prefill kernel (TMA + wgmma) lowers for CUDA from the CPU; shapes it cannot
+  tile are refused by name (its numbers are checked on the H200: tests/test_gpu.py)."""
+  from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
+  t, h, d, n = 64, 64, 128, 1024
+  sds = [jax.ShapeDtypeStruct(s, dt) for s, dt in (((t, h, d), jnp.bfloat16),
+                                                    ((n, d), jnp.bfloat16),
+                                                    ((t, h), jnp.float32), ((t,), jnp.int32))]
+  exp = export_for(lambda q, k, w, p: prefill_scores_mgpu(
+      q, k, w, p, block_t=bt, block_n=bn, max_concurrent_steps=stages), "cuda", *sds)
+  assert "mosaic_gpu" in exp.mlir_module()
+  with pytest.raises(ValueError, match="block_n"):
+    prefill_scores_mgpu(jnp.zeros((t, h, d), jnp.bfloat16), jnp.zeros((n + 8, d), jnp.bfloat16),
+                        jnp.zeros((t, h)), jnp.zeros((t,), jnp.int32), block_n=bn)
