@@ -24,8 +24,12 @@ def test_decode_gpu(key_dtype, bsz, rows, n, num_blocks):
   assert_scores_close(out, ref, reduction=64 * 128)
 
 
-@pytest.mark.parametrize("key_dtype", ["bfloat16", "float8_e4m3fn"])
-def test_prefill_gpu(key_dtype):
+@pytest.mark.parametrize("key_dtype,kernel", [("bfloat16", "auto"), ("bfloat16", "triton"),
+                                              ("float8_e4m3fn", "auto")])
+def test_prefill_gpu(key_dtype, kernel):
+  """Public prefill scoring on the H200 (bf16 "auto" runs the Mosaic GPU kernel) at sizes that
+  are not multiples of any tile."""
+  from pallas_kernels.indexer_prefill import PrefillConfig
   rng = np.random.default_rng(7)
   t, h, d, n = 300, 64, 128, 9000
   q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
@@ -35,7 +39,8 @@ def test_prefill_gpu(key_dtype):
     k, ks = quantize_fp8(k)
   w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
   pos = jnp.asarray(np.sort(rng.integers(0, n, t)), jnp.int32)
-  out = jaxsparse.indexer_scores(q, k, w, k_scale=ks, query_positions=pos, implementation="pallas")
+  out = jaxsparse.indexer_scores(q, k, w, k_scale=ks, query_positions=pos, implementation="pallas",
+                                config=PrefillConfig(kernel=kernel))
   assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 

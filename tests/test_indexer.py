@@ -305,3 +305,18 @@ def test_prefill_mosaic_kernel_lowers_for_cuda(bt, bn, stages):
   with pytest.raises(ValueError, match="block_n"):
     prefill_scores_mgpu(jnp.zeros((t, h, d), jnp.bfloat16), jnp.zeros((n + 8, d), jnp.bfloat16),
                         jnp.zeros((t, h)), jnp.zeros((t,), jnp.int32), block_n=bn)
+
+
+def test_prefill_kernel_choice_is_validated():
+  """PrefillConfig.kernel: unknown names are refused; "mosaic" where it cannot run (here:
+  interpret mode on the CPU) raises instead of silently running another kernel."""
+  with pytest.raises(ValueError, match="kernel"):
+    indexer_prefill.PrefillConfig(kernel="cutlass")
+  with pytest.raises(ValueError, match="mosaic_steps"):
+    indexer_prefill.PrefillConfig(mosaic_steps=0)
+  q = jnp.zeros((8, 64, 128), jnp.bfloat16)
+  k = jnp.zeros((256, 128), jnp.bfloat16)
+  w = jnp.zeros((8, 64), jnp.float32)
+  with pytest.raises(NotImplementedError, match="Mosaic"):
+    indexer_prefill.prefill_scores(q, k, w, config=indexer_prefill.PrefillConfig(kernel="mosaic"),
+                                   platform=GPU_I)

@@ -29,6 +29,30 @@ def prefill_scores(q, k, w, *, k_scale=None, query_positions=None, config=None,
   return _prefill(q, k, w, k_scale, query_positions, config, platform)
 
 
+def _is_hopper_or_newer() -> bool:
+  try:
+    return float(getattr(jax.devices()[0], "compute_capability", "0")) >= 9.0
+  except (RuntimeError, ValueError):
+    return False
+
+
+def _use_mosaic(q, k, k_scale, config: PrefillConfig, platform: KernelPlatform) -> bool:
+  """Whether the Mosaic GPU kernel takes this call (see `PrefillConfig.kernel`)."""
+  from pallas_kernels.indexer_prefill import mgpu
+  _, h, d = q.shape
+  h8 = -(-h // 8) * 8
+  fits = (not platform.interpret and _is_hopper_or_newer() and k_scale is None
+          and q.dtype == jnp.bfloat16 and k.dtype == jnp.bfloat16 and d % 64 == 0 and h8 <= 256
+          and mgpu.tiling_fits(config.block_t, config.block_n, h8, d, config.mosaic_steps))
+  if config.kernel == "mosaic" and not fits:
+    raise NotImplementedError(
+        "the Mosaic GPU prefill kernel needs a compiled Hopper (or newer) GPU, bfloat16 q and k "
+        "without k_scale, D % 64 == 0, H <= 256 and a tiling that fits shared memory (got q "
+        f"{q.dtype} {q.shape}, k {k.dtype}, k_scale {'set' if k_scale is not None else 'None'}, "
+        f"interpret={platform.interpret}, {config})")
+  return fits and config.kernel in ("auto", "mosaic")
+
+
 @functools.partial(jax.jit, static_argnums=(5, 6))
 def _prefill(q, k, w, k_scale, query_positions, config, platform):
   t, h, d = q.shape
@@ -39,6 +63,16 @@ def _prefill(q, k, w, k_scale, query_positions, config, platform):
     pos = jnp.full((t,), n - 1, jnp.int32)
   else:
     pos = jnp.clip(query_positions.astype(jnp.int32), -1, n - 1)
+  if platform.kind == "gpu" and _use_mosaic(q, k, k_scale, config, platform):
+    from pallas_kernels.indexer_prefill import mgpu
+    bt, bn = config.block_t, config.block_n
+    t_pad, n_pad, h_pad = -(-t // bt) * bt, -(-n // bn) * bn, -(-h // 8) * 8
+    out = mgpu.prefill_scores_mgpu(
+        pad_axis(pad_axis(q, 0, t_pad), 1, h_pad), pad_axis(k, 0, n_pad),
+        pad_axis(pad_axis(w.astype(jnp.float32), 0, t_pad), 1, h_pad),
+        pad_axis(pos, 0, t_pad, value=-1), block_t=bt, block_n=bn,
+        max_concurrent_steps=config.mosaic_steps)
+    return out[:t, :n]
   bt = config.block_t
   span = config.block_n * (config.tiles_per_program if platform.kind == "gpu" else 1)
   t_pad = -(-t // bt) * bt

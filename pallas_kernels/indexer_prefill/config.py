@@ -12,8 +12,12 @@ class PrefillConfig:
 
   block_t: queries per tile (the dot has M = block_t * H rows).
   block_n: keys per tile.
-  tiles_per_program: key tiles looped over inside one GPU program (q stays resident).
+  tiles_per_program: key tiles looped over inside one GPU program (q stays resident; Triton).
   num_warps, num_stages: Triton launch options (GPU only).
+  kernel: which GPU kernel: "auto" (default) runs the Mosaic GPU kernel (TMA + wgmma,
+    `mgpu.py`) when q and k are bfloat16 without k_scale, D is a multiple of 64 and H <= 256,
+    else the Triton kernel; "triton" forces the Triton kernel; "mosaic" requires Mosaic.
+  mosaic_steps: key tiles in flight in the Mosaic kernel's TMA pipeline.
   """
   # default: the fastest bf16 tiling in benchmarks/results/indexer_h200.json (246-252 TFLOP/s)
   block_t: int = 4
@@ -21,8 +25,16 @@ class PrefillConfig:
   tiles_per_program: int = 8
   num_warps: int = 4
   num_stages: int = 3
+  kernel: str = "auto"
+  # 4 x 64 tiles, 2 steps in flight: the fastest Mosaic tiling in
+  # benchmarks/results/session4/prefill_mgpu.json (509-518 TFLOP/s at 64K and 256K keys)
+  mosaic_steps: int = 2
 
   def __post_init__(self):
+    if self.kernel not in ("auto", "triton", "mosaic"):
+      raise ValueError(f"kernel={self.kernel!r} must be 'auto', 'triton' or 'mosaic'")
+    if not isinstance(self.mosaic_steps, int) or self.mosaic_steps < 1:
+      raise ValueError(f"mosaic_steps={self.mosaic_steps!r} must be a positive int")
     for name in ("block_t", "block_n", "tiles_per_program", "num_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v):

@@ -12,7 +12,7 @@ bfloat16 keys only; H a multiple of 8 (<= 256) and D a multiple of 64.
 """
 from __future__ import annotations
 
-import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +24,30 @@ NEG_INF = float("-inf")
 POS_ROW = 32  # int32 positions per group row: 128 bytes
 
 
+def _load(ref, layout):
+  """plgpu.load of a whole ref with a register layout (jax 0.10 needs the index argument that
+  jax >= 0.11 deprecates)."""
+  idx = inspect.signature(plgpu.load).parameters.get("idx")
+  if idx is not None and idx.default is inspect.Parameter.empty:
+    return plgpu.load(ref, (), layout=layout)
+  return plgpu.load(ref, layout=layout)
+
+
 def _mma_transforms():
   """Shared-memory layout of bf16 wgmma operands with 64-element (128-byte) rows."""
   return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+SMEM_BYTES = 227 * 1024  # per-block shared memory on the H100 / H200
+
+
+def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: int) -> bool:
+  """Whether a tiling fits shared memory and the 128-byte granularity of the kernel's copies:
+  q group (block_t * heads * D bf16), `steps` key tiles, two score tiles, weights, positions."""
+  smem = (block_t * heads * head_dim * 2 + steps * block_n * head_dim * 2
+          + 2 * block_t * block_n * 4 + block_t * heads * 4 + POS_ROW * 4 + 1024)
+  return (smem <= SMEM_BYTES and (block_t * block_n) % 128 == 0 and (block_t * heads) % 32 == 0
+          and block_n % 64 == 0 and 0 < block_t <= POS_ROW)
 
 
 def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
@@ -65,11 +86,10 @@ def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
       def _():
         for r in range(block_t):
           def mm(acc_ref):
-            plgpu.wgmma(acc_ref, k_smem,
-                        plgpu.transpose_ref(q_smem.at[pl.ds(r * h, h)], (1, 0)))
+            plgpu.wgmma(acc_ref, k_smem, q_smem.at[pl.ds(r * h, h)].transpose((1, 0)))
             return acc_ref[...]
           s = pl.run_scoped(mm, plgpu.ACC((block_n, h), jnp.float32))
-          wv = plgpu.load(w_smem.at[r], (), layout=plgpu.Layout.WGMMA.reduce(0))
+          wv = _load(w_smem.at[r], plgpu.Layout.WGMMA.reduce(0))
           z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (block_n, h), [1])).sum(axis=1)
           out[r] = jnp.where(key <= pos_smem[r], z, NEG_INF)
 
