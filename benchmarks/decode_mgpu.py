@@ -1,0 +1,102 @@
+"""Mosaic GPU paged decode scoring kernel (TMA page gathers + wgmma) on the H200: check it
+against the reference (bf16, fp8 q+k with per-slot scales, ragged lengths), then time it per
+tiling next to the Triton kernel (bf16 keys, fp8 keys with bf16 q).
+
+  python benchmarks/decode_mgpu.py --shapes 64x131072,8x1048576 --configs 32:4,32:8
+"""
+from __future__ import annotations
+
+import argparse
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse import bench, indexer
+from jaxsparse.benchtools import COPY_TBPS, environment, print_table, write_json
+from jaxsparse.prep import quantize_fp8
+from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
+
+
+def check(pages, steps):
+  """Max |error| / max |ref| for bf16 and fp8 q+k on a ragged case; -inf patterns must match."""
+  rng = np.random.default_rng(0)
+  b, h, d, nb, mb = 5, 64, 128, 700, 100
+  q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.bfloat16)
+  kc = jnp.asarray(rng.standard_normal((nb, 64, d)), jnp.bfloat16)
+  table = jnp.asarray(rng.integers(0, nb, (b, mb)), jnp.int32)
+  lens = jnp.asarray([mb * 64, 1, 64, 3000, 5000], jnp.int32)
+  w = jnp.asarray(rng.standard_normal((b, h)), jnp.float32)
+  q8, qs = quantize_fp8(q)
+  k8, ks = quantize_fp8(kc)
+  errs = []
+  for args in ((q, kc, table, lens, w, None), (q8, k8, table, lens, w * qs, ks)):
+    got = np.asarray(jax.jit(lambda *a: decode_scores_mgpu(*a, pages=pages, steps=steps))(*args))
+    ref = np.asarray(indexer.paged_indexer_scores(*args[:5], k_scale=args[5],
+                                                  implementation="xla"))
+    fin = np.isfinite(ref)
+    if not np.array_equal(np.isfinite(got), fin):
+      return float("inf")
+    errs.append(float(np.abs(got[fin] - ref[fin]).max() / np.abs(ref[fin]).max()))
+  return max(errs)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--shapes", default="64x131072,8x1048576,1x1048576,64x524288")
+  p.add_argument("--configs", default="32:4,32:8,64:4,32:2",
+                 help="pages:steps (pages per CTA, page gathers in flight), comma-separated")
+  p.add_argument("--out", default="benchmarks/results/decode_mgpu_h200.json")
+  a = p.parse_args(argv)
+  h, d = 64, 128
+  checked = {}
+  for spec in a.configs.split(","):
+    pg, st = (int(x) for x in spec.split(":"))
+    try:
+      checked[spec] = (check(pg, st), "")
+    except Exception as e:  # noqa: BLE001 - report, keep sweeping
+      traceback.print_exc()
+      checked[spec] = (float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    print(spec, checked[spec], flush=True)
+  rows = []
+  for shape in a.shapes.split(","):
+    bsz, n = (int(x) for x in shape.split("x"))
+    (_, _, (q, w, lens, table, kc)), = bench._paged_cases((bsz,), (n,), h, d, 0)
+    k8 = (kc * 16).astype(jnp.float8_e4m3fn)  # values do not change the speed
+    ks = jnp.full(k8.shape[:2], 1 / 16, jnp.float32)
+    del kc
+    kc = k8.astype(jnp.bfloat16)
+    q8 = quantize_fp8(q)[0]
+    slots = bsz * n
+    variants = [
+        ("triton", "bf16", "default", lambda q, kc, t, l, w, ks: indexer.paged_indexer_scores(
+            q, kc, t, l, w, implementation="pallas"), (q, kc, table, lens, w, None), 2 * d + 4),
+        ("triton", "fp8 keys", "default", lambda q, kc, t, l, w, ks: indexer.paged_indexer_scores(
+            q, kc, t, l, w, k_scale=ks, implementation="pallas"), (q, k8, table, lens, w, ks),
+         d + 8),
+    ]
+    for spec in a.configs.split(","):
+      pg, st = (int(x) for x in spec.split(":"))
+      f = (lambda q, kc, t, l, w, ks, pg=pg, st=st: decode_scores_mgpu(q, kc, t, l, w, ks,
+                                                                        pages=pg, steps=st))
+      variants += [("mosaic", "bf16", spec, f, (q, kc, table, lens, w, None), 2 * d + 4),
+                   ("mosaic", "fp8 q+k", spec, f, (q8, k8, table, lens, w, ks), d + 8)]
+    for impl, kd, spec, f, args, per_slot in variants:
+      err = checked.get(spec, (float("nan"), ""))[1] if impl == "mosaic" else ""
+      sec = float("nan")
+      if not err:
+        sec, err = bench._timed(jax.jit(f), [args], reps=5, calls=10)
+      tbps = slots * per_slot / sec / 1e12
+      bench._emit(rows, dict(op="decode_mgpu", B=bsz, N=n, keys=kd, impl=impl, config=spec,
+                             us=sec * 1e6, tbps=tbps, roofline=tbps / COPY_TBPS,
+                             max_rel_err=checked.get(spec, (float("nan"),))[0]
+                             if impl == "mosaic" else float("nan"), error=err))
+    del kc, k8
+  print_table(rows, ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "max_rel_err",
+                     "error"])
+  write_json(a.out, dict(environment=environment(), rows=rows))
+
+
+if __name__ == "__main__":
+  main()

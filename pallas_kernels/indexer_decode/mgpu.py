@@ -1,0 +1,132 @@
+"""Paged decode indexer scoring on Hopper with Mosaic GPU (TMA page gathers -> wgmma).
+
+One CTA per (request b, run of `pages` pages). q[b] ([H, D]) and w[b] sit in shared memory; the
+run's block-table entries are copied in once, and a TMA pipeline then gathers one 64-slot page
+per step from the cache (the page id read from that table) with `steps` pages in flight. Per
+page one wgmma computes S = K_page @ q^T ([64, H] float32 in registers); the epilogue applies
+ReLU, multiplies column h by w[h], sums the H columns of each row, multiplies by the per-slot
+key scale (fp8) and masks slots past the length. The run's [pages, 64] scores leave through
+shared memory with one TMA store.
+
+q and the cache share a dtype: bfloat16 (bf16 wgmma) or float8_e4m3fn (fp8 wgmma, both operands
+K-major as Hopper requires, which is how a [64, D] page and [H, D] q are stored). With fp8 the
+caller folds q's scale into w (`jaxsparse.prep.quantize_fp8`), as DeepSeek-V3.2 does.
+"""
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+NEG_INF = float("-inf")
+ROW = 32  # int32 entries per 128-byte row (TMA copies move multiples of 128 bytes)
+SMEM_BYTES = 227 * 1024
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
+
+
+def _load(ref, layout):
+  idx = inspect.signature(plgpu.load).parameters.get("idx")
+  if idx is not None and idx.default is inspect.Parameter.empty:
+    return plgpu.load(ref, (), layout=layout)
+  return plgpu.load(ref, layout=layout)
+
+
+def _transforms(dtype):
+  elems = 128 // jnp.dtype(dtype).itemsize  # one 128-byte swizzle row
+  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
+
+
+def tiling_fits(pages: int, steps: int, heads: int, head_dim: int, itemsize: int) -> bool:
+  smem = (heads * head_dim * itemsize + steps * 64 * (head_dim * itemsize + 4) + pages * 64 * 4
+          + heads * 4 + 2 * ROW * 4 + 1024)
+  return smem <= SMEM_BYTES and pages % ROW == 0 and heads % 8 == 0 and heads <= 256
+
+
+def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
+                       steps: int = 4):
+  """q [B, H, D], k_cache [num_blocks, 64, D] (both bfloat16 or both float8_e4m3fn),
+  block_table [B, max_blocks] int32, lengths [B] int32, w [B, H] float32, k_scale
+  [num_blocks, 64] float32 or None -> [B, max_blocks * 64] float32 (-inf past each length).
+  `pages` (a multiple of 32) pages per CTA, `steps` page gathers in flight."""
+  bsz, h, d = q.shape
+  num_blocks, page, _ = k_cache.shape
+  if page != 64:
+    raise ValueError(f"k_cache pages must hold 64 slots, got {page}")
+  if q.dtype != k_cache.dtype or q.dtype not in DTYPES:
+    raise ValueError(f"q and k_cache must both be bfloat16 or both float8_e4m3fn, got "
+                     f"{q.dtype} and {k_cache.dtype}")
+  if pages % ROW:
+    raise ValueError(f"pages={pages} must be a multiple of {ROW}")
+  max_blocks = block_table.shape[1]
+  runs = -(-max_blocks // pages)
+  table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, runs * pages - max_blocks)))
+  table = jnp.clip(table, 0, num_blocks - 1).reshape(bsz, runs, pages)
+  lens = jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW))
+  has_scale = k_scale is not None
+  tf = _transforms(q.dtype)
+
+  def body(q_gmem, k_gmem, t_gmem, l_gmem, w_gmem, *refs):
+    if has_scale:
+      s_gmem, *refs = refs
+    o_gmem, q_smem, w_smem, t_smem, l_smem, o_smem, bar = refs
+    b = lax.axis_index("b")
+    c = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(q_gmem.at[b], q_smem, bar.at[0])
+    plgpu.copy_gmem_to_smem(w_gmem.at[b], w_smem, bar.at[1])
+    plgpu.copy_gmem_to_smem(t_gmem.at[b, c], t_smem, bar.at[2])
+    plgpu.copy_gmem_to_smem(l_gmem.at[b], l_smem, bar.at[3])
+    for i in range(4):
+      plgpu.barrier_wait(bar.at[i])
+    length = l_smem[0]
+    wv = _load(w_smem, plgpu.Layout.WGMMA.reduce(0))
+    lane = plgpu.broadcasted_iota(jnp.int32, (page,), 0, layout=plgpu.Layout.WGMMA.reduce(1))
+
+    def step(idx, k_smem, *s_smem):
+      (j,) = idx
+      first = (c * pages + j) * page
+
+      @pl.when(first < length)
+      def _():
+        def mm(acc_ref):
+          plgpu.wgmma(acc_ref, k_smem, q_smem.transpose((1, 0)))
+          return acc_ref[...]
+        s = pl.run_scoped(mm, plgpu.ACC((page, h), jnp.float32))
+        z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (page, h), [1])).sum(axis=1)
+        if has_scale:
+          z = z * _load(s_smem[0], plgpu.Layout.WGMMA.reduce(1))
+        o_smem[j] = jnp.where(first + lane < length, z, NEG_INF)
+
+      @pl.when(first >= length)
+      def _():
+        o_smem[j] = jnp.where(lane < 0, 0.0, NEG_INF)
+
+    specs = [plgpu.BlockSpec((None, page, d), lambda j: (t_smem[j], 0, 0), transforms=tf)]
+    if has_scale:
+      specs.append(plgpu.BlockSpec((None, page), lambda j: (t_smem[j], 0)))
+    plgpu.emit_pipeline(step, grid=(pages,), in_specs=specs, max_concurrent_steps=steps)(
+        k_gmem, *((s_gmem,) if has_scale else ()))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[b, pl.ds(c * pages, pages)])
+    plgpu.wait_smem_to_gmem(0)
+
+  f = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((bsz, runs * pages, page), jnp.float32),
+      scratch_types=[
+          plgpu.SMEM((h, d), q.dtype, transforms=tf),
+          plgpu.SMEM((h,), jnp.float32),
+          plgpu.SMEM((pages,), jnp.int32),
+          plgpu.SMEM((ROW,), jnp.int32),
+          plgpu.SMEM((pages, page), jnp.float32),
+          plgpu.Barrier(num_barriers=4),
+      ],
+      grid=(bsz, runs), grid_names=("b", "c"),
+      kernel_name="jaxsparse_decode_mgpu",
+  )
+  args = (q, k_cache, table, lens, w.astype(jnp.float32))
+  out = f(*args, *((k_scale.astype(jnp.float32),) if has_scale else ()))
+  return out.reshape(bsz, runs * pages * page)[:, :max_blocks * page]
