@@ -343,3 +343,17 @@ def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
   with pytest.raises(ValueError, match="pages"):
     decode_scores_mgpu(z((b, h, d), jnp.bfloat16), z((nb, 64, d), jnp.bfloat16),
                        z((b, mb), jnp.int32), z((b,), jnp.int32), z((b, h)), pages=48)
+
+
+def test_decode_kernel_choice_is_validated():
+  """DecodeConfig.kernel / mosaic_*: bad values are refused by name; "mosaic" where it cannot
+  run (interpret mode here) raises instead of running another kernel."""
+  for kw, name in ((dict(kernel="cuda"), "kernel"), (dict(mosaic_pages=48), "mosaic_pages"),
+                   (dict(mosaic_steps=0), "mosaic_steps")):
+    with pytest.raises(ValueError, match=name):
+      indexer_decode.DecodeConfig(**kw)
+  rng = np.random.default_rng(3)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 8, 64, 300, 10)
+  with pytest.raises(NotImplementedError, match="Mosaic"):
+    indexer_decode.decode_scores(q, kc, table, lens, w, platform=GPU_I,
+                                 config=indexer_decode.DecodeConfig(kernel="mosaic"))

@@ -45,6 +45,27 @@ def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts,
   return z, slots
 
 
+def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> bool:
+  """Whether the Mosaic GPU kernel scores this dense decode call (see `DecodeConfig.kernel`)."""
+  from pallas_kernels.indexer_decode import mgpu
+  from pallas_kernels.indexer_decode.config import MOSAIC_AUTO
+  from pallas_kernels.indexer_prefill import _is_hopper_or_newer
+  _, rows, heads, d = q.shape
+  pair = (jnp.dtype(q.dtype).name, jnp.dtype(k_cache.dtype).name)
+  fits = (not platform.interpret and rows == 1 and _is_hopper_or_newer()
+          and q.dtype == k_cache.dtype and jnp.dtype(q.dtype) in mgpu.DTYPES
+          and d * jnp.dtype(q.dtype).itemsize % 128 == 0
+          and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d,
+                               jnp.dtype(q.dtype).itemsize))
+  if config.kernel == "mosaic" and not fits:
+    raise NotImplementedError(
+        "the Mosaic GPU decode kernel needs a compiled Hopper (or newer) GPU, one row per "
+        "request, q and the cache both bfloat16 or both float8_e4m3fn, 128-byte key rows and "
+        f"a tiling that fits shared memory (got q {q.dtype} {q.shape}, cache {k_cache.dtype}, "
+        f"interpret={platform.interpret}, {config})")
+  return fits and (config.kernel == "mosaic" or (config.kernel == "auto" and pair in MOSAIC_AUTO))
+
+
 @functools.partial(jax.jit, static_argnums=(6, 7, 8))
 def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max,
             logical=None, counts=None):
@@ -54,6 +75,12 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
   if not is_pow2(d):
     raise NotImplementedError(f"head dim D={d} must be a power of two for the Pallas kernels")
   lens = row_lengths(lengths, rows)  # [B, R]
+  if (platform.kind == "gpu" and logical is None and not group_max
+      and _use_mosaic(q, k_cache, config, platform)):
+    from pallas_kernels.indexer_decode import mgpu
+    z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
+                                pages=config.mosaic_pages, steps=config.mosaic_steps)
+    return z[:, None]
   if platform.kind == "gpu":
     r2 = next_pow2(rows)
     h2 = max(next_pow2(heads), 16 // r2)  # Triton dots need M = R * H >= 16

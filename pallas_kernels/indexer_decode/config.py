@@ -6,6 +6,10 @@ import dataclasses
 from pallas_kernels._util import is_pow2
 
 
+# Under kernel="auto", the (q dtype, cache dtype) pairs that run the Mosaic GPU kernel on Hopper.
+MOSAIC_AUTO = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
   """Tiling of the paged decode kernel.
@@ -15,12 +19,20 @@ class DecodeConfig:
   num_warps, num_stages: Triton launch options (GPU only). num_stages=None picks by key dtype:
     6 for bfloat16 keys, 4 for fp8 keys (the H200 sweeps: 6 stages are 7-18% faster for bf16
     and 7% slower for fp8, benchmarks/results/session2/).
+  kernel: which GPU kernel scores dense single-row decode: "auto" (default: see
+    `MOSAIC_AUTO`), "triton", or "mosaic" (the Mosaic GPU kernel, `mgpu.py`: q and the cache
+    both bfloat16 or both float8_e4m3fn, one row per request, a compiled Hopper GPU). Verifier
+    rows (R > 1), group maxima and block-sparse scoring always run the Triton kernel.
+  mosaic_pages, mosaic_steps: the Mosaic kernel's pages per CTA and page gathers in flight.
   """
   # default: the fastest bf16 tiling of the sweeps in benchmarks/results/decode_sweep_*.json
   pages_per_step: int = 2
   steps_per_program: int = 8
   num_warps: int = 4
   num_stages: int | None = None
+  kernel: str = "auto"
+  mosaic_pages: int = 32
+  mosaic_steps: int = 4
 
   def stages_for(self, key_itemsize: int) -> int:
     if self.num_stages is not None:
@@ -28,6 +40,12 @@ class DecodeConfig:
     return 6 if key_itemsize >= 2 else 4
 
   def __post_init__(self):
+    if self.kernel not in ("auto", "triton", "mosaic"):
+      raise ValueError(f"kernel={self.kernel!r} must be 'auto', 'triton' or 'mosaic'")
+    if not isinstance(self.mosaic_pages, int) or self.mosaic_pages < 32 or self.mosaic_pages % 32:
+      raise ValueError(f"mosaic_pages={self.mosaic_pages!r} must be a positive multiple of 32")
+    if not isinstance(self.mosaic_steps, int) or self.mosaic_steps < 1:
+      raise ValueError(f"mosaic_steps={self.mosaic_steps!r} must be a positive int")
     for name in ("pages_per_step", "steps_per_program", "num_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v):
