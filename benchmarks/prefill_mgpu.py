@@ -14,10 +14,11 @@ import numpy as np
 
 from jaxsparse import bench, indexer
 from jaxsparse.benchtools import MATMUL_TFLOPS, environment, print_table, write_json
+from jaxsparse.prep import quantize_fp8
 from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
 
 
-def check(bt, bn, stages):
+def check(bt, bn, stages, fp8=False):
   """Max relative error against the float32 reference on a small causal case."""
   rng = np.random.default_rng(0)
   t, h, d, n = 64, 64, 128, 4096
@@ -25,9 +26,13 @@ def check(bt, bn, stages):
   k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
   pos = jnp.asarray(np.sort(rng.integers(-1, n, t)), jnp.int32)
+  ks = None
+  if fp8:
+    (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
+    w = w * qs
   got = np.asarray(jax.jit(lambda *a: prefill_scores_mgpu(
-      *a, block_t=bt, block_n=bn, max_concurrent_steps=stages))(q, k, w, pos))
-  ref = np.asarray(indexer.indexer_scores_xla(q, k, w, query_positions=pos))
+      *a, block_t=bt, block_n=bn, max_concurrent_steps=stages))(q, k, w, pos, ks))
+  ref = np.asarray(indexer.indexer_scores_xla(q, k, w, k_scale=ks, query_positions=pos))
   fin = np.isfinite(ref)
   if not np.array_equal(np.isfinite(got), fin):
     return float("inf")
@@ -40,6 +45,8 @@ def main(argv=None):
   p.add_argument("--keys", default="65536,262144")
   p.add_argument("--configs", default="4:64:2,8:64:2,4:64:4,2:64:4,4:128:2,8:128:2,4:128:3",
                  help="block_t:block_n:max_concurrent_steps, comma-separated")
+  p.add_argument("--fp8-configs", default="",
+                 help="tilings to also time with fp8 q and k (fp8 wgmma), comma-separated")
   p.add_argument("--out", default="benchmarks/results/prefill_mgpu_h200.json")
   a = p.parse_args(argv)
   rows = []
@@ -55,26 +62,30 @@ def main(argv=None):
     flops = 2.0 * h * d * (float(t) * n - t * (t - 1) / 2)
     triton = jax.jit(lambda q, k, w, p: indexer.indexer_scores(q, k, w, query_positions=p,
                                                                implementation="pallas"))
-    variants = [("triton", "default", triton)]
+    variants = [("triton", "default", triton, (q, k, w, pos), None)]
     for spec in a.configs.split(","):
       bt, bn, st = (int(x) for x in spec.split(":"))
-      variants.append(("mosaic", spec, jax.jit(lambda q, k, w, p, bt=bt, bn=bn, st=st:
-                                               prefill_scores_mgpu(q, k, w, p, block_t=bt,
-                                                                   block_n=bn,
-                                                                   max_concurrent_steps=st))))
-    for impl, spec, f in variants:
+      f = jax.jit(lambda q, k, w, p, ks=None, bt=bt, bn=bn, st=st: prefill_scores_mgpu(
+          q, k, w, p, ks, block_t=bt, block_n=bn, max_concurrent_steps=st))
+      variants.append(("mosaic", spec, f, (q, k, w, pos), False))
+      if spec in a.fp8_configs.split(","):
+        q8 = quantize_fp8(q)[0]
+        k8 = (k * 16).astype(jnp.float8_e4m3fn)  # values do not change the speed
+        variants.append(("mosaic fp8 q+k", spec, f,
+                         (q8, k8, w, pos, jnp.full((n,), 1 / 16, jnp.float32)), True))
+    for impl, spec, f, args, fp8 in variants:
       err = ""
       rel = float("nan")
-      if impl == "mosaic":
+      if impl.startswith("mosaic"):
         try:
           bt, bn, st = (int(x) for x in spec.split(":"))
-          rel = check(bt, bn, st)
+          rel = check(bt, bn, st, fp8=bool(fp8))
         except Exception as e:  # noqa: BLE001 - report, keep sweeping
           traceback.print_exc()
           err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
       sec = float("nan")
       if not err:
-        sec, err = bench._timed(f, [(q, k, w, pos)], reps=3, calls=5)
+        sec, err = bench._timed(f, [args], reps=3, calls=5)
       row = dict(op="prefill_mgpu", T=t, N=n, impl=impl, config=spec, ms=sec * 1e3,
                  tflops=flops / sec / 1e12, roofline=flops / sec / 1e12 / MATMUL_TFLOPS,
                  max_rel_err=rel, error=err)

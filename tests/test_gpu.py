@@ -190,10 +190,12 @@ def test_spin_update_kernel_gpu(state_dtype):
                                  err_msg=name)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("bt,bn,stages", [(4, 64, 2), (8, 128, 2), (2, 64, 4)])
-def test_prefill_mosaic_kernel_gpu(bt, bn, stages):
+def test_prefill_mosaic_kernel_gpu(bt, bn, stages, fp8):
   """The Mosaic GPU prefill kernel against the float32 reference: random causal positions
-  (some queries see nothing), key tiles past every query of a group, bf16 keys."""
+  (some queries see nothing), key tiles past every query of a group; bf16, and fp8 q and k
+  with per-key scales."""
   from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
   rng = np.random.default_rng(31)
   t, h, d, n = 64, 64, 128, 2048
@@ -201,9 +203,13 @@ def test_prefill_mosaic_kernel_gpu(bt, bn, stages):
   k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
   pos = jnp.asarray(np.sort(rng.integers(-1, n // 2, t)), jnp.int32)
+  ks = None
+  if fp8:
+    (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
+    w = w * qs
   got = jax.jit(lambda *a: prefill_scores_mgpu(*a, block_t=bt, block_n=bn,
-                                               max_concurrent_steps=stages))(q, k, w, pos)
-  assert_scores_close(got, np_indexer.dense(q, k, w, None, pos), reduction=h * d)
+                                               max_concurrent_steps=stages))(q, k, w, pos, ks)
+  assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8 q+k"])

@@ -6,6 +6,11 @@ import dataclasses
 from pallas_kernels._util import is_pow2
 
 
+# Under kernel="auto", the q dtypes (q and k alike) that run the Mosaic GPU kernel on Hopper:
+# bf16 measured 2.07x the Triton kernel (benchmarks/results/session4/prefill_mgpu.json).
+MOSAIC_AUTO = ("bfloat16",)
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefillConfig:
   """Tiling of the prefill kernel.
@@ -15,8 +20,9 @@ class PrefillConfig:
   tiles_per_program: key tiles looped over inside one GPU program (q stays resident; Triton).
   num_warps, num_stages: Triton launch options (GPU only).
   kernel: which GPU kernel: "auto" (default) runs the Mosaic GPU kernel (TMA + wgmma,
-    `mgpu.py`) when q and k are bfloat16 without k_scale, D is a multiple of 64 and H <= 256,
-    else the Triton kernel; "triton" forces the Triton kernel; "mosaic" requires Mosaic.
+    `mgpu.py`) on Hopper for the q dtypes in `MOSAIC_AUTO` when it can (q and k of one dtype,
+    128-byte key rows, H <= 256, the tiling fits shared memory), else the Triton kernel;
+    "triton" forces the Triton kernel; "mosaic" requires the Mosaic kernel.
   mosaic_steps: key tiles in flight in the Mosaic kernel's TMA pipeline.
   """
   # default: the fastest bf16 tiling in benchmarks/results/indexer_h200.json (246-252 TFLOP/s)

@@ -8,7 +8,8 @@ of query t. The [block_t, block_n] score tile leaves through shared memory with 
 Key tiles entirely past every query of the group are not multiplied (they are still streamed:
 the grid of the pipeline is static) and are written as -inf.
 
-bfloat16 keys only; H a multiple of 8 (<= 256) and D a multiple of 64.
+q and k both bfloat16 (bf16 wgmma) or both float8_e4m3fn (fp8 wgmma; q's scale folded into w,
+per-key scales multiplied after the head sum); H a multiple of 8 (<= 256), 128-byte key rows.
 """
 from __future__ import annotations
 
@@ -33,37 +34,50 @@ def _load(ref, layout):
   return plgpu.load(ref, layout=layout)
 
 
-def _mma_transforms():
-  """Shared-memory layout of bf16 wgmma operands with 64-element (128-byte) rows."""
-  return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+def _mma_transforms(dtype):
+  """Shared-memory layout of wgmma operands: 128-byte swizzled rows (64 bf16 / 128 fp8)."""
+  return (plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize)),
+          plgpu.SwizzleTransform(128))
 
 
 SMEM_BYTES = 227 * 1024  # per-block shared memory on the H100 / H200
 
 
-def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: int) -> bool:
+def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: int,
+                itemsize: int = 2) -> bool:
   """Whether a tiling fits shared memory and the 128-byte granularity of the kernel's copies:
-  q group (block_t * heads * D bf16), `steps` key tiles, two score tiles, weights, positions."""
-  smem = (block_t * heads * head_dim * 2 + steps * block_n * head_dim * 2
+  q group (block_t * heads * D), `steps` key tiles (+ scales), two score tiles, weights,
+  positions."""
+  smem = (block_t * heads * head_dim * itemsize + steps * block_n * (head_dim * itemsize + 4)
           + 2 * block_t * block_n * 4 + block_t * heads * 4 + POS_ROW * 4 + 1024)
   return (smem <= SMEM_BYTES and (block_t * block_n) % 128 == 0 and (block_t * heads) % 32 == 0
           and block_n % 64 == 0 and 0 < block_t <= POS_ROW)
 
 
-def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
+def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n: int = 64,
                         max_concurrent_steps: int = 2):
-  """q [T, H, D] bf16, k [N, D] bf16, w [T, H] f32, pos [T] int32 (key i visible to query t
-  iff i <= pos[t]) -> [T, N] float32 scores (-inf where invisible). T % block_t == 0 and
-  N % block_n == 0 (the caller pads)."""
+  """q [T, H, D], k [N, D] (both bfloat16, or both float8_e4m3fn with q's scale folded into w),
+  w [T, H] f32, pos [T] int32 (key i visible to query t iff i <= pos[t]), k_scale [N] float32 or
+  None -> [T, N] float32 scores (-inf where invisible). T % block_t == 0 and N % block_n == 0
+  (the caller pads)."""
   t, h, d = q.shape
   n = k.shape[0]
+  if q.dtype != k.dtype or jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16),
+                                                       jnp.dtype(jnp.float8_e4m3fn)):
+    raise ValueError(f"q and k must both be bfloat16 or both float8_e4m3fn, got {q.dtype} and "
+                     f"{k.dtype}")
+  has_scale = k_scale is not None
+  tf = _mma_transforms(q.dtype)
   if t % block_t or n % block_n:
     raise ValueError(f"T={t} and N={n} must be multiples of block_t={block_t}, "
                      f"block_n={block_n}")
   q2 = q.reshape(t * h, d)
   steps = n // block_n
 
-  def body(q_gmem, k_gmem, w_gmem, pos_gmem, o_gmem, q_smem, w_smem, pos_smem, o_smem, bar):
+  def body(q_gmem, k_gmem, w_gmem, pos_gmem, *refs):
+    if has_scale:
+      s_gmem, *refs = refs
+    o_gmem, q_smem, w_smem, pos_smem, o_smem, bar = refs
     g = lax.axis_index("g")
     plgpu.copy_gmem_to_smem(q_gmem.at[pl.ds(g * block_t * h, block_t * h)], q_smem, bar.at[0])
     plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(g * block_t, block_t)], w_smem, bar.at[1])
@@ -74,7 +88,7 @@ def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
     for i in range(1, block_t):
       last = jnp.maximum(last, pos_smem[block_t - 1 - i])
 
-    def step(idx, k_smem):
+    def step(idx, k_smem, *s_smem):
       (j,) = idx
       slot = lax.rem(j, 2)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot is done
@@ -91,6 +105,8 @@ def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
           s = pl.run_scoped(mm, plgpu.ACC((block_n, h), jnp.float32))
           wv = _load(w_smem.at[r], plgpu.Layout.WGMMA.reduce(0))
           z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (block_n, h), [1])).sum(axis=1)
+          if has_scale:
+            z = z * _load(s_smem[0], plgpu.Layout.WGMMA.reduce(1))
           out[r] = jnp.where(key <= pos_smem[r], z, NEG_INF)
 
       @pl.when(j * block_n > last)
@@ -101,18 +117,19 @@ def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
       plgpu.copy_smem_to_gmem(out, o_gmem.at[pl.ds(g * block_t, block_t),
                                              pl.ds(j * block_n, block_n)])
 
-    plgpu.emit_pipeline(
-        step, grid=(steps,),
-        in_specs=[plgpu.BlockSpec((block_n, d), lambda j: (j, 0), transforms=_mma_transforms())],
-        max_concurrent_steps=max_concurrent_steps,
-    )(k_gmem)
+    specs = [plgpu.BlockSpec((block_n, d), lambda j: (j, 0), transforms=tf)]
+    if has_scale:
+      specs.append(plgpu.BlockSpec((block_n,), lambda j: (j,)))
+    plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs,
+                        max_concurrent_steps=max_concurrent_steps)(
+        k_gmem, *((s_gmem,) if has_scale else ()))
     plgpu.wait_smem_to_gmem(0)
 
   f = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((t, n), jnp.float32),
       scratch_types=[
-          plgpu.SMEM((block_t * h, d), q.dtype, transforms=_mma_transforms()),
+          plgpu.SMEM((block_t * h, d), q.dtype, transforms=tf),
           plgpu.SMEM((block_t, h), jnp.float32),
           plgpu.SMEM((POS_ROW,), jnp.int32),
           plgpu.SMEM((2, block_t, block_n), jnp.float32),
@@ -124,4 +141,5 @@ def prefill_scores_mgpu(q, k, w, pos, *, block_t: int = 4, block_n: int = 64,
   # each group's positions padded to a 128-byte row (TMA copies move multiples of 128 bytes)
   pos_rows = jnp.pad(pos.astype(jnp.int32).reshape(t // block_t, block_t),
                      ((0, 0), (0, POS_ROW - block_t)), constant_values=-1)
-  return f(q2, k, w.astype(jnp.float32), pos_rows)
+  return f(q2, k, w.astype(jnp.float32), pos_rows,
+           *((k_scale.astype(jnp.float32),) if has_scale else ()))
