@@ -1,5 +1,6 @@
 """Mosaic GPU paged decode scoring kernel (TMA page gathers + wgmma) on the H200: check it
-against the reference (bf16, fp8 q+k with per-slot scales, ragged lengths), then time it per
+against the reference (bf16, fp8 q+k and bf16 q with fp8 keys, per-slot scales, ragged
+lengths), then time it per
 tiling next to the Triton kernel (bf16 keys, fp8 keys with bf16 q).
 
   python benchmarks/decode_mgpu.py --shapes 64x131072,8x1048576 --configs 32:4,32:8
@@ -31,7 +32,8 @@ def check(pages, steps):
   q8, qs = quantize_fp8(q)
   k8, ks = quantize_fp8(kc)
   errs = []
-  for args in ((q, kc, table, lens, w, None), (q8, k8, table, lens, w * qs, ks)):
+  for args in ((q, kc, table, lens, w, None), (q8, k8, table, lens, w * qs, ks),
+               (q, k8, table, lens, w, ks)):
     got = np.asarray(jax.jit(lambda *a: decode_scores_mgpu(*a, pages=pages, steps=steps))(*args))
     ref = np.asarray(indexer.paged_indexer_scores(*args[:5], k_scale=args[5],
                                                   implementation="xla"))
@@ -81,7 +83,8 @@ def main(argv=None):
       f = (lambda q, kc, t, l, w, ks, pg=pg, st=st: decode_scores_mgpu(q, kc, t, l, w, ks,
                                                                         pages=pg, steps=st))
       variants += [("mosaic", "bf16", spec, f, (q, kc, table, lens, w, None), 2 * d + 4),
-                   ("mosaic", "fp8 q+k", spec, f, (q8, k8, table, lens, w, ks), d + 8)]
+                   ("mosaic", "fp8 q+k", spec, f, (q8, k8, table, lens, w, ks), d + 8),
+                   ("mosaic", "fp8 keys", spec, f, (q, k8, table, lens, w, ks), d + 8)]
     for impl, kd, spec, f, args, per_slot in variants:
       err = checked.get(spec, (float("nan"), ""))[1] if impl == "mosaic" else ""
       sec = float("nan")

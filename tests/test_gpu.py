@@ -212,7 +212,7 @@ def test_prefill_mosaic_kernel_gpu(bt, bn, stages, fp8):
   assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "fp8 q+k"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8 q+k", "fp8 keys"])
 @pytest.mark.parametrize("pages,steps", [(32, 4), (64, 2)])
 def test_decode_mosaic_kernel_gpu(dtype, pages, steps):
   """The Mosaic GPU paged decode kernel against the reference: random block tables, ragged
@@ -228,8 +228,9 @@ def test_decode_mosaic_kernel_gpu(dtype, pages, steps):
   ks = None
   if dtype == "fp8 q+k":
     q, qs = quantize_fp8(q)
-    kc, ks = quantize_fp8(kc)
     w = w * qs
+  if dtype != "bfloat16":
+    kc, ks = quantize_fp8(kc)
   got = jax.jit(lambda *a: decode_scores_mgpu(*a, pages=pages, steps=steps))(q, kc, table, lens,
                                                                            w, ks)
   ref = np_indexer.paged(q[:, None], kc, table, lens, w[:, None], ks)[:, 0]

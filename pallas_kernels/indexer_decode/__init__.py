@@ -52,15 +52,17 @@ def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> b
   from pallas_kernels.indexer_prefill import _is_hopper_or_newer
   _, rows, heads, d = q.shape
   pair = (jnp.dtype(q.dtype).name, jnp.dtype(k_cache.dtype).name)
-  fits = (not platform.interpret and rows == 1 and _is_hopper_or_newer()
-          and q.dtype == k_cache.dtype and jnp.dtype(q.dtype) in mgpu.DTYPES
-          and d * jnp.dtype(q.dtype).itemsize % 128 == 0
-          and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d,
-                               jnp.dtype(q.dtype).itemsize))
+  item = jnp.dtype(k_cache.dtype).itemsize
+  dtypes_ok = pair in (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
+                       ("bfloat16", "float8_e4m3fn"))
+  fits = (not platform.interpret and rows == 1 and _is_hopper_or_newer() and dtypes_ok
+          and (d * item) % 128 == 0
+          and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d, 2))
   if config.kernel == "mosaic" and not fits:
     raise NotImplementedError(
         "the Mosaic GPU decode kernel needs a compiled Hopper (or newer) GPU, one row per "
-        "request, q and the cache both bfloat16 or both float8_e4m3fn, 128-byte key rows and "
+        "request, q and the cache both bfloat16 or both float8_e4m3fn (or a bfloat16 q with an "
+        "fp8 cache), 128-byte key rows and "
         f"a tiling that fits shared memory (got q {q.dtype} {q.shape}, cache {k_cache.dtype}, "
         f"interpret={platform.interpret}, {config})")
   return fits and (config.kernel == "mosaic" or (config.kernel == "auto" and pair in MOSAIC_AUTO))

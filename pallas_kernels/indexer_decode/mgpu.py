@@ -8,9 +8,11 @@ ReLU, multiplies column h by w[h], sums the H columns of each row, multiplies by
 key scale (fp8) and masks slots past the length. The run's [pages, 64] scores leave through
 shared memory with one TMA store.
 
-q and the cache share a dtype: bfloat16 (bf16 wgmma) or float8_e4m3fn (fp8 wgmma, both operands
-K-major as Hopper requires, which is how a [64, D] page and [H, D] q are stored). With fp8 the
-caller folds q's scale into w (`jaxsparse.prep.quantize_fp8`), as DeepSeek-V3.2 does.
+q and the cache: both bfloat16 (bf16 wgmma); both float8_e4m3fn (fp8 wgmma, both operands
+K-major as Hopper requires, which is how a [64, D] page and [H, D] q are stored; the caller
+folds q's scale into w, `jaxsparse.prep.quantize_fp8`, as DeepSeek-V3.2 does); or a bfloat16 q
+with an fp8 cache (each page is converted to float16 in registers, the only fp8 conversion
+Hopper has, and q is passed as float16: exact for 2**-14 <= |q| <= 65504).
 """
 from __future__ import annotations
 
@@ -56,9 +58,10 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   num_blocks, page, _ = k_cache.shape
   if page != 64:
     raise ValueError(f"k_cache pages must hold 64 slots, got {page}")
-  if q.dtype != k_cache.dtype or q.dtype not in DTYPES:
-    raise ValueError(f"q and k_cache must both be bfloat16 or both float8_e4m3fn, got "
-                     f"{q.dtype} and {k_cache.dtype}")
+  mixed = q.dtype == jnp.bfloat16 and k_cache.dtype == jnp.float8_e4m3fn
+  if not mixed and (q.dtype != k_cache.dtype or q.dtype not in DTYPES):
+    raise ValueError(f"q and k_cache must both be bfloat16 or both float8_e4m3fn (or bfloat16 q "
+                     f"with a float8_e4m3fn cache), got {q.dtype} and {k_cache.dtype}")
   if pages % ROW:
     raise ValueError(f"pages={pages} must be a multiple of {ROW}")
   max_blocks = block_table.shape[1]
@@ -67,7 +70,12 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   table = jnp.clip(table, 0, num_blocks - 1).reshape(bsz, runs, pages)
   lens = jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW))
   has_scale = k_scale is not None
+  if mixed:
+    # Hopper converts fp8 only to float16 in registers, so the MMA runs in float16: q's bf16
+    # values are exact in float16 when 2**-14 <= |q| <= 65504 (smaller ones lose low bits)
+    q = q.astype(jnp.float16)
   tf = _transforms(q.dtype)
+  ktf = _transforms(k_cache.dtype)
 
   def body(q_gmem, k_gmem, t_gmem, l_gmem, w_gmem, *refs):
     if has_scale:
@@ -92,7 +100,10 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
       @pl.when(first < length)
       def _():
         def mm(acc_ref):
-          plgpu.wgmma(acc_ref, k_smem, q_smem.transpose((1, 0)))
+          if mixed:  # fp8 page -> registers -> bf16, then a register-A wgmma
+            plgpu.wgmma(acc_ref, k_smem[...].astype(q.dtype), q_smem.transpose((1, 0)))
+          else:
+            plgpu.wgmma(acc_ref, k_smem, q_smem.transpose((1, 0)))
           return acc_ref[...]
         s = pl.run_scoped(mm, plgpu.ACC((page, h), jnp.float32))
         z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (page, h), [1])).sum(axis=1)
@@ -104,7 +115,7 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
       def _():
         o_smem[j] = jnp.where(lane < 0, 0.0, NEG_INF)
 
-    specs = [plgpu.BlockSpec((None, page, d), lambda j: (t_smem[j], 0, 0), transforms=tf)]
+    specs = [plgpu.BlockSpec((None, page, d), lambda j: (t_smem[j], 0, 0), transforms=ktf)]
     if has_scale:
       specs.append(plgpu.BlockSpec((None, page), lambda j: (t_smem[j], 0)))
     plgpu.emit_pipeline(step, grid=(pages,), in_specs=specs, max_concurrent_steps=steps)(
