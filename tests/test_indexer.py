@@ -322,14 +322,16 @@ def test_prefill_kernel_choice_is_validated():
                                    platform=GPU_I)
 
 
-@pytest.mark.parametrize("dtype,scaled", [("bfloat16", False), ("float8_e4m3fn", True)])
+@pytest.mark.parametrize("dtype,scaled", [("bfloat16", False), ("float8_e4m3fn", True),
+                                          ("mixed", True)])
 def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
   """The Mosaic GPU paged decode kernel lowers for CUDA from the CPU (bf16, and fp8 q+k with
   per-slot scales); mismatched dtypes and bad tilings are refused by name."""
   from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
   b, h, d, nb, mb = 4, 64, 128, 300, 70
-  dt = jnp.dtype(dtype)
-  sds = [jax.ShapeDtypeStruct(s, t) for s, t in (((b, h, d), dt), ((nb, 64, d), dt),
+  dt = jnp.dtype(jnp.float8_e4m3fn if dtype == "mixed" else dtype)
+  qt = jnp.dtype(jnp.bfloat16) if dtype == "mixed" else dt
+  sds = [jax.ShapeDtypeStruct(s, t) for s, t in (((b, h, d), qt), ((nb, 64, d), dt),
                                                   ((b, mb), jnp.int32), ((b,), jnp.int32),
                                                   ((b, h), jnp.float32))]
   if scaled:
@@ -338,7 +340,7 @@ def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
   assert "mosaic_gpu" in exp.mlir_module()
   z = jnp.zeros
   with pytest.raises(ValueError, match="q and k_cache"):
-    decode_scores_mgpu(z((b, h, d), jnp.bfloat16), z((nb, 64, d), jnp.float8_e4m3fn),
+    decode_scores_mgpu(z((b, h, d), jnp.float8_e4m3fn), z((nb, 64, d), jnp.bfloat16),
                        z((b, mb), jnp.int32), z((b,), jnp.int32), z((b, h)))
   with pytest.raises(ValueError, match="pages"):
     decode_scores_mgpu(z((b, h, d), jnp.bfloat16), z((nb, 64, d), jnp.bfloat16),
