@@ -47,7 +47,7 @@ def check(pages, steps):
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--shapes", default="64x131072,8x1048576,1x1048576")
-  p.add_argument("--configs", default="32:4,32:8,64:4",
+  p.add_argument("--configs", default="32:4,32:8",
                  help="pages:steps (pages per CTA, page gathers in flight), comma-separated")
   p.add_argument("--out", default="benchmarks/results/decode_mgpu_h200.json")
   a = p.parse_args(argv)
