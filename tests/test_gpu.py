@@ -235,3 +235,30 @@ def test_decode_mosaic_kernel_gpu(dtype, pages, steps):
                                                                            w, ks)
   ref = np_indexer.paged(q[:, None], kc, table, lens, w[:, None], ks)[:, 0]
   assert_scores_close(got, ref, reduction=h * d)
+
+
+def test_decode_mosaic_kernel_block_sparse_gpu():
+  """The Mosaic decode kernel in block-sparse mode (SPIN's selected pages + logical ids, -1
+  padding last) equals the full scores gathered at the selected slots."""
+  from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
+  rng = np.random.default_rng(41)
+  b, h, d, nb, mb = 3, 64, 128, 500, 80
+  q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.bfloat16)
+  kc = jnp.asarray(rng.standard_normal((nb, 64, d)), jnp.bfloat16)
+  table = rng.integers(0, nb, (b, mb)).astype(np.int32)
+  lens = np.asarray([mb * 64, 3000, 100], np.int32)
+  w = jnp.asarray(rng.standard_normal((b, h)), jnp.float32)
+  width = 40
+  sel = np.full((b, width), -1, np.int32)
+  for i in range(b):
+    nblk = -(-int(lens[i]) // 64)
+    pick = np.sort(rng.choice(nblk, min(width, max(1, nblk * 3 // 5)), replace=False))
+    sel[i, :len(pick)] = pick
+  phys = np.take_along_axis(table, np.maximum(sel, 0), axis=1)
+  got = np.asarray(jax.jit(lambda *a: decode_scores_mgpu(*a[:5], logical=a[5]))(
+      q, kc, jnp.asarray(phys), jnp.asarray(lens), w, jnp.asarray(sel)))
+  full = np_indexer.paged(q[:, None], kc, table, lens, w[:, None])[:, 0]
+  slots = (sel[:, :, None] * 64 + np.arange(64)).reshape(b, -1)
+  ok = (np.repeat(sel, 64, axis=1) >= 0) & (slots < lens[:, None])
+  ref = np.where(ok, np.take_along_axis(full, np.where(ok, slots, 0), axis=1), -np.inf)
+  assert_scores_close(got, ref, reduction=h * d)

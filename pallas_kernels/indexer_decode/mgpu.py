@@ -49,11 +49,16 @@ def tiling_fits(pages: int, steps: int, heads: int, head_dim: int, itemsize: int
 
 
 def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
-                       steps: int = 4):
+                       steps: int = 4, logical=None):
   """q [B, H, D], k_cache [num_blocks, 64, D] (both bfloat16 or both float8_e4m3fn),
   block_table [B, max_blocks] int32, lengths [B] int32, w [B, H] float32, k_scale
   [num_blocks, 64] float32 or None -> [B, max_blocks * 64] float32 (-inf past each length).
-  `pages` (a multiple of 32) pages per CTA, `steps` page gathers in flight."""
+  `pages` (a multiple of 32) pages per CTA, `steps` page gathers in flight.
+
+  logical [B, max_blocks] int32 (SPIN's block-sparse scoring): the table then lists only the
+  selected pages and logical[b, j] is the block id of table entry j (-1: padding, which must
+  come last); output entry j * 64 + i holds slot logical[b, j] * 64 + i (-inf for padding and
+  slots at or past the length). Runs whose first entry is padding load nothing."""
   bsz, h, d = q.shape
   num_blocks, page, _ = k_cache.shape
   if page != 64:
@@ -69,6 +74,10 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, runs * pages - max_blocks)))
   table = jnp.clip(table, 0, num_blocks - 1).reshape(bsz, runs, pages)
   lens = jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW))
+  sparse = logical is not None
+  if sparse:
+    lg = jnp.pad(logical.astype(jnp.int32), ((0, 0), (0, runs * pages - max_blocks)),
+                 constant_values=-1).reshape(bsz, runs, pages)
   has_scale = k_scale is not None
   if mixed:
     # Hopper converts fp8 only to float16 in registers, so the MMA runs in float16: q's bf16
@@ -80,22 +89,32 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   def body(q_gmem, k_gmem, t_gmem, l_gmem, w_gmem, *refs):
     if has_scale:
       s_gmem, *refs = refs
-    o_gmem, q_smem, w_smem, t_smem, l_smem, o_smem, bar = refs
+    if sparse:
+      g_gmem, *refs = refs
+    o_gmem, q_smem, w_smem, t_smem, l_smem, g_smem, o_smem, bar = refs
     b = lax.axis_index("b")
     c = lax.axis_index("c")
     plgpu.copy_gmem_to_smem(q_gmem.at[b], q_smem, bar.at[0])
     plgpu.copy_gmem_to_smem(w_gmem.at[b], w_smem, bar.at[1])
     plgpu.copy_gmem_to_smem(t_gmem.at[b, c], t_smem, bar.at[2])
     plgpu.copy_gmem_to_smem(l_gmem.at[b], l_smem, bar.at[3])
-    for i in range(4):
+    if sparse:
+      plgpu.copy_gmem_to_smem(g_gmem.at[b, c], g_smem, bar.at[4])
+    for i in range(5 if sparse else 4):
       plgpu.barrier_wait(bar.at[i])
     length = l_smem[0]
+
+    def first_slot(j):  # slot of the page's first entry (-1 entries: past any length)
+      if sparse:
+        lb = g_smem[j]
+        return jnp.where(lb >= 0, lb * page, length)
+      return (c * pages + j) * page
     wv = _load(w_smem, plgpu.Layout.WGMMA.reduce(0))
     lane = plgpu.broadcasted_iota(jnp.int32, (page,), 0, layout=plgpu.Layout.WGMMA.reduce(1))
 
     def step(idx, k_smem, *s_smem):
       (j,) = idx
-      first = (c * pages + j) * page
+      first = first_slot(j)
 
       @pl.when(first < length)
       def _():
@@ -118,8 +137,17 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
     specs = [plgpu.BlockSpec((None, page, d), lambda j: (t_smem[j], 0, 0), transforms=ktf)]
     if has_scale:
       specs.append(plgpu.BlockSpec((None, page), lambda j: (t_smem[j], 0)))
-    plgpu.emit_pipeline(step, grid=(pages,), in_specs=specs, max_concurrent_steps=steps)(
-        k_gmem, *((s_gmem,) if has_scale else ()))
+    live = first_slot(0) < length  # a run past the length (or all padding) loads nothing
+
+    @pl.when(live)
+    def _():
+      plgpu.emit_pipeline(step, grid=(pages,), in_specs=specs, max_concurrent_steps=steps)(
+          k_gmem, *((s_gmem,) if has_scale else ()))
+
+    @pl.when(~live)
+    def _():
+      o_smem[...] = jnp.full((pages, page), NEG_INF, jnp.float32)
+
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[b, pl.ds(c * pages, pages)])
     plgpu.wait_smem_to_gmem(0)
@@ -132,12 +160,14 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
           plgpu.SMEM((h,), jnp.float32),
           plgpu.SMEM((pages,), jnp.int32),
           plgpu.SMEM((ROW,), jnp.int32),
+          plgpu.SMEM((pages if sparse else ROW,), jnp.int32),
           plgpu.SMEM((pages, page), jnp.float32),
-          plgpu.Barrier(num_barriers=4),
+          plgpu.Barrier(num_barriers=5),
       ],
       grid=(bsz, runs), grid_names=("b", "c"),
       kernel_name="jaxsparse_decode_mgpu",
   )
   args = (q, k_cache, table, lens, w.astype(jnp.float32))
-  out = f(*args, *((k_scale.astype(jnp.float32),) if has_scale else ()))
+  out = f(*args, *((k_scale.astype(jnp.float32),) if has_scale else ()),
+          *((lg,) if sparse else ()))
   return out.reshape(bsz, runs * pages * page)[:, :max_blocks * page]
