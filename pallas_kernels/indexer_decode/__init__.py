@@ -77,11 +77,11 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
   if not is_pow2(d):
     raise NotImplementedError(f"head dim D={d} must be a power of two for the Pallas kernels")
   lens = row_lengths(lengths, rows)  # [B, R]
-  if (platform.kind == "gpu" and logical is None and not group_max
-      and _use_mosaic(q, k_cache, config, platform)):
+  if platform.kind == "gpu" and not group_max and _use_mosaic(q, k_cache, config, platform):
     from pallas_kernels.indexer_decode import mgpu
     z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
-                                pages=config.mosaic_pages, steps=config.mosaic_steps)
+                                pages=config.mosaic_pages, steps=config.mosaic_steps,
+                                logical=logical)
     return z[:, None]
   if platform.kind == "gpu":
     r2 = next_pow2(rows)

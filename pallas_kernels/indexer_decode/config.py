@@ -22,8 +22,8 @@ class DecodeConfig:
   kernel: which GPU kernel scores dense single-row decode: "auto" (default: see
     `MOSAIC_AUTO`), "triton", or "mosaic" (the Mosaic GPU kernel, `mgpu.py`: q and the cache
     both bfloat16, both float8_e4m3fn, or a bfloat16 q with an fp8 cache (the MMA then runs in
-    float16), one row per request, a compiled Hopper GPU). Verifier
-    rows (R > 1), group maxima and block-sparse scoring always run the Triton kernel.
+    float16), one row per request, a compiled Hopper GPU; dense or SPIN's block-sparse
+    scoring). Verifier rows (R > 1) and group maxima always run the Triton kernel.
   mosaic_pages, mosaic_steps: the Mosaic kernel's pages per CTA and page gathers in flight.
   """
   # default: the fastest bf16 tiling of the sweeps in benchmarks/results/decode_sweep_*.json
