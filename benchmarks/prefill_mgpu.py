@@ -15,6 +15,7 @@ import numpy as np
 from jaxsparse import bench, indexer
 from jaxsparse.benchtools import MATMUL_TFLOPS, environment, print_table, write_json
 from jaxsparse.prep import quantize_fp8
+from pallas_kernels.indexer_prefill import PrefillConfig
 from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
 
 
@@ -60,9 +61,9 @@ def main(argv=None):
     pos = jnp.arange(n - t, n, dtype=jnp.int32)
     k = dev.normal((n, d))
     flops = 2.0 * h * d * (float(t) * n - t * (t - 1) / 2)
-    triton = jax.jit(lambda q, k, w, p: indexer.indexer_scores(q, k, w, query_positions=p,
-                                                               implementation="pallas"))
-    variants = [("triton", "default", triton, (q, k, w, pos), None)]
+    triton = jax.jit(lambda q, k, w, p: indexer.indexer_scores(
+        q, k, w, query_positions=p, implementation="pallas", config=PrefillConfig(kernel="triton")))
+    variants = [("triton", "default", triton, (q, k, w, pos), None)]  # forced Triton kernel
     for spec in a.configs.split(","):
       bt, bn, st = (int(x) for x in spec.split(":"))
       f = jax.jit(lambda q, k, w, p, ks=None, bt=bt, bn=bn, st=st: prefill_scores_mgpu(

@@ -7,8 +7,9 @@ from pallas_kernels._util import is_pow2
 
 
 # Under kernel="auto", the q dtypes (q and k alike) that run the Mosaic GPU kernel on Hopper:
-# bf16 measured 2.07x the Triton kernel (benchmarks/results/session4/prefill_mgpu.json).
-MOSAIC_AUTO = ("bfloat16",)
+# bf16 measured 2.07x the Triton kernel (benchmarks/results/session4/prefill_mgpu.json), fp8 q+k
+# 836-884 TFLOP/s with fp8 wgmma (prefill_mgpu_keys.json; Triton fp8 q+k: 224-225).
+MOSAIC_AUTO = ("bfloat16", "float8_e4m3fn")
 
 
 @dataclasses.dataclass(frozen=True)
