@@ -308,16 +308,16 @@ def test_prefill_mosaic_kernel_lowers_for_cuda(bt, bn, stages):
 
 
 def test_prefill_kernel_choice_is_validated():
-  """PrefillConfig.kernel: unknown names are refused; "mosaic" where it cannot run (here:
-  interpret mode on the CPU) raises instead of silently running another kernel."""
+  """PrefillConfig.kernel: unknown names are refused; "mosaic" where it cannot run (float32
+  inputs) raises instead of silently running another kernel."""
   with pytest.raises(ValueError, match="kernel"):
     indexer_prefill.PrefillConfig(kernel="cutlass")
   with pytest.raises(ValueError, match="mosaic_steps"):
     indexer_prefill.PrefillConfig(mosaic_steps=0)
-  q = jnp.zeros((8, 64, 128), jnp.bfloat16)
-  k = jnp.zeros((256, 128), jnp.bfloat16)
+  q = jnp.zeros((8, 64, 128), jnp.float32)
+  k = jnp.zeros((256, 128), jnp.float32)
   w = jnp.zeros((8, 64), jnp.float32)
-  with pytest.raises(NotImplementedError, match="Mosaic"):
+  with pytest.raises(NotImplementedError, match="Mosaic"):  # no float32 wgmma path
     indexer_prefill.prefill_scores(q, k, w, config=indexer_prefill.PrefillConfig(kernel="mosaic"),
                                    platform=GPU_I)
 
@@ -349,13 +349,81 @@ def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
 
 def test_decode_kernel_choice_is_validated():
   """DecodeConfig.kernel / mosaic_*: bad values are refused by name; "mosaic" where it cannot
-  run (interpret mode here) raises instead of running another kernel."""
+  run (two verifier rows) raises instead of running another kernel."""
   for kw, name in ((dict(kernel="cuda"), "kernel"), (dict(mosaic_pages=48), "mosaic_pages"),
                    (dict(mosaic_steps=0), "mosaic_steps")):
     with pytest.raises(ValueError, match=name):
       indexer_decode.DecodeConfig(**kw)
   rng = np.random.default_rng(3)
-  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 8, 64, 300, 10)
-  with pytest.raises(NotImplementedError, match="Mosaic"):
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 2, 8, 64, 300, 10)
+  with pytest.raises(NotImplementedError, match="Mosaic"):  # verifier rows: Triton only
     indexer_decode.decode_scores(q, kc, table, lens, w, platform=GPU_I,
                                  config=indexer_decode.DecodeConfig(kernel="mosaic"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8 q+k", "fp8 keys", "block-sparse"])
+def test_decode_mosaic_kernel_interpret(dtype):
+  """The Mosaic GPU decode kernel in the Mosaic GPU interpreter (its TMA page gathers, pipeline,
+  epilogue and masks; the MMA is a float32 dot there) against the reference: random block
+  tables, ragged lengths, a run past every length; fp8 scales; SPIN's block-sparse mode. Also
+  through the public API with DecodeConfig(kernel="mosaic")."""
+  from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
+  rng = np.random.default_rng(17)
+  b, h, d, nb, mb = 3, 32, 128, 90, 70
+  q, kc, table, lens, w, _ = random_paged(rng, b, 1, h, d, mb * 64, nb)
+  q, w = q[:, 0], w[:, 0]
+  lens = jnp.asarray([mb * 64, 1, 1000], jnp.int32)
+  ks = None
+  if dtype == "fp8 q+k":
+    q, qs = quantize_fp8(q)
+    w = w * qs
+  if dtype.startswith("fp8"):
+    kc, ks = quantize_fp8(kc)
+  ref = np_indexer.paged(q[:, None], kc, table, lens, w[:, None], ks)[:, 0]
+  if dtype == "block-sparse":
+    sel = np.full((b, 40), -1, np.int32)
+    sel[0, :30] = np.sort(rng.choice(mb, 30, replace=False))
+    sel[1, :1] = [0]
+    sel[2, :10] = np.sort(rng.choice(16, 10, replace=False))
+    phys = np.take_along_axis(np.asarray(table), np.maximum(sel, 0), axis=1)
+    got = decode_scores_mgpu(q, kc, jnp.asarray(phys), lens, w, logical=jnp.asarray(sel),
+                             interpret=True)
+    slots = (sel[:, :, None] * 64 + np.arange(64)).reshape(b, -1)
+    ok = (np.repeat(sel, 64, axis=1) >= 0) & (slots < np.asarray(lens)[:, None])
+    ref = np.where(ok, np.take_along_axis(ref, np.where(ok, slots, 0), axis=1), -np.inf)
+  else:
+    got = decode_scores_mgpu(q, kc, table, lens, w, ks, interpret=True)
+    api = jaxsparse.paged_indexer_scores(q, kc, table, lens, w, k_scale=ks,
+                                         implementation="pallas",
+                                         config=indexer_decode.DecodeConfig(kernel="mosaic"))
+    np.testing.assert_array_equal(np.asarray(api), np.asarray(got))
+  assert_scores_close(got, ref, reduction=h * d)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_prefill_mosaic_kernel_interpret(fp8):
+  """The Mosaic GPU prefill kernel in the Mosaic GPU interpreter against the reference: causal
+  positions (some queries see nothing), key tiles past every query of a group, fp8 q and k with
+  per-key scales; and through the public API with PrefillConfig(kernel="mosaic") at sizes that
+  are not multiples of the tiles."""
+  from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
+  rng = np.random.default_rng(19)
+  t, h, d, n = 8, 16, 128, 512
+  q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
+  pos = jnp.asarray(np.sort(rng.integers(-1, n // 2, t)), jnp.int32)
+  ks = None
+  if fp8:
+    (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
+    w = w * qs
+  got = prefill_scores_mgpu(q, k, w, pos, ks, block_t=4, block_n=64, interpret=True)
+  assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
+  t2, n2 = 6, 300
+  api = jaxsparse.indexer_scores(q[:t2], k[:n2], w[:t2], k_scale=None if ks is None else ks[:n2],
+                                 query_positions=jnp.minimum(pos[:t2], n2 - 1),
+                                 implementation="pallas",
+                                 config=indexer_prefill.PrefillConfig(kernel="mosaic"))
+  assert_scores_close(api, np_indexer.dense(q[:t2], k[:n2], w[:t2],
+                                            None if ks is None else ks[:n2],
+                                            jnp.minimum(pos[:t2], n2 - 1)), reduction=h * d)

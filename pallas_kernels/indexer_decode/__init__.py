@@ -46,7 +46,8 @@ def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts,
 
 
 def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> bool:
-  """Whether the Mosaic GPU kernel scores this dense decode call (see `DecodeConfig.kernel`)."""
+  """Whether the Mosaic GPU kernel scores this call (see `DecodeConfig.kernel`). A forced
+  "mosaic" on a CPU-only machine runs it in the Mosaic GPU interpreter; "auto" never does."""
   from pallas_kernels.indexer_decode import mgpu
   from pallas_kernels.indexer_decode.config import MOSAIC_AUTO
   from pallas_kernels.indexer_prefill import _is_hopper_or_newer
@@ -55,17 +56,18 @@ def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> b
   item = jnp.dtype(k_cache.dtype).itemsize
   dtypes_ok = pair in (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                        ("bfloat16", "float8_e4m3fn"))
-  fits = (not platform.interpret and rows == 1 and _is_hopper_or_newer() and dtypes_ok
-          and (d * item) % 128 == 0
+  fits = (rows == 1 and dtypes_ok and (d * item) % 128 == 0
           and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d, 2))
-  if config.kernel == "mosaic" and not fits:
-    raise NotImplementedError(
-        "the Mosaic GPU decode kernel needs a compiled Hopper (or newer) GPU, one row per "
-        "request, q and the cache both bfloat16 or both float8_e4m3fn (or a bfloat16 q with an "
-        "fp8 cache), 128-byte key rows and "
-        f"a tiling that fits shared memory (got q {q.dtype} {q.shape}, cache {k_cache.dtype}, "
-        f"interpret={platform.interpret}, {config})")
-  return fits and (config.kernel == "mosaic" or (config.kernel == "auto" and pair in MOSAIC_AUTO))
+  if config.kernel == "mosaic":
+    if not (fits and (platform.interpret or _is_hopper_or_newer())):
+      raise NotImplementedError(
+          "the Mosaic GPU decode kernel needs a Hopper (or newer) GPU or interpret mode, one row "
+          "per request, q and the cache both bfloat16 or both float8_e4m3fn (or a bfloat16 q "
+          "with an fp8 cache), 128-byte key rows and a tiling that fits shared memory (got q "
+          f"{q.dtype} {q.shape}, cache {k_cache.dtype}, interpret={platform.interpret}, {config})")
+    return True
+  return (config.kernel == "auto" and fits and not platform.interpret and _is_hopper_or_newer()
+          and pair in MOSAIC_AUTO)
 
 
 @functools.partial(jax.jit, static_argnums=(6, 7, 8))
@@ -81,7 +83,7 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
     from pallas_kernels.indexer_decode import mgpu
     z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
                                 pages=config.mosaic_pages, steps=config.mosaic_steps,
-                                logical=logical)
+                                logical=logical, interpret=platform.interpret)
     return z[:, None]
   if platform.kind == "gpu":
     r2 = next_pow2(rows)

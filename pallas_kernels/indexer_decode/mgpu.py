@@ -16,40 +16,28 @@ Hopper has, and q is passed as float16: exact for 2**-14 <= |q| <= 65504).
 """
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import _mosaic
+
 NEG_INF = float("-inf")
 ROW = 32  # int32 entries per 128-byte row (TMA copies move multiples of 128 bytes)
-SMEM_BYTES = 227 * 1024
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
-
-
-def _load(ref, layout):
-  idx = inspect.signature(plgpu.load).parameters.get("idx")
-  if idx is not None and idx.default is inspect.Parameter.empty:
-    return plgpu.load(ref, (), layout=layout)
-  return plgpu.load(ref, layout=layout)
-
-
-def _transforms(dtype):
-  elems = 128 // jnp.dtype(dtype).itemsize  # one 128-byte swizzle row
-  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
 
 
 def tiling_fits(pages: int, steps: int, heads: int, head_dim: int, itemsize: int) -> bool:
   smem = (heads * head_dim * itemsize + steps * 64 * (head_dim * itemsize + 4) + pages * 64 * 4
           + heads * 4 + 2 * ROW * 4 + 1024)
-  return smem <= SMEM_BYTES and pages % ROW == 0 and heads % 8 == 0 and heads <= 256
+  # heads % 32: the [H] float32 weight row is one TMA copy, a multiple of 128 bytes
+  return smem <= _mosaic.SMEM_BYTES and pages % ROW == 0 and heads % 32 == 0 and heads <= 256
 
 
 def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
-                       steps: int = 4, logical=None):
+                       steps: int = 4, logical=None, interpret: bool = False):
   """q [B, H, D], k_cache [num_blocks, 64, D] (both bfloat16 or both float8_e4m3fn),
   block_table [B, max_blocks] int32, lengths [B] int32, w [B, H] float32, k_scale
   [num_blocks, 64] float32 or None -> [B, max_blocks * 64] float32 (-inf past each length).
@@ -58,7 +46,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   logical [B, max_blocks] int32 (SPIN's block-sparse scoring): the table then lists only the
   selected pages and logical[b, j] is the block id of table entry j (-1: padding, which must
   come last); output entry j * 64 + i holds slot logical[b, j] * 64 + i (-inf for padding and
-  slots at or past the length). Runs whose first entry is padding load nothing."""
+  slots at or past the length). Runs whose first entry is padding load nothing.
+  interpret: run in the Mosaic GPU interpreter (CPU; for tests)."""
   bsz, h, d = q.shape
   num_blocks, page, _ = k_cache.shape
   if page != 64:
@@ -69,6 +58,9 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
                      f"with a float8_e4m3fn cache), got {q.dtype} and {k_cache.dtype}")
   if pages % ROW:
     raise ValueError(f"pages={pages} must be a multiple of {ROW}")
+  if not tiling_fits(pages, steps, h, d, 2):
+    raise ValueError(f"heads={h} must be a multiple of 32 (<= 256) and pages={pages} x "
+                     f"steps={steps} must fit shared memory")
   max_blocks = block_table.shape[1]
   runs = -(-max_blocks // pages)
   table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, runs * pages - max_blocks)))
@@ -83,8 +75,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
     # Hopper converts fp8 only to float16 in registers, so the MMA runs in float16: q's bf16
     # values are exact in float16 when 2**-14 <= |q| <= 65504 (smaller ones lose low bits)
     q = q.astype(jnp.float16)
-  tf = _transforms(q.dtype)
-  ktf = _transforms(k_cache.dtype)
+  tf = _mosaic.mma_transforms(q.dtype)
+  ktf = _mosaic.mma_transforms(k_cache.dtype)
 
   def body(q_gmem, k_gmem, t_gmem, l_gmem, w_gmem, *refs):
     if has_scale:
@@ -109,8 +101,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
         lb = g_smem[j]
         return jnp.where(lb >= 0, lb * page, length)
       return (c * pages + j) * page
-    wv = _load(w_smem, plgpu.Layout.WGMMA.reduce(0))
-    lane = plgpu.broadcasted_iota(jnp.int32, (page,), 0, layout=plgpu.Layout.WGMMA.reduce(1))
+    wv = _mosaic.load(w_smem, plgpu.Layout.WGMMA.reduce(0), interpret)
+    lane = _mosaic.iota((page,), 0, plgpu.Layout.WGMMA.reduce(1), interpret)
 
     def step(idx, k_smem, *s_smem):
       (j,) = idx
@@ -118,16 +110,12 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
 
       @pl.when(first < length)
       def _():
-        def mm(acc_ref):
-          if mixed:  # fp8 page -> registers -> bf16, then a register-A wgmma
-            plgpu.wgmma(acc_ref, k_smem[...].astype(q.dtype), q_smem.transpose((1, 0)))
-          else:
-            plgpu.wgmma(acc_ref, k_smem, q_smem.transpose((1, 0)))
-          return acc_ref[...]
-        s = pl.run_scoped(mm, plgpu.ACC((page, h), jnp.float32))
+        # mixed: the fp8 page goes to registers as f16, then a register-A wgmma
+        s = _mosaic.scores_nt(k_smem[...].astype(q.dtype) if mixed else k_smem, q_smem,
+                              interpret)
         z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (page, h), [1])).sum(axis=1)
         if has_scale:
-          z = z * _load(s_smem[0], plgpu.Layout.WGMMA.reduce(1))
+          z = z * _mosaic.load(s_smem[0], plgpu.Layout.WGMMA.reduce(1), interpret)
         o_smem[j] = jnp.where(first + lane < length, z, NEG_INF)
 
       @pl.when(first >= length)
@@ -166,6 +154,7 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
       ],
       grid=(bsz, runs), grid_names=("b", "c"),
       kernel_name="jaxsparse_decode_mgpu",
+      interpret=_mosaic.interpret_params(interpret),
   )
   args = (q, k_cache, table, lens, w.astype(jnp.float32))
   out = f(*args, *((k_scale.astype(jnp.float32),) if has_scale else ()),

@@ -37,25 +37,27 @@ def _is_hopper_or_newer() -> bool:
 
 
 def _use_mosaic(q, k, k_scale, config: PrefillConfig, platform: KernelPlatform) -> bool:
-  """Whether the Mosaic GPU kernel takes this call (see `PrefillConfig.kernel`)."""
+  """Whether the Mosaic GPU kernel takes this call (see `PrefillConfig.kernel`). A forced
+  "mosaic" on a CPU-only machine runs it in the Mosaic GPU interpreter; "auto" never does."""
   from pallas_kernels.indexer_prefill import mgpu
+  from pallas_kernels.indexer_prefill.config import MOSAIC_AUTO
   _, h, d = q.shape
   h8 = -(-h // 8) * 8
-  from pallas_kernels.indexer_prefill.config import MOSAIC_AUTO
   item = jnp.dtype(q.dtype).itemsize
   bf16 = q.dtype == jnp.bfloat16 and k.dtype == jnp.bfloat16 and k_scale is None
   fp8 = q.dtype == jnp.float8_e4m3fn and k.dtype == jnp.float8_e4m3fn
-  fits = (not platform.interpret and _is_hopper_or_newer() and (bf16 or fp8)
-          and (d * item) % 128 == 0 and h8 <= 256
+  fits = ((bf16 or fp8) and (d * item) % 128 == 0 and h8 <= 256
           and mgpu.tiling_fits(config.block_t, config.block_n, h8, d, config.mosaic_steps, item))
-  if config.kernel == "mosaic" and not fits:
-    raise NotImplementedError(
-        "the Mosaic GPU prefill kernel needs a compiled Hopper (or newer) GPU, q and k both "
-        "bfloat16 (no k_scale) or both float8_e4m3fn, 128-byte key rows, H <= 256 and a tiling "
-        f"that fits shared memory (got q {q.dtype} {q.shape}, k {k.dtype}, k_scale "
-        f"{'set' if k_scale is not None else 'None'}, interpret={platform.interpret}, {config})")
-  return fits and (config.kernel == "mosaic"
-                   or (config.kernel == "auto" and jnp.dtype(q.dtype).name in MOSAIC_AUTO))
+  if config.kernel == "mosaic":
+    if not (fits and (platform.interpret or _is_hopper_or_newer())):
+      raise NotImplementedError(
+          "the Mosaic GPU prefill kernel needs a Hopper (or newer) GPU or interpret mode, q and k "
+          "both bfloat16 (no k_scale) or both float8_e4m3fn, 128-byte key rows, H <= 256 and a "
+          f"tiling that fits shared memory (got q {q.dtype} {q.shape}, k {k.dtype}, k_scale "
+          f"{'set' if k_scale is not None else 'None'}, interpret={platform.interpret}, {config})")
+    return True
+  return (config.kernel == "auto" and fits and not platform.interpret and _is_hopper_or_newer()
+          and jnp.dtype(q.dtype).name in MOSAIC_AUTO)
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6))
@@ -77,7 +79,7 @@ def _prefill(q, k, w, k_scale, query_positions, config, platform):
         pad_axis(pad_axis(w.astype(jnp.float32), 0, t_pad), 1, h_pad),
         pad_axis(pos, 0, t_pad, value=-1),
         None if k_scale is None else pad_axis(k_scale, 0, n_pad, value=1.0), block_t=bt, block_n=bn,
-        max_concurrent_steps=config.mosaic_steps)
+        max_concurrent_steps=config.mosaic_steps, interpret=platform.interpret)
     return out[:t, :n]
   bt = config.block_t
   span = config.block_n * (config.tiles_per_program if platform.kind == "gpu" else 1)

@@ -13,34 +13,18 @@ per-key scales multiplied after the head sum); H a multiple of 8 (<= 256), 128-b
 """
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels import _mosaic
+
 NEG_INF = float("-inf")
 POS_ROW = 32  # int32 positions per group row: 128 bytes
 
 
-def _load(ref, layout):
-  """plgpu.load of a whole ref with a register layout (jax 0.10 needs the index argument that
-  jax >= 0.11 deprecates)."""
-  idx = inspect.signature(plgpu.load).parameters.get("idx")
-  if idx is not None and idx.default is inspect.Parameter.empty:
-    return plgpu.load(ref, (), layout=layout)
-  return plgpu.load(ref, layout=layout)
-
-
-def _mma_transforms(dtype):
-  """Shared-memory layout of wgmma operands: 128-byte swizzled rows (64 bf16 / 128 fp8)."""
-  return (plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize)),
-          plgpu.SwizzleTransform(128))
-
-
-SMEM_BYTES = 227 * 1024  # per-block shared memory on the H100 / H200
 
 
 def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: int,
@@ -50,24 +34,27 @@ def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: in
   positions."""
   smem = (block_t * heads * head_dim * itemsize + steps * block_n * (head_dim * itemsize + 4)
           + 2 * block_t * block_n * 4 + block_t * heads * 4 + POS_ROW * 4 + 1024)
-  return (smem <= SMEM_BYTES and (block_t * block_n) % 128 == 0 and (block_t * heads) % 32 == 0
+  return (smem <= _mosaic.SMEM_BYTES and (block_t * block_n) % 128 == 0 and (block_t * heads) % 32 == 0
           and block_n % 64 == 0 and 0 < block_t <= POS_ROW)
 
 
 def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n: int = 64,
-                        max_concurrent_steps: int = 2):
+                        max_concurrent_steps: int = 2, interpret: bool = False):
   """q [T, H, D], k [N, D] (both bfloat16, or both float8_e4m3fn with q's scale folded into w),
   w [T, H] f32, pos [T] int32 (key i visible to query t iff i <= pos[t]), k_scale [N] float32 or
   None -> [T, N] float32 scores (-inf where invisible). T % block_t == 0 and N % block_n == 0
-  (the caller pads)."""
+  (the caller pads). interpret: run in the Mosaic GPU interpreter (CPU; for tests)."""
   t, h, d = q.shape
   n = k.shape[0]
   if q.dtype != k.dtype or jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16),
                                                        jnp.dtype(jnp.float8_e4m3fn)):
     raise ValueError(f"q and k must both be bfloat16 or both float8_e4m3fn, got {q.dtype} and "
                      f"{k.dtype}")
+  if not tiling_fits(block_t, block_n, h, d, max_concurrent_steps, jnp.dtype(q.dtype).itemsize):
+    raise ValueError(f"block_t={block_t}, block_n={block_n}, steps={max_concurrent_steps} with "
+                     f"H={h}, D={d} do not fit shared memory or the 128-byte copy granularity")
   has_scale = k_scale is not None
-  tf = _mma_transforms(q.dtype)
+  tf = _mosaic.mma_transforms(q.dtype)
   if t % block_t or n % block_n:
     raise ValueError(f"T={t} and N={n} must be multiples of block_t={block_t}, "
                      f"block_n={block_n}")
@@ -93,20 +80,16 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
       slot = lax.rem(j, 2)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot is done
       out = o_smem.at[slot]
-      key = j * block_n + plgpu.broadcasted_iota(
-          jnp.int32, (block_n,), 0, layout=plgpu.Layout.WGMMA.reduce(1))
+      key = j * block_n + _mosaic.iota((block_n,), 0, plgpu.Layout.WGMMA.reduce(1), interpret)
 
       @pl.when(j * block_n <= last)
       def _():
         for r in range(block_t):
-          def mm(acc_ref):
-            plgpu.wgmma(acc_ref, k_smem, q_smem.at[pl.ds(r * h, h)].transpose((1, 0)))
-            return acc_ref[...]
-          s = pl.run_scoped(mm, plgpu.ACC((block_n, h), jnp.float32))
-          wv = _load(w_smem.at[r], plgpu.Layout.WGMMA.reduce(0))
+          s = _mosaic.scores_nt(k_smem, q_smem.at[pl.ds(r * h, h)], interpret)
+          wv = _mosaic.load(w_smem.at[r], plgpu.Layout.WGMMA.reduce(0), interpret)
           z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (block_n, h), [1])).sum(axis=1)
           if has_scale:
-            z = z * _load(s_smem[0], plgpu.Layout.WGMMA.reduce(1))
+            z = z * _mosaic.load(s_smem[0], plgpu.Layout.WGMMA.reduce(1), interpret)
           out[r] = jnp.where(key <= pos_smem[r], z, NEG_INF)
 
       @pl.when(j * block_n > last)
@@ -137,6 +120,7 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
       ],
       grid=(t // block_t,), grid_names=("g",),
       kernel_name="jaxsparse_prefill_mgpu",
+      interpret=_mosaic.interpret_params(interpret),
   )
   # each group's positions padded to a 128-byte row (TMA copies move multiples of 128 bytes)
   pos_rows = jnp.pad(pos.astype(jnp.int32).reshape(t // block_t, block_t),
