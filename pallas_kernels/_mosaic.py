@@ -3,10 +3,21 @@ from __future__ import annotations
 
 import inspect
 
+import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 SMEM_BYTES = 227 * 1024  # per-block shared memory on the H100 / H200
+
+
+def is_hopper_or_newer() -> bool:
+  """Whether the default device is an NVIDIA GPU of compute capability >= 9.0 (wgmma, TMA)."""
+  try:
+    return float(getattr(jax.devices()[0], "compute_capability", "0")) >= 9.0
+  except (RuntimeError, ValueError):
+    return False
 
 
 def mma_transforms(dtype):
@@ -44,7 +55,6 @@ def interpret_params(interpret: bool):
 def iota(shape, dim: int, layout, interpret: bool = False):
   """int32 iota along `dim` in `layout` (a plain iota in the interpreter, which has no
   layouts)."""
-  from jax import lax
   if interpret:
     return lax.broadcasted_iota(jnp.int32, shape, dim)
   return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=layout)
@@ -55,7 +65,6 @@ def scores_nt(a, b_ref, interpret: bool = False):
   array (the wgmma A operand), b_ref a [N, D] shared-memory ref read K-major (transposed view).
   The interpreter cannot read transposed refs, so there it is a plain float32 dot of the same
   operands (the kernel's indexing, pipelining and epilogue still run as compiled)."""
-  from jax.experimental import pallas as pl
   if interpret:
     return jnp.dot(a[...].astype(jnp.float32), b_ref[...].astype(jnp.float32).T,
                    preferred_element_type=jnp.float32)

@@ -95,3 +95,18 @@ def random_paged(rng, bsz, rows, heads, d, max_len, num_blocks, key_dtype="bfloa
   for b in range(bsz):
     table[b, -(-int(lens[b]) // 64):] = -7
   return q, kc, jnp.asarray(table, jnp.int32), jnp.asarray(lens, jnp.int32), w, ks
+
+
+def prefill_case(rng, t, h, d, n, *, fp8=False, max_pos=None):
+  """A causal prefill case: q [T, H, D] bf16, k [N, D] bf16, w [T, H] f32, sorted positions in
+  [-1, max_pos) (some queries see nothing), k_scale None; with fp8=True q and k are quantised
+  (q's scale folded into w) and k_scale [N] is set."""
+  q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
+  k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
+  pos = jnp.asarray(np.sort(rng.integers(-1, n if max_pos is None else max_pos, t)), jnp.int32)
+  ks = None
+  if fp8:
+    (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
+    w = w * qs
+  return q, k, w, pos, ks

@@ -9,7 +9,7 @@ import pytest
 import jaxsparse
 from jaxsparse.prep import quantize_fp8
 from tests.conftest import assert_scores_close
-from tests.reference import index_ordered, np_indexer, np_topk, random_paged
+from tests.reference import index_ordered, np_indexer, np_topk, prefill_case, random_paged
 
 pytestmark = pytest.mark.gpu
 
@@ -199,14 +199,7 @@ def test_prefill_mosaic_kernel_gpu(bt, bn, stages, fp8):
   from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
   rng = np.random.default_rng(31)
   t, h, d, n = 64, 64, 128, 2048
-  q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
-  k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
-  w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
-  pos = jnp.asarray(np.sort(rng.integers(-1, n // 2, t)), jnp.int32)
-  ks = None
-  if fp8:
-    (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
-    w = w * qs
+  q, k, w, pos, ks = prefill_case(rng, t, h, d, n, fp8=fp8, max_pos=n // 2)
   got = jax.jit(lambda *a: prefill_scores_mgpu(*a, block_t=bt, block_n=bn,
                                                max_concurrent_steps=stages))(q, k, w, pos, ks)
   assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)

@@ -12,7 +12,7 @@ from jaxsparse.backend import KernelPlatform
 from jaxsparse.prep import quantize_fp8
 from pallas_kernels import indexer_decode, indexer_prefill
 from tests.conftest import assert_scores_close, export_for
-from tests.reference import np_indexer, random_paged
+from tests.reference import np_indexer, prefill_case, random_paged
 
 GPU_I = KernelPlatform("gpu", True)
 TPU_I = KernelPlatform("tpu", True)
@@ -409,14 +409,7 @@ def test_prefill_mosaic_kernel_interpret(fp8):
   from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
   rng = np.random.default_rng(19)
   t, h, d, n = 8, 16, 128, 512
-  q = jnp.asarray(rng.standard_normal((t, h, d)), jnp.bfloat16)
-  k = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
-  w = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
-  pos = jnp.asarray(np.sort(rng.integers(-1, n // 2, t)), jnp.int32)
-  ks = None
-  if fp8:
-    (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
-    w = w * qs
+  q, k, w, pos, ks = prefill_case(rng, t, h, d, n, fp8=fp8, max_pos=n // 2)
   got = prefill_scores_mgpu(q, k, w, pos, ks, block_t=4, block_n=64, interpret=True)
   assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
   t2, n2 = 6, 300

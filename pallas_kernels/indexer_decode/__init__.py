@@ -50,23 +50,23 @@ def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> b
   "mosaic" on a CPU-only machine runs it in the Mosaic GPU interpreter; "auto" never does."""
   from pallas_kernels.indexer_decode import mgpu
   from pallas_kernels.indexer_decode.config import MOSAIC_AUTO
-  from pallas_kernels.indexer_prefill import _is_hopper_or_newer
+  from pallas_kernels import _mosaic
   _, rows, heads, d = q.shape
   pair = (jnp.dtype(q.dtype).name, jnp.dtype(k_cache.dtype).name)
   item = jnp.dtype(k_cache.dtype).itemsize
   dtypes_ok = pair in (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                        ("bfloat16", "float8_e4m3fn"))
   fits = (rows == 1 and dtypes_ok and (d * item) % 128 == 0
-          and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d, 2))
+          and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d))
   if config.kernel == "mosaic":
-    if not (fits and (platform.interpret or _is_hopper_or_newer())):
+    if not (fits and (platform.interpret or _mosaic.is_hopper_or_newer())):
       raise NotImplementedError(
           "the Mosaic GPU decode kernel needs a Hopper (or newer) GPU or interpret mode, one row "
           "per request, q and the cache both bfloat16 or both float8_e4m3fn (or a bfloat16 q "
           "with an fp8 cache), 128-byte key rows and a tiling that fits shared memory (got q "
           f"{q.dtype} {q.shape}, cache {k_cache.dtype}, interpret={platform.interpret}, {config})")
     return True
-  return (config.kernel == "auto" and fits and not platform.interpret and _is_hopper_or_newer()
+  return (config.kernel == "auto" and fits and not platform.interpret and _mosaic.is_hopper_or_newer()
           and pair in MOSAIC_AUTO)
 
 

@@ -29,8 +29,10 @@ ROW = 32  # int32 entries per 128-byte row (TMA copies move multiples of 128 byt
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
 
 
-def tiling_fits(pages: int, steps: int, heads: int, head_dim: int, itemsize: int) -> bool:
-  smem = (heads * head_dim * itemsize + steps * 64 * (head_dim * itemsize + 4) + pages * 64 * 4
+def tiling_fits(pages: int, steps: int, heads: int, head_dim: int) -> bool:
+  """Whether q, `steps` pages (+ scales) in flight, the run's scores, weights and tables fit
+  shared memory, counted at 2 bytes per element (an upper bound for fp8)."""
+  smem = (heads * head_dim * 2 + steps * 64 * (head_dim * 2 + 4) + pages * 64 * 4
           + heads * 4 + 2 * ROW * 4 + 1024)
   # heads % 32: the [H] float32 weight row is one TMA copy, a multiple of 128 bytes
   return smem <= _mosaic.SMEM_BYTES and pages % ROW == 0 and heads % 32 == 0 and heads <= 256
@@ -58,7 +60,7 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
                      f"with a float8_e4m3fn cache), got {q.dtype} and {k_cache.dtype}")
   if pages % ROW:
     raise ValueError(f"pages={pages} must be a multiple of {ROW}")
-  if not tiling_fits(pages, steps, h, d, 2):
+  if not tiling_fits(pages, steps, h, d):
     raise ValueError(f"heads={h} must be a multiple of 32 (<= 256) and pages={pages} x "
                      f"steps={steps} must fit shared memory")
   max_blocks = block_table.shape[1]

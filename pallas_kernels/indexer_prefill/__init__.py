@@ -29,16 +29,10 @@ def prefill_scores(q, k, w, *, k_scale=None, query_positions=None, config=None,
   return _prefill(q, k, w, k_scale, query_positions, config, platform)
 
 
-def _is_hopper_or_newer() -> bool:
-  try:
-    return float(getattr(jax.devices()[0], "compute_capability", "0")) >= 9.0
-  except (RuntimeError, ValueError):
-    return False
-
-
 def _use_mosaic(q, k, k_scale, config: PrefillConfig, platform: KernelPlatform) -> bool:
   """Whether the Mosaic GPU kernel takes this call (see `PrefillConfig.kernel`). A forced
   "mosaic" on a CPU-only machine runs it in the Mosaic GPU interpreter; "auto" never does."""
+  from pallas_kernels import _mosaic
   from pallas_kernels.indexer_prefill import mgpu
   from pallas_kernels.indexer_prefill.config import MOSAIC_AUTO
   _, h, d = q.shape
@@ -49,14 +43,14 @@ def _use_mosaic(q, k, k_scale, config: PrefillConfig, platform: KernelPlatform) 
   fits = ((bf16 or fp8) and (d * item) % 128 == 0 and h8 <= 256
           and mgpu.tiling_fits(config.block_t, config.block_n, h8, d, config.mosaic_steps, item))
   if config.kernel == "mosaic":
-    if not (fits and (platform.interpret or _is_hopper_or_newer())):
+    if not (fits and (platform.interpret or _mosaic.is_hopper_or_newer())):
       raise NotImplementedError(
           "the Mosaic GPU prefill kernel needs a Hopper (or newer) GPU or interpret mode, q and k "
           "both bfloat16 (no k_scale) or both float8_e4m3fn, 128-byte key rows, H <= 256 and a "
           f"tiling that fits shared memory (got q {q.dtype} {q.shape}, k {k.dtype}, k_scale "
           f"{'set' if k_scale is not None else 'None'}, interpret={platform.interpret}, {config})")
     return True
-  return (config.kernel == "auto" and fits and not platform.interpret and _is_hopper_or_newer()
+  return (config.kernel == "auto" and fits and not platform.interpret and _mosaic.is_hopper_or_newer()
           and jnp.dtype(q.dtype).name in MOSAIC_AUTO)
 
 

@@ -25,8 +25,6 @@ NEG_INF = float("-inf")
 POS_ROW = 32  # int32 positions per group row: 128 bytes
 
 
-
-
 def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: int,
                 itemsize: int = 2) -> bool:
   """Whether a tiling fits shared memory and the 128-byte granularity of the kernel's copies:
@@ -34,8 +32,8 @@ def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: in
   positions."""
   smem = (block_t * heads * head_dim * itemsize + steps * block_n * (head_dim * itemsize + 4)
           + 2 * block_t * block_n * 4 + block_t * heads * 4 + POS_ROW * 4 + 1024)
-  return (smem <= _mosaic.SMEM_BYTES and (block_t * block_n) % 128 == 0 and (block_t * heads) % 32 == 0
-          and block_n % 64 == 0 and 0 < block_t <= POS_ROW)
+  return (smem <= _mosaic.SMEM_BYTES and (block_t * block_n) % 128 == 0
+          and (block_t * heads) % 32 == 0 and block_n % 64 == 0 and 0 < block_t <= POS_ROW)
 
 
 def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n: int = 64,
