@@ -44,12 +44,59 @@ def check(pages, steps):
   return max(errs)
 
 
+def _sparse_variants(configs, bsz, n, inputs, d, *, controls):
+  """Block-sparse rows (60% of the pages) per tiling; with `controls`, the same page count as
+  a contiguous selection (blocks 0..0.6 n) and as dense scoring with lengths 0.6 n."""
+  from jaxsparse.backend import kernel_platform
+  from pallas_kernels import indexer_decode
+  q, kc, table, lens, w = inputs
+  nbk = n // 64
+  keep = int(0.6 * nbk)
+  srng = np.random.default_rng(2)
+  sel = np.full((bsz, nbk), -1, np.int32)
+  for i in range(bsz):
+    sel[i, :keep] = np.sort(srng.choice(nbk, keep, replace=False))
+  contiguous = np.where(np.arange(nbk)[None] < keep, np.arange(nbk)[None], -1).repeat(bsz, 0)
+  per_slot = (2 * d + 4) * keep / nbk
+  counts = jnp.full((bsz,), keep, jnp.int32)
+  plat = kernel_platform()
+  out = [("triton sparse 60%", "bf16", "default",
+          lambda q, kc, t, l, w, s: indexer_decode.block_sparse_scores(
+              q[:, None], kc, t, l, w[:, None], s, counts, platform=plat)[0],
+          (q, kc, table, lens, w, jnp.asarray(sel)), per_slot)]
+  sels = [("random", sel)] + ([("contiguous", contiguous)] if controls else [])
+  for spec in configs:
+    pg, st = (int(x) for x in spec.split(":"))
+    for name, sl in sels:
+      sl = jnp.asarray(sl)
+      phys = jnp.take_along_axis(table, jnp.maximum(sl, 0), axis=1)
+      out.append((f"mosaic sparse 60% {name}", "bf16", spec,
+                  lambda q, kc, t, l, w, s, pg=pg, st=st: decode_scores_mgpu(
+                      q, kc, t, l, w, None, logical=s, pages=pg, steps=st),
+                  (q, kc, phys, lens, w, sl), per_slot))
+    if controls:
+      out.append(("mosaic dense 60% lengths", "bf16", spec,
+                  lambda q, kc, t, l, w, ks, pg=pg, st=st: decode_scores_mgpu(
+                      q, kc, t, l, w, None, pages=pg, steps=st),
+                  (q, kc, table, jnp.full_like(lens, keep * 64), w, None), per_slot))
+  return out
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--shapes", default="64x131072,8x1048576,1x1048576")
   p.add_argument("--configs", default="32:4,32:8",
                  help="pages:steps (pages per CTA, page gathers in flight), comma-separated")
   p.add_argument("--out", default="benchmarks/results/decode_mgpu_h200.json")
+  p.add_argument("--dtypes", default="bf16,fp8 q+k,fp8 keys",
+                 help="which key dtypes to time (bf16, fp8 q+k, fp8 keys), comma-separated")
+  p.add_argument("--profile", type=int, default=0,
+                 help="instead of timing, call each variant this many times (for ncu)")
+  p.add_argument("--no-triton", action="store_true", help="skip the Triton rows")
+  p.add_argument("--sparse-controls", action="store_true",
+                 help="at 64x131072 also time the same 60%% of the pages as a contiguous "
+                      "selection and as a dense call with 60%% lengths (where the block-sparse "
+                      "kernel's time goes)")
   a = p.parse_args(argv)
   h, d = 64, 128
   checked = {}
@@ -86,29 +133,18 @@ def main(argv=None):
                    ("mosaic", "fp8 q+k", spec, f, (q8, k8, table, lens, w, ks), d + 8),
                    ("mosaic", "fp8 keys", spec, f, (q, k8, table, lens, w, ks), d + 8)]
     if bsz * n == 64 * 131072:  # SPIN's block-sparse scoring: 60% of the blocks, ascending
-      nbk = n // 64
-      keep = int(0.6 * nbk)
-      srng = np.random.default_rng(2)
-      sel = np.full((bsz, nbk), -1, np.int32)
-      for i in range(bsz):
-        sel[i, :keep] = np.sort(srng.choice(nbk, keep, replace=False))
-      sel = jnp.asarray(sel)
-      counts = jnp.full((bsz,), keep, jnp.int32)
-      phys = jnp.take_along_axis(table, jnp.maximum(sel, 0), axis=1)
-      from pallas_kernels import indexer_decode
-      from jaxsparse.backend import kernel_platform
-      plat = kernel_platform()
-      variants.append(("triton sparse 60%", "bf16", "default",
-                       lambda q, kc, t, l, w, s: indexer_decode.block_sparse_scores(
-                           q[:, None], kc, t, l, w[:, None], s, counts, platform=plat)[0],
-                       (q, kc, table, lens, w, sel), (2 * d + 4) * 0.6))
-      variants.append(("mosaic sparse 60%", "bf16", a.configs.split(",")[0],
-                       lambda q, kc, t, l, w, s: decode_scores_mgpu(q, kc, t, l, w, None,
-                                                                    logical=s),
-                       (q, kc, phys, lens, w, sel), (2 * d + 4) * 0.6))
+      variants += _sparse_variants(a.configs.split(","), bsz, n, (q, kc, table, lens, w), d,
+                                   controls=a.sparse_controls)
+    keep = set(a.dtypes.split(","))
+    variants = [v for v in variants if v[1] in keep and not (a.no_triton and "triton" in v[0])]
     for impl, kd, spec, f, args, per_slot in variants:
       err = checked.get(spec, (float("nan"), ""))[1] if impl.startswith("mosaic") else ""
       sec = float("nan")
+      if a.profile and not err:
+        for _ in range(a.profile):
+          jax.block_until_ready(jax.jit(f)(*args))
+        print("profiled", impl, kd, spec, flush=True)
+        continue
       if not err:
         sec, err = bench._timed(jax.jit(f), [args], reps=5, calls=10)
       tbps = slots * per_slot / sec / 1e12

@@ -336,8 +336,9 @@ def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
                                                   ((b, h), jnp.float32))]
   if scaled:
     sds.append(jax.ShapeDtypeStruct((nb, 64), jnp.float32))
-  exp = export_for(lambda *a: decode_scores_mgpu(*a, pages=32, steps=4), "cuda", *sds)
-  assert "mosaic_gpu" in exp.mlir_module()
+  for pages in (32, 16, 8):  # runs shorter than a 32-entry table row share it
+    exp = export_for(lambda *a: decode_scores_mgpu(*a, pages=pages, steps=4), "cuda", *sds)
+    assert "mosaic_gpu" in exp.mlir_module()
   z = jnp.zeros
   with pytest.raises(ValueError, match="q and k_cache"):
     decode_scores_mgpu(z((b, h, d), jnp.float8_e4m3fn), z((nb, 64, d), jnp.bfloat16),
@@ -351,6 +352,7 @@ def test_decode_kernel_choice_is_validated():
   """DecodeConfig.kernel / mosaic_*: bad values are refused by name; "mosaic" where it cannot
   run (two verifier rows) raises instead of running another kernel."""
   for kw, name in ((dict(kernel="cuda"), "kernel"), (dict(mosaic_pages=48), "mosaic_pages"),
+                   (dict(mosaic_pages=4), "mosaic_pages"),
                    (dict(mosaic_steps=0), "mosaic_steps")):
     with pytest.raises(ValueError, match=name):
       indexer_decode.DecodeConfig(**kw)
@@ -361,12 +363,15 @@ def test_decode_kernel_choice_is_validated():
                                  config=indexer_decode.DecodeConfig(kernel="mosaic"))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "fp8 q+k", "fp8 keys", "block-sparse"])
-def test_decode_mosaic_kernel_interpret(dtype):
+@pytest.mark.parametrize("dtype,pages", [("bfloat16", 32), ("fp8 q+k", 32), ("fp8 keys", 32),
+                                         ("block-sparse", 32), ("bfloat16", 8),
+                                         ("block-sparse", 16)])
+def test_decode_mosaic_kernel_interpret(dtype, pages):
   """The Mosaic GPU decode kernel in the Mosaic GPU interpreter (its TMA page gathers, pipeline,
   epilogue and masks; the MMA is a float32 dot there) against the reference: random block
-  tables, ragged lengths, a run past every length; fp8 scales; SPIN's block-sparse mode. Also
-  through the public API with DecodeConfig(kernel="mosaic")."""
+  tables, ragged lengths, a run past every length; fp8 scales; SPIN's block-sparse mode; runs of
+  8 and 16 pages (several CTAs per table row). Also through the public API with
+  DecodeConfig(kernel="mosaic", mosaic_pages=pages)."""
   from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
   rng = np.random.default_rng(17)
   b, h, d, nb, mb = 3, 32, 128, 90, 70
@@ -387,15 +392,15 @@ def test_decode_mosaic_kernel_interpret(dtype):
     sel[2, :10] = np.sort(rng.choice(16, 10, replace=False))
     phys = np.take_along_axis(np.asarray(table), np.maximum(sel, 0), axis=1)
     got = decode_scores_mgpu(q, kc, jnp.asarray(phys), lens, w, logical=jnp.asarray(sel),
-                             interpret=True)
+                             pages=pages, interpret=True)
     slots = (sel[:, :, None] * 64 + np.arange(64)).reshape(b, -1)
     ok = (np.repeat(sel, 64, axis=1) >= 0) & (slots < np.asarray(lens)[:, None])
     ref = np.where(ok, np.take_along_axis(ref, np.where(ok, slots, 0), axis=1), -np.inf)
   else:
-    got = decode_scores_mgpu(q, kc, table, lens, w, ks, interpret=True)
-    api = jaxsparse.paged_indexer_scores(q, kc, table, lens, w, k_scale=ks,
-                                         implementation="pallas",
-                                         config=indexer_decode.DecodeConfig(kernel="mosaic"))
+    got = decode_scores_mgpu(q, kc, table, lens, w, ks, pages=pages, interpret=True)
+    api = jaxsparse.paged_indexer_scores(
+        q, kc, table, lens, w, k_scale=ks, implementation="pallas",
+        config=indexer_decode.DecodeConfig(kernel="mosaic", mosaic_pages=pages))
     np.testing.assert_array_equal(np.asarray(api), np.asarray(got))
   assert_scores_close(got, ref, reduction=h * d)
 

@@ -45,7 +45,8 @@ def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts,
   return z, slots
 
 
-def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> bool:
+def _use_mosaic(q, k_cache, max_blocks: int, config: DecodeConfig,
+                platform: KernelPlatform) -> bool:
   """Whether the Mosaic GPU kernel scores this call (see `DecodeConfig.kernel`). A forced
   "mosaic" on a CPU-only machine runs it in the Mosaic GPU interpreter; "auto" never does."""
   from pallas_kernels.indexer_decode import mgpu
@@ -56,8 +57,9 @@ def _use_mosaic(q, k_cache, config: DecodeConfig, platform: KernelPlatform) -> b
   item = jnp.dtype(k_cache.dtype).itemsize
   dtypes_ok = pair in (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                        ("bfloat16", "float8_e4m3fn"))
+  pages = config.mosaic_pages_for(q.shape[0], max_blocks)
   fits = (rows == 1 and dtypes_ok and (d * item) % 128 == 0
-          and mgpu.tiling_fits(config.mosaic_pages, config.mosaic_steps, heads, d))
+          and mgpu.tiling_fits(pages, config.mosaic_steps, heads, d))
   if config.kernel == "mosaic":
     if not (fits and (platform.interpret or _mosaic.is_hopper_or_newer())):
       raise NotImplementedError(
@@ -79,10 +81,12 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
   if not is_pow2(d):
     raise NotImplementedError(f"head dim D={d} must be a power of two for the Pallas kernels")
   lens = row_lengths(lengths, rows)  # [B, R]
-  if platform.kind == "gpu" and not group_max and _use_mosaic(q, k_cache, config, platform):
+  if (platform.kind == "gpu" and not group_max
+      and _use_mosaic(q, k_cache, max_blocks, config, platform)):
     from pallas_kernels.indexer_decode import mgpu
     z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
-                                pages=config.mosaic_pages, steps=config.mosaic_steps,
+                                pages=config.mosaic_pages_for(bsz, max_blocks),
+                                steps=config.mosaic_steps,
                                 logical=logical, interpret=platform.interpret)
     return z[:, None]
   if platform.kind == "gpu":

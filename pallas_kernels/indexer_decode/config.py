@@ -12,6 +12,9 @@ from pallas_kernels._util import is_pow2
 MOSAIC_AUTO = (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                ("bfloat16", "float8_e4m3fn"))
 
+# mosaic_pages=None: runs shrink from 32 pages until a call has at least this many CTAs
+MOSAIC_MIN_CTAS = 528  # 4 per SM of the H200; provisional until the session-5 sweep
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
@@ -27,7 +30,8 @@ class DecodeConfig:
     both bfloat16, both float8_e4m3fn, or a bfloat16 q with an fp8 cache (the MMA then runs in
     float16), one row per request, a compiled Hopper GPU; dense or SPIN's block-sparse
     scoring). Verifier rows (R > 1) and group maxima always run the Triton kernel.
-  mosaic_pages, mosaic_steps: the Mosaic kernel's pages per CTA and page gathers in flight.
+  mosaic_pages, mosaic_steps: the Mosaic kernel's pages per CTA (8, 16 or a multiple of 32;
+    None: `mosaic_pages_for`, by the number of CTAs the call gets) and page gathers in flight.
   """
   # default: the fastest bf16 tiling of the sweeps in benchmarks/results/decode_sweep_*.json
   pages_per_step: int = 2
@@ -35,8 +39,18 @@ class DecodeConfig:
   num_warps: int = 4
   num_stages: int | None = None
   kernel: str = "auto"
-  mosaic_pages: int = 32
+  mosaic_pages: int | None = None
   mosaic_steps: int = 4
+
+  def mosaic_pages_for(self, batch: int, max_blocks: int) -> int:
+    """Pages per CTA: the configured value, else the largest of 32, 16, 8 that still gives
+    the call at least MOSAIC_MIN_CTAS CTAs (small batches need short runs to fill 132 SMs)."""
+    if self.mosaic_pages is not None:
+      return self.mosaic_pages
+    for pages in (32, 16):
+      if batch * -(-max_blocks // pages) >= MOSAIC_MIN_CTAS:
+        return pages
+    return 8
 
   def stages_for(self, key_itemsize: int) -> int:
     if self.num_stages is not None:
@@ -46,8 +60,9 @@ class DecodeConfig:
   def __post_init__(self):
     if self.kernel not in ("auto", "triton", "mosaic"):
       raise ValueError(f"kernel={self.kernel!r} must be 'auto', 'triton' or 'mosaic'")
-    if not isinstance(self.mosaic_pages, int) or self.mosaic_pages < 32 or self.mosaic_pages % 32:
-      raise ValueError(f"mosaic_pages={self.mosaic_pages!r} must be a positive multiple of 32")
+    mp = self.mosaic_pages
+    if mp is not None and (not isinstance(mp, int) or mp < 1 or (mp not in (8, 16) and mp % 32)):
+      raise ValueError(f"mosaic_pages={mp!r} must be None, 8, 16 or a positive multiple of 32")
     if not isinstance(self.mosaic_steps, int) or self.mosaic_steps < 1:
       raise ValueError(f"mosaic_steps={self.mosaic_steps!r} must be a positive int")
     for name in ("pages_per_step", "steps_per_program", "num_warps"):

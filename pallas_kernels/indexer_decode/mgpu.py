@@ -35,7 +35,8 @@ def tiling_fits(pages: int, steps: int, heads: int, head_dim: int) -> bool:
   smem = (heads * head_dim * 2 + steps * 64 * (head_dim * 2 + 4) + pages * 64 * 4
           + heads * 4 + 2 * ROW * 4 + 1024)
   # heads % 32: the [H] float32 weight row is one TMA copy, a multiple of 128 bytes
-  return smem <= _mosaic.SMEM_BYTES and pages % ROW == 0 and heads % 32 == 0 and heads <= 256
+  pages_ok = pages in (8, 16) or pages % ROW == 0
+  return smem <= _mosaic.SMEM_BYTES and pages_ok and heads % 32 == 0 and heads <= 256
 
 
 def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
@@ -43,7 +44,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   """q [B, H, D], k_cache [num_blocks, 64, D] (both bfloat16 or both float8_e4m3fn),
   block_table [B, max_blocks] int32, lengths [B] int32, w [B, H] float32, k_scale
   [num_blocks, 64] float32 or None -> [B, max_blocks * 64] float32 (-inf past each length).
-  `pages` (a multiple of 32) pages per CTA, `steps` page gathers in flight.
+  `pages` (8, 16 or a multiple of 32) pages per CTA, `steps` page gathers in flight. Fewer
+  pages per CTA give more CTAs to a small batch (B=1 x 128K: 64 CTAs of 32 pages for 132 SMs).
 
   logical [B, max_blocks] int32 (SPIN's block-sparse scoring): the table then lists only the
   selected pages and logical[b, j] is the block id of table entry j (-1: padding, which must
@@ -58,20 +60,25 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   if not mixed and (q.dtype != k_cache.dtype or q.dtype not in DTYPES):
     raise ValueError(f"q and k_cache must both be bfloat16 or both float8_e4m3fn (or bfloat16 q "
                      f"with a float8_e4m3fn cache), got {q.dtype} and {k_cache.dtype}")
-  if pages % ROW:
-    raise ValueError(f"pages={pages} must be a multiple of {ROW}")
+  if pages not in (8, 16) and pages % ROW:
+    raise ValueError(f"pages={pages} must be 8, 16 or a multiple of {ROW}")
   if not tiling_fits(pages, steps, h, d):
     raise ValueError(f"heads={h} must be a multiple of 32 (<= 256) and pages={pages} x "
                      f"steps={steps} must fit shared memory")
   max_blocks = block_table.shape[1]
-  runs = -(-max_blocks // pages)
-  table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, runs * pages - max_blocks)))
-  table = jnp.clip(table, 0, num_blocks - 1).reshape(bsz, runs, pages)
+  # table rows of `tw` entries (a TMA copy moves a multiple of 128 bytes): a CTA of fewer than
+  # 32 pages copies the 32-entry row it shares with its neighbours and reads its own part
+  tw = max(pages, ROW)
+  per_row = tw // pages
+  padded = -(-max_blocks // tw) * tw
+  runs = padded // pages
+  table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, padded - max_blocks)))
+  table = jnp.clip(table, 0, num_blocks - 1).reshape(bsz, padded // tw, tw)
   lens = jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW))
   sparse = logical is not None
   if sparse:
-    lg = jnp.pad(logical.astype(jnp.int32), ((0, 0), (0, runs * pages - max_blocks)),
-                 constant_values=-1).reshape(bsz, runs, pages)
+    lg = jnp.pad(logical.astype(jnp.int32), ((0, 0), (0, padded - max_blocks)),
+                 constant_values=-1).reshape(bsz, padded // tw, tw)
   has_scale = k_scale is not None
   if mixed:
     # Hopper converts fp8 only to float16 in registers, so the MMA runs in float16: q's bf16
@@ -88,19 +95,20 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
     o_gmem, q_smem, w_smem, t_smem, l_smem, g_smem, o_smem, bar = refs
     b = lax.axis_index("b")
     c = lax.axis_index("c")
+    base = (c % per_row) * pages  # this CTA's first entry in its table row
     plgpu.copy_gmem_to_smem(q_gmem.at[b], q_smem, bar.at[0])
     plgpu.copy_gmem_to_smem(w_gmem.at[b], w_smem, bar.at[1])
-    plgpu.copy_gmem_to_smem(t_gmem.at[b, c], t_smem, bar.at[2])
+    plgpu.copy_gmem_to_smem(t_gmem.at[b, c // per_row], t_smem, bar.at[2])
     plgpu.copy_gmem_to_smem(l_gmem.at[b], l_smem, bar.at[3])
     if sparse:
-      plgpu.copy_gmem_to_smem(g_gmem.at[b, c], g_smem, bar.at[4])
+      plgpu.copy_gmem_to_smem(g_gmem.at[b, c // per_row], g_smem, bar.at[4])
     for i in range(5 if sparse else 4):
       plgpu.barrier_wait(bar.at[i])
     length = l_smem[0]
 
     def first_slot(j):  # slot of the page's first entry (-1 entries: past any length)
       if sparse:
-        lb = g_smem[j]
+        lb = g_smem[base + j]
         return jnp.where(lb >= 0, lb * page, length)
       return (c * pages + j) * page
     wv = _mosaic.load(w_smem, plgpu.Layout.WGMMA.reduce(0), interpret)
@@ -124,9 +132,10 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
       def _():
         o_smem[j] = jnp.where(lane < 0, 0.0, NEG_INF)
 
-    specs = [plgpu.BlockSpec((None, page, d), lambda j: (t_smem[j], 0, 0), transforms=ktf)]
+    specs = [plgpu.BlockSpec((None, page, d), lambda j: (t_smem[base + j], 0, 0),
+                             transforms=ktf)]
     if has_scale:
-      specs.append(plgpu.BlockSpec((None, page), lambda j: (t_smem[j], 0)))
+      specs.append(plgpu.BlockSpec((None, page), lambda j: (t_smem[base + j], 0)))
     live = first_slot(0) < length  # a run past the length (or all padding) loads nothing
 
     @pl.when(live)
@@ -148,9 +157,9 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
       scratch_types=[
           plgpu.SMEM((h, d), q.dtype, transforms=tf),
           plgpu.SMEM((h,), jnp.float32),
-          plgpu.SMEM((pages,), jnp.int32),
+          plgpu.SMEM((tw,), jnp.int32),
           plgpu.SMEM((ROW,), jnp.int32),
-          plgpu.SMEM((pages if sparse else ROW,), jnp.int32),
+          plgpu.SMEM((tw if sparse else ROW,), jnp.int32),
           plgpu.SMEM((pages, page), jnp.float32),
           plgpu.Barrier(num_barriers=5),
       ],
