@@ -348,6 +348,19 @@ def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
                        z((b, mb), jnp.int32), z((b,), jnp.int32), z((b, h)), pages=48)
 
 
+def test_decode_mosaic_run_length_follows_the_cta_count():
+  """mosaic_pages=None: 32-page runs while a call gets >= MOSAIC_MIN_CTAS CTAs, shorter runs
+  for small batches; an explicit value is kept."""
+  from pallas_kernels.indexer_decode.config import MOSAIC_MIN_CTAS
+  cfg = indexer_decode.DecodeConfig()
+  assert cfg.mosaic_pages_for(64, 2048) == 32
+  assert cfg.mosaic_pages_for(1, 16384) == 32
+  assert cfg.mosaic_pages_for(1, 2048) == 16  # 1 x 128K slots: 64 CTAs of 32 pages are too few
+  assert cfg.mosaic_pages_for(1, 512) == 8
+  assert 1 * -(-2048 // 16) >= MOSAIC_MIN_CTAS > 2048 // 32
+  assert indexer_decode.DecodeConfig(mosaic_pages=64).mosaic_pages_for(1, 512) == 64
+
+
 def test_decode_kernel_choice_is_validated():
   """DecodeConfig.kernel / mosaic_*: bad values are refused by name; "mosaic" where it cannot
   run (two verifier rows) raises instead of running another kernel."""

@@ -12,8 +12,11 @@ from pallas_kernels._util import is_pow2
 MOSAIC_AUTO = (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                ("bfloat16", "float8_e4m3fn"))
 
-# mosaic_pages=None: runs shrink from 32 pages until a call has at least this many CTAs
-MOSAIC_MIN_CTAS = 528  # 4 per SM of the H200; provisional until the session-5 sweep
+# mosaic_pages=None: runs shrink from 32 pages until a call has at least this many CTAs, about
+# one per SM (benchmarks/results/session5/decode_pages.json: B=1 x 128K took 18.7 us with 32
+# pages = 64 CTAs, 10.3 with 16 = 128 CTAs, 13.5 with 8; at >= 512 CTAs the length mattered
+# little)
+MOSAIC_MIN_CTAS = 128
 
 
 @dataclasses.dataclass(frozen=True)
