@@ -136,7 +136,9 @@ def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bf
 def _cfg_str(cfg) -> str:
   if cfg is None:
     return "default"
-  return ",".join(f"{k}={v}" for k, v in vars(cfg).items())
+  base = vars(type(cfg)())
+  diff = [f"{k}={v}" for k, v in vars(cfg).items() if base.get(k) != v]
+  return ",".join(diff) or "default"
 
 
 def _jnp_prefill(q, k, w, pos):
@@ -223,9 +225,10 @@ def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), ap
       for cfg in configs:
         f = jax.jit(lambda x, cfg=cfg: _topk.topk(x, k, implementation="pallas", config=cfg))
         add("jaxsparse", _timed(f, sets, reps=reps, calls=calls), _cfg_str(cfg))
-      if unsorted:
-        f = jax.jit(lambda x: _topk.topk(x, k, implementation="pallas", sorted=False))
-        add("jaxsparse(sorted=False)", _timed(f, sets, reps=reps, calls=calls))
+        if unsorted:
+          f = jax.jit(lambda x, cfg=cfg: _topk.topk(x, k, implementation="pallas", sorted=False,
+                                                    config=cfg))
+          add("jaxsparse(sorted=False)", _timed(f, sets, reps=reps, calls=calls), _cfg_str(cfg))
     del sets
   _add_ratios(rows)
   return rows

@@ -397,3 +397,108 @@ def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
       interpret=interpret, name="jaxsparse_topk_index_order",
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
   return v[:, :k], i[:, :k]
+
+
+def _compact_groups_kernel(x_ref, len_ref, thr_ref, gm_ref, ctr_in, ctr_ref, v_ref, i_ref,
+                           st_ref, cnt_ref, *, chunk: int, group: int, capacity: int):
+  """One (row, chunk): the chunk's candidates (entries >= the row threshold) appended to the
+  row's buffer at a range reserved with one atomic add, in index order within the range.
+
+  Only groups whose maximum reaches the threshold can hold a candidate, so the others are not
+  loaded (masked loads move no memory): with ~2k qualifying groups of N / g, this pass reads a
+  fraction of the row. The range's start and length are recorded per chunk for `reorder`.
+  """
+  del ctr_in
+  c = pl.program_id(1)
+  ng = chunk // group
+  thr = thr_ref[0]
+  qual = jnp.broadcast_to((gm_ref[...] >= thr)[:, None], (ng, group))
+  x = plgpu.load(x_ref, mask=qual, other=NEG_INF).astype(jnp.float32)
+  idx = (c * chunk + lax.broadcasted_iota(jnp.int32, (ng, group), 0) * group
+         + lax.broadcasted_iota(jnp.int32, (ng, group), 1))
+  x = jnp.where(x == 0, 0.0, x)
+  take = qual & (idx < len_ref[0]) & (x == x) & (x >= thr) & (x > NEG_INF)
+  t = take.astype(jnp.int32)
+  gtot = jnp.sum(t, axis=1)
+  before = (jnp.cumsum(gtot) - gtot)[:, None] + jnp.cumsum(t, axis=1) - 1
+  cnt = jnp.sum(gtot)
+  start = plgpu.atomic_add(ctr_ref, (pl.ds(0, 1),), cnt.reshape(1))[0]
+  pos = start + before
+  keep = take & (pos < capacity)
+  pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
+  plgpu.store(v_ref.at[pos], x, mask=keep)
+  plgpu.store(i_ref.at[pos], idx, mask=keep)
+  st_ref[...] = start.reshape(1)
+  cnt_ref[...] = cnt.reshape(1)
+
+
+def compact_groups(x, lengths, thr, gmax, *, capacity: int, chunk: int, group: int,
+                   num_warps: int, interpret: bool):
+  """x [R, N] (N % chunk == 0), lengths [R], thr [R], gmax [R, N / group] (maxima of valid
+  entries per group) -> (values, indices) [R, W >= capacity] candidates grouped by chunk in
+  an arbitrary chunk order, starts and counts [R, N / chunk] int32 (each chunk's range), and
+  total [R] int32 candidates per row (slots past min(total, capacity) are not initialised)."""
+  r, n = x.shape
+  ng = chunk // group
+  width = _scatter_width(capacity, interpret)
+  row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  one = pl.BlockSpec((1,), lambda r, c: (r,))
+  per_chunk = pl.BlockSpec((None, 1), lambda r, c: (r, c))
+  total, v, i, st, cnt = pl.pallas_call(
+      functools.partial(_compact_groups_kernel, chunk=chunk, group=group, capacity=capacity),
+      grid=(r, n // chunk),
+      in_specs=[pl.BlockSpec((None, ng, group), lambda r, c: (r, c, 0)), one, one,
+                pl.BlockSpec((None, ng), lambda r, c: (r, c)), one],
+      out_specs=[one, row, row, per_chunk, per_chunk],
+      out_shape=[jax.ShapeDtypeStruct((r,), jnp.int32),
+                 jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32),
+                 jax.ShapeDtypeStruct((r, n // chunk), jnp.int32),
+                 jax.ShapeDtypeStruct((r, n // chunk), jnp.int32)],
+      input_output_aliases={4: 0},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_compact_groups",
+  )(x.reshape(r, n // group, group), lengths, thr, gmax, jnp.zeros((r,), jnp.int32))
+  return v, i, st, cnt, total
+
+
+def _reorder_kernel(v_ref, i_ref, st_ref, cnt_ref, tot_ref, vo_ref, io_ref, *, chunks: int,
+                    capacity: int):
+  """One row: the chunk ranges of `compact_groups`' buffer put back in chunk (= index) order.
+  Output slot p belongs to the chunk whose exclusive count prefix covers it; its source is
+  that chunk's start plus p's distance into the chunk. Slots past the total get -inf / -1."""
+  p = lax.broadcasted_iota(jnp.int32, vo_ref.shape, 0)
+
+  def body(j, carry):
+    src, excl = carry
+    cnt = cnt_ref[j]
+    inside = (p >= excl) & (p < excl + cnt)
+    return jnp.where(inside, st_ref[j] + p - excl, src), excl + cnt
+
+  src, _ = lax.fori_loop(0, chunks, body, (jnp.zeros(p.shape, jnp.int32), jnp.int32(0)))
+  ok = (p < tot_ref[0]) & (src < capacity)
+  src = jnp.where(ok, src, 0)
+  vo_ref[...] = plgpu.load(v_ref.at[src], mask=ok, other=NEG_INF)
+  io_ref[...] = plgpu.load(i_ref.at[src], mask=ok, other=-1)
+
+
+def reorder(v, i, starts, counts, total, *, capacity: int, num_warps: int = 8,
+            interpret: bool = False):
+  """`compact_groups`' outputs -> (values, indices) [R, W >= capacity]: each row's first
+  min(total, capacity) slots hold its candidates in index order, the rest -inf / -1."""
+  r, chunks = counts.shape
+  width = v.shape[1]
+  out_w = _scatter_width(capacity, interpret)
+  row_in = pl.BlockSpec((None, width), lambda i: (i, 0))
+  row_c = pl.BlockSpec((None, chunks), lambda i: (i, 0))
+  row_out = pl.BlockSpec((None, out_w), lambda i: (i, 0))
+  return pl.pallas_call(
+      functools.partial(_reorder_kernel, chunks=chunks, capacity=capacity),
+      grid=(r,),
+      in_specs=[row_in, row_in, row_c, row_c, pl.BlockSpec((1,), lambda i: (i,))],
+      out_specs=[row_out, row_out],
+      out_shape=[jax.ShapeDtypeStruct((r, out_w), jnp.float32),
+                 jax.ShapeDtypeStruct((r, out_w), jnp.int32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_reorder",
+  )(v, i, starts, counts, total)
