@@ -372,18 +372,13 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
 def _predict(state, lengths, config, key):
   """SPIN's block selection alone."""
   from jaxsparse import spin
-  keys = jax.random.split(key, lengths.shape[0])
-  return jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
-                                                                   config, keys)
+  return spin.select_blocks_batched(state, lengths - 1, lengths, config, key)
 
 
 def _predict_update(state, lengths, config, key):
   """SPIN's overhead alone: block selection and an EMA update from the selected slots."""
   from jaxsparse import spin
-  bsz, cap = state["V"].shape
-  keys = jax.random.split(key, bsz)
-  masks = jax.vmap(spin.select_blocks, in_axes=(0, 0, 0, None, 0))(state, lengths - 1, lengths,
-                                                                    config, keys)
+  masks = spin.select_blocks_batched(state, lengths - 1, lengths, config, key)
   obs = jnp.repeat(masks, config.block_size, axis=1)
   return jax.vmap(spin.update_dense, in_axes=(0, 0, 0, 0, 0, None))(state, state["V"], obs,
                                                                     lengths - 1, lengths, config)

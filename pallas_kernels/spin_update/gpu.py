@@ -115,3 +115,66 @@ def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     z.astype(jnp.float32), v, d)
   return v, d, blk[:, :width]
+
+
+def _predict_kernel(v_ref, d_ref, pos_ref, len_ref, o_ref, *, page: int, blocks: int,
+                    nb: int):
+  """Block scores with max pooling for `blocks` consecutive blocks of one request:
+  S[j] = max over slots i of block j (i < length) of max(V[i], D[pos - i]) (D -> 0 for i > pos).
+
+  Max pooling does not need V[i] and D[pos - i] side by side: S[j] = max(max of V over the
+  block, max of D over the block's offset window). A window (pos - (j+1) * page, pos - j * page]
+  covers the columns >= s of one page-aligned D row and the columns < s of the next, s =
+  (pos + 1) mod page, so D is read as whole aligned rows (vectorised loads; rows in
+  descending order put window j next to block j) instead of element by element backwards.
+  """
+  j0 = pl.program_id(1) * blocks
+  pos = pos_ref[0]
+  length = len_ref[0]
+  jj = lax.broadcasted_iota(jnp.int32, (blocks, page), 0)
+  t = lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
+  jrow = j0 + lax.broadcasted_iota(jnp.int32, (blocks,), 0)
+  i = (j0 + jj) * page + t
+  ok_v = jnp.broadcast_to((jrow < nb)[:, None], (blocks, page))
+  v = plgpu.load(v_ref.at[jnp.where(ok_v, i, 0)], mask=ok_v, other=0.0).astype(jnp.float32)
+  vmax = jnp.max(jnp.where(i < length, v, NEG_INF), axis=1)
+  s = lax.rem(pos + 1, page)
+  s = jnp.where(s < 0, s + page, s)
+  base = pos + 1 - (jrow + 1) * page  # lowest offset of block j's window
+  mrow = lax.div(base - s, page)  # exact: base - s is a multiple of page
+
+  def window_part(row, use):
+    ok_row = jnp.broadcast_to(((row >= 0) & (row < nb))[:, None], (blocks, page))
+    o = row[:, None] * page + t  # the offset of each element
+    x = plgpu.load(d_ref.at[jnp.where(ok_row, o, 0)], mask=ok_row, other=0.0).astype(jnp.float32)
+    slot = pos - o
+    x = jnp.where(o >= 0, x, 0.0)  # slots past the query see D = 0 (as `by_offset` fills)
+    keep = use & (slot >= 0) & (slot < length) & (o < nb * page)
+    return jnp.max(jnp.where(keep, x, NEG_INF), axis=1)
+
+  dmax = jnp.maximum(window_part(mrow, t >= s), window_part(mrow + 1, t < s))
+  o_ref[...] = jnp.maximum(vmax, dmax)
+
+
+def predict_blocks_gpu(v, d, pos, lengths, *, page: int, blocks: int = 32,
+                       interpret: bool = False):
+  """SPIN block scores with max pooling (reduction A1): v, d [B, cap] float32 or bfloat16 (cap
+  a multiple of page), pos, lengths [B] int32 -> [B, cap / page] float32, -inf for blocks past
+  each length. One pass over V and D with aligned, vectorised loads."""
+  bsz, cap = v.shape
+  nb = cap // page
+  blocks = min(blocks, 1 << (max(nb, 1).bit_length() - 1))
+  grid_n = -(-nb // blocks)
+  row = pl.BlockSpec((None, cap), lambda b, c: (b, 0))
+  one = pl.BlockSpec((1,), lambda b, c: (b,))
+  out = pl.pallas_call(
+      functools.partial(_predict_kernel, page=page, blocks=blocks, nb=nb),
+      grid=(bsz, grid_n),
+      in_specs=[row, row, one, one],
+      out_specs=pl.BlockSpec((None, blocks), lambda b, c: (b, c)),
+      out_shape=jax.ShapeDtypeStruct((bsz, grid_n * blocks), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret, name="jaxsparse_spin_predict",
+  )(v, d, pos.astype(jnp.int32),
+    lengths.astype(jnp.int32))
+  return out[:, :nb]
