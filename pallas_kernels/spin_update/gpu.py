@@ -46,9 +46,10 @@ def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk
   i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
   obs = (j[:, None] >= 0) & (i < length)
   z = jnp.where(obs, z_ref[...].reshape(blocks, page), 0.0)
-  i_safe = jnp.where(obs, i, 0)
-  v = plgpu.load(v_ref.at[i_safe], mask=obs, other=0.0)
-  plgpu.store(v_ref.at[i_safe], _ema(v, z, decay), mask=obs)
+  # i unclamped (padding rows point before the array, masked): a select would hide the
+  # per-block contiguity from Triton and turn the vector loads into scalar ones
+  v = plgpu.load(v_ref.at[i], mask=obs, other=0.0)
+  plgpu.store(v_ref.at[i], _ema(v, z, decay), mask=obs)
   o = jnp.where(obs, pos - i, 0)
   d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
   plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
@@ -135,8 +136,10 @@ def _predict_kernel(v_ref, d_ref, pos_ref, len_ref, o_ref, *, page: int, blocks:
   t = lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
   jrow = j0 + lax.broadcasted_iota(jnp.int32, (blocks,), 0)
   i = (j0 + jj) * page + t
+  # indices are left unclamped: a select would hide their contiguity from Triton (no vector
+  # loads); masked lanes touch no memory
   ok_v = jnp.broadcast_to((jrow < nb)[:, None], (blocks, page))
-  v = plgpu.load(v_ref.at[jnp.where(ok_v, i, 0)], mask=ok_v, other=0.0).astype(jnp.float32)
+  v = plgpu.load(v_ref.at[i], mask=ok_v, other=0.0).astype(jnp.float32)
   vmax = jnp.max(jnp.where(i < length, v, NEG_INF), axis=1)
   s = lax.rem(pos + 1, page)
   s = jnp.where(s < 0, s + page, s)
@@ -146,7 +149,7 @@ def _predict_kernel(v_ref, d_ref, pos_ref, len_ref, o_ref, *, page: int, blocks:
   def window_part(row, use):
     ok_row = jnp.broadcast_to(((row >= 0) & (row < nb))[:, None], (blocks, page))
     o = row[:, None] * page + t  # the offset of each element
-    x = plgpu.load(d_ref.at[jnp.where(ok_row, o, 0)], mask=ok_row, other=0.0).astype(jnp.float32)
+    x = plgpu.load(d_ref.at[o], mask=ok_row, other=0.0).astype(jnp.float32)
     slot = pos - o
     x = jnp.where(o >= 0, x, 0.0)  # slots past the query see D = 0 (as `by_offset` fills)
     keep = use & (slot >= 0) & (slot < length) & (o < nb * page)

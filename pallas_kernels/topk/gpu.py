@@ -422,7 +422,9 @@ def _compact_groups_kernel(x_ref, len_ref, thr_ref, gm_ref, ctr_in, ctr_ref, v_r
   gtot = jnp.sum(t, axis=1)
   before = (jnp.cumsum(gtot) - gtot)[:, None] + jnp.cumsum(t, axis=1) - 1
   cnt = jnp.sum(gtot)
-  start = plgpu.atomic_add(ctr_ref, (pl.ds(0, 1),), cnt.reshape(1))[0]
+  # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
+  # integer value (a [1] tensor would get a float add, which flushes small ints to zero)
+  start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), cnt)
   pos = start + before
   keep = take & (pos < capacity)
   pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
