@@ -24,9 +24,6 @@ def main(argv=None):
   p.add_argument("--finish", default="",
                  help="comma list of TopkConfig.finish values to time (e.g. sort,rank); "
                       "implies one config per value")
-  p.add_argument("--compaction", default="",
-                 help="comma list of TopkConfig.compaction values to time (groups,scan); "
-                      "implies one config per value")
   p.add_argument("--unsorted", action="store_true",
                  help="also time the top-k as a set: jaxsparse and torch.topk with sorted=False")
   p.add_argument("--batches", default="", help="comma list of B (default: shapes.TOPK_BATCHES)")
@@ -38,8 +35,6 @@ def main(argv=None):
   cfgs = (TopkConfig(),) if a.default_config_only else CONFIGS
   if a.finish:
     cfgs = tuple(TopkConfig(finish=f.strip()) for f in a.finish.split(","))
-  if a.compaction:
-    cfgs = tuple(TopkConfig(compaction=c.strip()) for c in a.compaction.split(","))
   if a.quick:
     rows = bench.bench_topk((1, 2), (8192,), (64,), configs=(None,), reps=2, calls=3,
                             unsorted=True)
@@ -47,7 +42,7 @@ def main(argv=None):
   else:
     rows = bench.bench_topk(batches, n_list, ks, configs=cfgs,
                             approx=not a.no_approx, unsorted=a.unsorted)
-    fused = [] if (a.default_config_only or a.finish or a.compaction) else bench.bench_decode_topk(
+    fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
   print_table(rows, ["B", "N", "K", "impl", "config", "us", "tbps", "vs_lax_top_k", "vs_torch", "error"])
   print_table(fused, ["B", "N", "K", "impl", "us", "vs_jnp", "error"])

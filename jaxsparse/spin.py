@@ -196,17 +196,13 @@ def top_mask(score, eligible, n):
   return _rank_desc(score, eligible) < n
 
 
-def select_blocks(state, pos, length, config: SpinConfig, key, scores=None):
+def select_blocks(state, pos, length, config: SpinConfig, key):
   """Block mask [num_blocks] bool for one query at slot `pos` seeing `length` slots.
 
   Cold state (first step after a reset): every block. Otherwise the forced blocks (sink and
   newest), the best predicted blocks, and floor(gamma * m_t) explored blocks, m_t in total
   (sec. 3.2.1). A0 instead keeps every block holding one of the top-K predicted slots.
-  scores: optional precomputed `block_scores(state, pos, length, config)` [num_blocks] (the
-  batched GPU kernel `predict_blocks_gpu` computes them for a whole batch in one pass).
   """
-  if scores is None and config.reduction != "A0":
-    scores = block_scores(state, pos, length, config)
   b = config.block_size
   nb = state["VB"].shape[-1]
   jb = jnp.arange(nb)
@@ -227,15 +223,16 @@ def select_blocks(state, pos, length, config: SpinConfig, key, scores=None):
     hit = jnp.zeros(nb, bool).at[jnp.where(idx >= 0, idx // b, nb)].set(True, mode="drop") & valid
     exploit = hit & ~forced
   else:
-    exploit = top_mask(scores, valid & ~forced, n_exploit)
+    s = block_scores(state, pos, length, config)
+    exploit = top_mask(s, valid & ~forced, n_exploit)
   rest = valid & ~forced & ~exploit
   if config.explore == "random":
     prio = jax.random.uniform(key, (nb,))
   elif config.explore == "block-age":
     prio = (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * jax.random.uniform(key, (nb,))
   elif config.explore == "staleness":
-    s = scores if config.reduction != "A0" else block_scores(
-        state, pos, length, dataclasses.replace(config, reduction="A1"))
+    s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
+                     if config.reduction == "A0" else config)
     stale = (state["step"] - state["age"]).astype(jnp.float32)
     lo = jnp.min(jnp.where(valid, s, jnp.inf))
     prio = stale * (jnp.where(valid, s, lo) - lo + 1e-6)
@@ -246,26 +243,14 @@ def select_blocks(state, pos, length, config: SpinConfig, key, scores=None):
   return jnp.where(state["warm"], mask, valid)
 
 
-# ---------------------------------------------------------------------------------- update
-
-
-def select_blocks_batched(state, pos, lengths, config: SpinConfig, key, *,
-                          implementation=None):
-  """`select_blocks` for B requests: state with a leading batch axis, pos/lengths [B] ->
-  masks [B, num_blocks] bool. With the Pallas implementation on GPU and max pooling (A1), the
-  block scores come from one batched kernel pass over V and D (`predict_blocks_gpu`)."""
-  from jaxsparse import backend
-  impl = backend.resolve(implementation)
-  plat = backend.kernel_platform()
-  scores = None
-  if (impl == "pallas" and plat.kind == "gpu" and config.pooling == "max"
-      and config.reduction == "A1"):
-    from pallas_kernels.spin_update import predict_blocks_gpu
-    scores = predict_blocks_gpu(state["V"], state["D"], pos, lengths, page=config.block_size,
-                                interpret=plat.interpret)
+def select_blocks_batched(state, pos, lengths, config: SpinConfig, key):
+  """`select_blocks` for B requests: state with a leading batch axis, pos/lengths [B], one key
+  -> masks [B, num_blocks] bool (the step and the benchmarks share this)."""
   keys = jax.random.split(key, pos.shape[0])
-  return jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0, 0))(state, pos, lengths, config,
-                                                                keys, scores)
+  return jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
+
+
+# ---------------------------------------------------------------------------------- update
 
 
 def _ema(old, new, a):
@@ -646,7 +631,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   pos = lengths - 1
   impl = backend.resolve(implementation)
   plat = backend.kernel_platform()
-  masks = select_blocks_batched(state, pos, lengths, config, key, implementation=impl)
+  masks = select_blocks_batched(state, pos, lengths, config, key)
   width = _aligned_width(max_selected_blocks(nb, config), nb)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 

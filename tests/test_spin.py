@@ -383,29 +383,3 @@ def test_bfloat16_state_keeps_quality_on_real_trace():
   with pytest.raises(ValueError, match="state_dtype"):
     spin.SpinConfig(state_dtype="float16")
 
-
-@pytest.mark.parametrize("page,nb,dtype", [(64, 40, "bfloat16"), (16, 37, "float32"),
-                                           (4, 8, "float32")])
-def test_predict_blocks_kernel_matches_block_scores(page, nb, dtype):
-  """The batched block-score kernel (max pooling from page-aligned D rows, GPU interpret) equals
-  `block_scores` per request: ragged lengths, a query before the end of its context (slots past
-  it see D = 0), a one-slot context, block counts that are not a multiple of the tile; and it
-  lowers for CUDA."""
-  from pallas_kernels.spin_update import predict_blocks_gpu
-  from tests.conftest import export_for
-  rng = np.random.default_rng(page + nb)
-  cap, b = nb * page, 5
-  v = jnp.asarray(rng.standard_normal((b, cap)), dtype)
-  d = jnp.asarray(rng.standard_normal((b, cap)), dtype)
-  lens = np.array([cap, 1, page * 3 + 5, cap - 7, page])
-  pos = lens - 1
-  pos[3] = lens[3] - 20
-  cfg = spin.SpinConfig(block_size=page, topk=4, sparsity=0.4)
-  got = np.asarray(predict_blocks_gpu(v, d, jnp.asarray(pos), jnp.asarray(lens), page=page,
-                                      interpret=True))
-  for r in range(b):
-    st = {"V": v[r], "D": d[r], "VB": jnp.zeros(nb), "DB": jnp.zeros(nb)}
-    np.testing.assert_array_equal(got[r], np.asarray(spin.block_scores(st, pos[r], lens[r], cfg)))
-  S = jax.ShapeDtypeStruct
-  export_for(lambda v, d, p, l: predict_blocks_gpu(v, d, p, l, page=page), "cuda",
-             S(v.shape, v.dtype), S(d.shape, d.dtype), S((b,), jnp.int32), S((b,), jnp.int32))

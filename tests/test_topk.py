@@ -79,59 +79,6 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
   _check(_rows(x, lens, k, plat, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
 
 
-def test_group_compaction_reorders_scrambled_chunk_ranges():
-  """compact_groups appends each chunk's candidates at a range reserved by an atomic add, so on
-  a GPU the ranges land in any order. Its counts match the count pass (interpret), and reorder
-  puts ranges given in a scrambled order back in index order."""
-  from pallas_kernels.topk import gpu as kgpu
-  rng = np.random.default_rng(7)
-  r, n, k, chunk, g = 3, 32768, 256, 4096, 16
-  x = jnp.asarray(rng.standard_normal((r, n)), jnp.float32)
-  lens = jnp.asarray([n, n - 1000, 5000], jnp.int32)
-  gm = kgpu.group_max(x, lens, chunk=chunk, group=g, num_warps=4, interpret=True)
-  thr = kgpu.threshold(gm, k, iters=20, num_warps=8, interpret=True)
-  cap = 1024
-  v, i, st, cnt, tot = kgpu.compact_groups(x, lens, thr, gm, capacity=cap, chunk=chunk,
-                                           group=g, num_warps=4, interpret=True)
-  ref_cnt = np.asarray(kgpu.count(x, lens, thr, chunk=chunk, num_warps=4, interpret=True))
-  np.testing.assert_array_equal(np.asarray(cnt), ref_cnt)
-  np.testing.assert_array_equal(np.asarray(tot), ref_cnt.sum(1))
-  assert (ref_cnt.sum(1) <= cap).all()
-  v, i, st, cnt = (np.asarray(a) for a in (v, i, st, cnt))
-  # scramble: lay the chunk ranges out again in a random order, as concurrent CTAs would
-  sv, si = np.full_like(v, -np.inf), np.full_like(i, -1)
-  sst = np.zeros_like(st)
-  for row in range(r):
-    off = 0
-    for c in rng.permutation(cnt.shape[1]):
-      sv[row, off:off + cnt[row, c]] = v[row, st[row, c]:st[row, c] + cnt[row, c]]
-      si[row, off:off + cnt[row, c]] = i[row, st[row, c]:st[row, c] + cnt[row, c]]
-      sst[row, c] = off
-      off += cnt[row, c]
-  ov, oi = kgpu.reorder(jnp.asarray(sv), jnp.asarray(si), jnp.asarray(sst), jnp.asarray(cnt),
-                        jnp.asarray(cnt.sum(1), jnp.int32), capacity=cap, interpret=True)
-  xn = np.asarray(x)
-  for row in range(r):
-    m = cnt[row].sum()
-    want = np.flatnonzero((xn[row] >= np.asarray(thr)[row]) & (np.arange(n) < lens[row]))
-    np.testing.assert_array_equal(np.asarray(oi)[row, :m], want)
-    np.testing.assert_array_equal(np.asarray(ov)[row, :m], xn[row, want])
-    assert (np.asarray(oi)[row, m:cap] == -1).all()
-
-
-@pytest.mark.parametrize("compaction", ["groups", "scan"])
-def test_both_compactions_on_ragged_rows_gpu(compaction):
-  rng = np.random.default_rng(11)
-  n, k = 300000, 512  # long rows: groups path uses longer chunks
-  x = rng.standard_normal((3, n)).astype(np.float32)
-  x[2, 5000:5600] = 4.0  # ties above the threshold
-  lens = np.array([n, n // 3 + 1, n])
-  plat = KernelPlatform("gpu", True)
-  _check(_rows(x, lens, k, plat, ktopk.TopkConfig(compaction=compaction)), x, k, lens)
-  with pytest.raises(ValueError, match="compaction"):
-    ktopk.TopkConfig(compaction="atomic")
-
-
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
 def test_rank_finish_matches_numpy(n, k):
   """The rank-counting finish (GPU kernel, interpret): ties by index, overflow rows after the
@@ -243,8 +190,7 @@ def test_topk_lowers_for_tpu_and_gpu():
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
-  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
-                       (ktopk.TopkConfig(compaction="scan"), True)):
+  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

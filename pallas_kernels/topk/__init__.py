@@ -6,10 +6,7 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   1. group maxima (one streaming pass; fused into decode scoring by `jaxsparse.indexer_topk`),
   2. t = k-th largest group maximum (`lax.top_k` over N / g entries), or on GPU a value found
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
-  3. count and compact the candidates in index order into a [R, C] buffer; on GPU by default
-     (TopkConfig(compaction="groups")) one pass that loads only the groups whose maximum
-     reaches t, appends each chunk's candidates at a range reserved by an atomic add, and a
-     per-row kernel that puts the chunk ranges back in index order (no count pass, no scan),
+  3. count and compact the candidates in index order into a [R, C] buffer,
   4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
      GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank. When the
      caller asks for the top-k as a set (ordered=False: ascending index order, what sparse
@@ -116,23 +113,12 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
       thr = _gpu.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
     else:
       thr = lax.top_k(gmax, k)[0][:, k - 1]
-    if config.compaction == "groups":
-      gq = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
-      # longer chunks for long rows: `reorder` walks the chunk ranges one by one
-      cc = chunk
-      while n_pad // cc > 64 and cc < 16384 and n_pad % (2 * cc) == 0:
-        cc *= 2
-      sv, si, starts, cnts, total = _gpu.compact_groups(
-          xp, lengths, thr, gq, capacity=capacity, chunk=cc, group=g,
-          num_warps=config.num_warps * (cc // chunk), interpret=interp)
-      cv, ci = _gpu.reorder(sv, si, starts, cnts, total, capacity=capacity, interpret=interp)
-    else:
-      counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
-                          interpret=interp)
-      offsets = jnp.cumsum(counts, axis=1) - counts
-      total = counts.sum(axis=1)
-      cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
-                            num_warps=config.num_warps, interpret=interp)
+    counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
+                        interpret=interp)
+    offsets = jnp.cumsum(counts, axis=1) - counts
+    total = counts.sum(axis=1)
+    cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
+                          num_warps=config.num_warps, interpret=interp)
     # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
     # is read on the host, ~35 us on the H200, more than the filter passes together)
     cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,

@@ -21,9 +21,6 @@ class TopkConfig:
     at most `rank_max_rows` rows when k >= `rank_min_k`, else sort; from the H200 timings in
     benchmarks/results/session3/topk_finish_partial.json, where rank won every single-row
     K=2048 shape and sort most K=512 ones).
-  compaction: how the candidates reach the buffer (GPU): "groups" (one pass reading only the
-    groups whose maximum reaches the threshold; chunk ranges reserved by atomic adds, then put
-    back in index order) or "scan" (a count pass, a scan of the counts, a compaction pass).
   """
   chunk: int = 4096
   capacity_factor: int = 2
@@ -34,15 +31,12 @@ class TopkConfig:
   finish: str = "auto"
   rank_max_rows: int = 16
   rank_min_k: int = 1024
-  compaction: str = "groups"
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
       raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
     if self.finish not in ("sort", "rank", "auto"):
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank' or 'auto'")
-    if self.compaction not in ("groups", "scan"):
-      raise ValueError(f"compaction={self.compaction!r} must be 'groups' or 'scan'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
