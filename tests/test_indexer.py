@@ -350,7 +350,7 @@ def test_decode_mosaic_kernel_lowers_for_cuda(dtype, scaled):
 
 def test_decode_mosaic_run_length_follows_the_cta_count():
   """mosaic_pages=None: 32-page runs while a call gets >= MOSAIC_MIN_CTAS CTAs, shorter runs
-  for small batches; mosaic_steps=None: 8 fp8 pages in flight, 4 bf16; explicit values kept."""
+  for small batches; an explicit value is kept."""
   from pallas_kernels.indexer_decode.config import MOSAIC_MIN_CTAS
   cfg = indexer_decode.DecodeConfig()
   assert cfg.mosaic_pages_for(64, 2048) == 32
@@ -359,9 +359,6 @@ def test_decode_mosaic_run_length_follows_the_cta_count():
   assert cfg.mosaic_pages_for(1, 512) == 8
   assert 1 * -(-2048 // 16) >= MOSAIC_MIN_CTAS > 2048 // 32
   assert indexer_decode.DecodeConfig(mosaic_pages=64).mosaic_pages_for(1, 512) == 64
-  # page gathers in flight: the same bytes for every key dtype unless configured
-  assert (cfg.mosaic_steps_for(2), cfg.mosaic_steps_for(1)) == (4, 8)
-  assert indexer_decode.DecodeConfig(mosaic_steps=2).mosaic_steps_for(1) == 2
 
 
 def test_decode_kernel_choice_is_validated():

@@ -59,7 +59,7 @@ def _use_mosaic(q, k_cache, max_blocks: int, config: DecodeConfig,
                        ("bfloat16", "float8_e4m3fn"))
   pages = config.mosaic_pages_for(q.shape[0], max_blocks)
   fits = (rows == 1 and dtypes_ok and (d * item) % 128 == 0
-          and mgpu.tiling_fits(pages, config.mosaic_steps_for(item), heads, d))
+          and mgpu.tiling_fits(pages, config.mosaic_steps, heads, d))
   if config.kernel == "mosaic":
     if not (fits and (platform.interpret or _mosaic.is_hopper_or_newer())):
       raise NotImplementedError(
@@ -86,7 +86,7 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
     from pallas_kernels.indexer_decode import mgpu
     z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
                                 pages=config.mosaic_pages_for(bsz, max_blocks),
-                                steps=config.mosaic_steps_for(k_cache.dtype.itemsize),
+                                steps=config.mosaic_steps,
                                 logical=logical, interpret=platform.interpret)
     return z[:, None]
   if platform.kind == "gpu":

@@ -34,8 +34,7 @@ class DecodeConfig:
     float16), one row per request, a compiled Hopper GPU; dense or SPIN's block-sparse
     scoring). Verifier rows (R > 1) and group maxima always run the Triton kernel.
   mosaic_pages, mosaic_steps: the Mosaic kernel's pages per CTA (8, 16 or a multiple of 32;
-    None: `mosaic_pages_for`, by the number of CTAs the call gets) and page gathers in flight
-    (None: `mosaic_steps_for`, 4 for bf16 keys and 8 for fp8 keys).
+    None: `mosaic_pages_for`, by the number of CTAs the call gets) and page gathers in flight.
   """
   # default: the fastest bf16 tiling of the sweeps in benchmarks/results/decode_sweep_*.json
   pages_per_step: int = 2
@@ -44,7 +43,7 @@ class DecodeConfig:
   num_stages: int | None = None
   kernel: str = "auto"
   mosaic_pages: int | None = None
-  mosaic_steps: int | None = None
+  mosaic_steps: int = 4
 
   def mosaic_pages_for(self, batch: int, max_blocks: int) -> int:
     """Pages per CTA: the configured value, else the largest of 32, 16, 8 that still gives
@@ -55,14 +54,6 @@ class DecodeConfig:
       if batch * -(-max_blocks // pages) >= MOSAIC_MIN_CTAS:
         return pages
     return 8
-
-  def mosaic_steps_for(self, key_itemsize: int) -> int:
-    """Page gathers in flight: the configured value, else the same bytes in flight for every
-    key dtype (4 bf16 pages of 16 KB, 8 fp8 pages of 8 KB): an fp8 page carries half the
-    bytes, so twice as many keep the same amount of memory traffic outstanding."""
-    if self.mosaic_steps is not None:
-      return self.mosaic_steps
-    return 4 if key_itemsize >= 2 else 8
 
   def stages_for(self, key_itemsize: int) -> int:
     if self.num_stages is not None:
@@ -75,9 +66,8 @@ class DecodeConfig:
     mp = self.mosaic_pages
     if mp is not None and (not isinstance(mp, int) or mp < 1 or (mp not in (8, 16) and mp % 32)):
       raise ValueError(f"mosaic_pages={mp!r} must be None, 8, 16 or a positive multiple of 32")
-    ms = self.mosaic_steps
-    if ms is not None and (not isinstance(ms, int) or ms < 1):
-      raise ValueError(f"mosaic_steps={ms!r} must be None or a positive int")
+    if not isinstance(self.mosaic_steps, int) or self.mosaic_steps < 1:
+      raise ValueError(f"mosaic_steps={self.mosaic_steps!r} must be a positive int")
     for name in ("pages_per_step", "steps_per_program", "num_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v):
