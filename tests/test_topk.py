@@ -81,8 +81,8 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
 def test_rank_finish_matches_numpy(n, k):
-  """The rank-counting finish (GPU kernel, interpret): ties by index, overflow rows after the
-  repair, fewer valid entries than k, -0.0, NaN and -inf."""
+  """The rank-counting and set-then-sort finishes (GPU kernels, interpret): ties by index,
+  overflow rows after the repair, fewer valid entries than k, -0.0, NaN and -inf."""
   rng = np.random.default_rng(n + k)
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.round(x[1])  # heavy ties: overflow, repaired, then ranked
@@ -92,7 +92,8 @@ def test_rank_finish_matches_numpy(n, k):
   x[4, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto")):
+  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto"),
+              ktopk.TopkConfig(finish="set-sort")):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
@@ -190,7 +191,8 @@ def test_topk_lowers_for_tpu_and_gpu():
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
-  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False)):
+  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
+                       (ktopk.TopkConfig(finish="set-sort"), True)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
