@@ -9,6 +9,7 @@ import argparse
 
 from jaxsparse import bench
 from jaxsparse.benchtools import environment, print_table, write_json
+from pallas_kernels.topk import TopkConfig
 
 
 def main(argv=None):
@@ -22,6 +23,8 @@ def main(argv=None):
                  help="SPIN's EMA state dtype")
   p.add_argument("--step-only", action="store_true",
                  help="time only the full step and the SPIN step (warm=True), not its parts")
+  p.add_argument("--topk-finish", default="",
+                 help="TopkConfig.finish for both steps' top-K (default: the library's)")
   p.add_argument("--unsorted", action="store_true",
                  help="both steps return the top-K as a set (sorted=False)")
   a = p.parse_args(argv)
@@ -33,7 +36,8 @@ def main(argv=None):
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype,
-                            unsorted=a.unsorted)
+                            unsorted=a.unsorted, topk_config=TopkConfig(finish=a.topk_finish)
+                            if a.topk_finish else None)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "compact_us", "sparse_scores_us", "topk_width_us",
                      "predict_update_us",
                      "predict_update_frac", "realized", "error"])

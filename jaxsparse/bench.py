@@ -289,20 +289,23 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
-               reps=5, calls=20, step_only=False, state_dtype="bfloat16", unsorted=False):
+               reps=5, calls=20, step_only=False, state_dtype="bfloat16", unsorted=False,
+               topk_config=None):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state. unsorted: both steps return their top-K
-  as a set (sorted=False), as sparse attention needs."""
+  as a set (sorted=False), as sparse attention needs. topk_config: both steps' TopkConfig."""
   srt = not unsorted
   from jaxsparse import spin
   rows = []
   for bsz, n, (q, w, lens, table, kc) in _paged_cases(batches, slots_list, heads, head_dim,
                                                       seed):
-    full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k, sorted=srt))
+    full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k, sorted=srt,
+                                                              topk_config=topk_config))
     full_s, err = _timed(full, [(q, kc, table, lens, w)], reps=reps, calls=calls)
     _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err, sorted=srt,
-                     us=full_s * 1e6, vs_full=1.0, realized=0.0))
+                     topk_config=_cfg_str(topk_config), us=full_s * 1e6, vs_full=1.0,
+                     realized=0.0))
     for rho in sparsities:
       cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype)
       st = spin.init_state(n, cfg, (bsz,))
@@ -345,7 +348,8 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
             ("sparse_scores", lambda q, kc, t, l, w, s, c: spin._sparse_scores(
                 q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
              (q, kc, table, lens, w, sel, counts)),
-            ("topk_width", lambda z: _topk.topk(z, k, sorted=srt), (zsel,))):
+            ("topk_width", lambda z: _topk.topk(z, k, sorted=srt, config=topk_config),
+             (zsel,))):
           stage_us[sname], _ = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls)
       variants = ((("SPIN step", None),) if not step_only else ()) + (
           ("SPIN step, warm=True", True),)
@@ -353,11 +357,11 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
         # the whole step, EMA update included (the new state is an output and, in-graph, the
         # next call's state, as in a decode loop)
         step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg, warm=warm: spin.decode_step(
-            st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt)[:3])
+            st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt, topk_config=topk_config)[:3])
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
-                         sorted=srt,
+                         sorted=srt, topk_config=_cfg_str(topk_config),
                          error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
                          predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
                          update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,
