@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The next device call (one call, < 10 min): what session 5 left open.
+# 0. first `bash benchmarks/run_h200_s5e.sh` (the set-then-sort top-K finish: GPU tests, timing
+#    against the buffer sort, the SPIN step with it): written in session 5, never run;
 # 1. why mid-size fp8 decode calls (8 x 128K: ~46-51 us, floor ~33) are slower than their bytes:
 #    ncu stall reasons and occupancy for bf16 vs fp8 q+k at 8 x 131072 (kernel alone);
 # 2. the top-K per kernel at B=64 x 128K (sorted and set), the baseline for the next attempt at
