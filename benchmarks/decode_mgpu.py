@@ -4,6 +4,11 @@ lengths), then time it per
 tiling next to the Triton kernel (bf16 keys, fp8 keys with bf16 q).
 
   python benchmarks/decode_mgpu.py --shapes 64x131072,8x1048576 --configs 32:4,32:8
+  python benchmarks/decode_mgpu.py --shapes 64x131072 --configs 32:4 --sparse-controls
+  ncu ... python benchmarks/decode_mgpu.py --shapes 8x131072 --configs 32:4 --profile 1
+
+At 64x131072 it also times SPIN's block-sparse mode (60% of the pages; with --sparse-controls
+also a contiguous selection and dense scoring with 60% lengths, the same bytes).
 """
 from __future__ import annotations
 
