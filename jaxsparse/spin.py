@@ -43,7 +43,7 @@ class SpinConfig:
   explore: "random" | "staleness" | "block-age" | "none".
   pooling: "max" | "top4" | "mean" (how predicted slot scores become a block score).
   reduction: "A0" (slot top-K, then expand to blocks) | "A1" (pool predicted slot scores) |
-    "A2" (block-level EMA states).
+    "A2" (block-level EMA states; `decode_step` then updates only those, not V and D).
   mask_policy, update_policy: speculative decoding (R > 1 verifier rows).
   state_dtype: "bfloat16" (default) or "float32" for the V, D, VB, DB EMAs (updates are
     computed in float32 and rounded once). bfloat16 halves the state bytes read and written
@@ -299,19 +299,37 @@ def update_blocks_batched(state, scores, sel, pos, lengths, config: SpinConfig, 
   selected blocks' slots are read or written; it also returns each block's max observed
   score). scores [B, W * b], sel [B, W], pos/lengths [B]."""
   from pallas_kernels.spin_update import update_vd_gpu
-  b = config.block_size
-  bsz, width = sel.shape
-  nb = state["VB"].shape[-1]
   v, d, blk_w = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
-                              decay=config.ema_decay, page=b, interpret=interpret,
+                              decay=config.ema_decay, page=config.block_size, interpret=interpret,
                               blocks_per_program=blocks_per_program)
+  return {"V": v, "D": d, **_selected_block_states(state, sel, blk_w, pos, lengths, config)}
+
+
+def _selected_block_states(state, sel, blk_w, pos, lengths, config: SpinConfig):
+  """The per-block update for a batch from the selected blocks: sel [B, W] block ids (-1:
+  padding), blk_w [B, W] each one's max observed score -> new VB, DB, age, step, warm."""
+  b = config.block_size
+  bsz = sel.shape[0]
+  nb = state["VB"].shape[-1]
   seen_w = (sel >= 0) & (sel * b < lengths[:, None])
   rows = jnp.broadcast_to(jnp.arange(bsz)[:, None], sel.shape)
   idx = jnp.where(sel >= 0, sel, nb)
   seen = jnp.zeros((bsz, nb), bool).at[rows, idx].set(seen_w, mode="drop")
   blk = jnp.full((bsz, nb), NEG_INF, jnp.float32).at[rows, idx].set(blk_w, mode="drop")
-  rest = jax.vmap(_block_state_update, in_axes=(0, 0, 0, 0, None))(state, seen, blk, pos, config)
-  return {"V": v, "D": d, **rest}
+  return jax.vmap(_block_state_update, in_axes=(0, 0, 0, 0, None))(state, seen, blk, pos, config)
+
+
+def update_block_states(state, scores, sel, pos, lengths, config: SpinConfig):
+  """A2's EMA update for a batch: only the per-block states (VB, DB, ages); the slot states V
+  and D, which only A0 and A1 read, are passed through untouched, so the step neither reads
+  nor writes them. scores [B, W * b] of the selected blocks sel [B, W], pos/lengths [B]."""
+  b = config.block_size
+  bsz, width = sel.shape
+  slot = sel[:, :, None] * b + jnp.arange(b)
+  obs = (sel[:, :, None] >= 0) & (slot < lengths[:, None, None])
+  blk_w = jnp.where(obs, scores.reshape(bsz, width, b).astype(jnp.float32), NEG_INF).max(-1)
+  return {"V": state["V"], "D": state["D"],
+          **_selected_block_states(state, sel, blk_w, pos, lengths, config)}
 
 
 def update(state, scores, slots, pos, length, config: SpinConfig):
@@ -642,7 +660,9 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
     blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
     top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
-    if impl == "pallas" and plat.kind == "gpu":  # in-place V/D update of the scored blocks
+    if config.reduction == "A2":  # block states only: V and D are never read under A2
+      new = update_block_states(state, z, sel, pos, lengths, config)
+    elif impl == "pallas" and plat.kind == "gpu":  # in-place V/D update of the scored blocks
       new = update_blocks_batched(state, z, sel, pos, lengths, config, interpret=plat.interpret)
     else:
       new = upd(state, z, sel, pos, lengths, config)

@@ -173,18 +173,21 @@ def test_block_sparse_kernel(platform):
         np.testing.assert_allclose(zz[b, fin, j], ref[fin], rtol=2e-2, atol=1e-2)
 
 
-def test_decode_step_no_recompile_and_matches_reference():
+@pytest.mark.parametrize("reduction", ["A1", "A2"])
+def test_decode_step_no_recompile_and_matches_reference(reduction):
   rng = np.random.default_rng(0)
   q, kc, table, lens, w, _ = random_paged(rng, 3, 1, 8, 32, 1000, 60)
   q, w = q[:, 0], w[:, 0]
   table = jnp.asarray(np.stack([rng.permutation(60)[:16] for _ in range(3)]), jnp.int32)
-  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4, reduction=reduction)
   st = spin.init_state(16 * 64, cfg, (3,))
   lens = jnp.asarray([900, 700, 300], jnp.int32)
+  sizes = []
   for it in range(4):
     v, i, st, info = spin.decode_step(st, q, kc, table, lens + it, w, cfg,
                                       jax.random.PRNGKey(it), implementation="pallas")
-  assert spin._decode_step._cache_size() == 1  # growing lengths never recompile
+    sizes.append(spin._decode_step._cache_size())
+  assert len(set(sizes)) == 1  # growing lengths never recompile
   z = np_indexer.paged(q[:, None], kc, table, lens + 3, w[:, None])[:, 0]
   m = np.repeat(np.asarray(info["block_masks"]), 64, axis=1)
   rv, ri = np_topk(np.where(m, z, -np.inf).astype(np.float32), 32, np.asarray(lens + 3))
@@ -383,3 +386,29 @@ def test_bfloat16_state_keeps_quality_on_real_trace():
   with pytest.raises(ValueError, match="state_dtype"):
     spin.SpinConfig(state_dtype="float16")
 
+
+
+def test_a2_step_updates_only_block_states():
+  """Under A2 the step's update touches only the block states: VB, DB, ages, step and warm
+  equal the full update's (`update_blocks` per request) and V, D come back unchanged; a
+  decode step with A2 then selects from those block states."""
+  rng = np.random.default_rng(21)
+  b, nb, bsz, width = 16, 12, 3, 8
+  cfg = spin.SpinConfig(block_size=b, topk=16, sparsity=0.4, reduction="A2")
+  st = spin.init_state(nb * b, cfg, (bsz,))
+  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, nb * b)), st["V"].dtype),
+        "DB": jnp.asarray(rng.standard_normal((bsz, nb)), st["DB"].dtype)}
+  sel = np.full((bsz, width), -1, np.int32)
+  sel[0, :5] = [0, 2, 3, 7, 11]
+  sel[1, :2] = [0, 1]
+  sel[2, :8] = np.arange(8)
+  lengths = jnp.asarray([nb * b, 2 * b - 3, 8 * b - 1], jnp.int32)
+  pos = lengths - 1
+  z = jnp.asarray(rng.standard_normal((bsz, width * b)), jnp.float32)
+  got = spin.update_block_states(st, z, jnp.asarray(sel), pos, lengths, cfg)
+  ref = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z, jnp.asarray(sel), pos,
+                                                                    lengths, cfg)
+  for name in ("VB", "DB", "age", "step", "warm"):
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(ref[name]), err_msg=name)
+  for name in ("V", "D"):
+    assert got[name] is st[name]
