@@ -25,6 +25,8 @@ def main(argv=None):
                  help="time only the full step and the SPIN step (warm=True), not its parts")
   p.add_argument("--topk-finish", default="",
                  help="TopkConfig.finish for both steps' top-K (default: the library's)")
+  p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"),
+                 help="SPIN's block reduction (A2: the step updates only block states)")
   p.add_argument("--unsorted", action="store_true",
                  help="both steps return the top-K as a set (sorted=False)")
   a = p.parse_args(argv)
@@ -37,7 +39,7 @@ def main(argv=None):
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted, topk_config=TopkConfig(finish=a.topk_finish)
-                            if a.topk_finish else None)
+                            if a.topk_finish else None, reduction=a.reduction)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "compact_us", "sparse_scores_us", "topk_width_us",
                      "predict_update_us",
                      "predict_update_frac", "realized", "error"])

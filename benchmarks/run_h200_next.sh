@@ -2,6 +2,7 @@
 # The next device call (one call, < 10 min): what session 5 left open.
 # 0. first `bash benchmarks/run_h200_s5e.sh` (the set-then-sort top-K finish: GPU tests, timing
 #    against the buffer sort, the SPIN step with it): written in session 5, never run;
+#    and the SPIN step with reduction A2 (updates only block states; not yet timed), below;
 # 1. why mid-size fp8 decode calls (8 x 128K: ~46-51 us, floor ~33) are slower than their bytes:
 #    ncu stall reasons and occupancy for bf16 vs fp8 q+k at 8 x 131072 (kernel alone);
 # 2. the top-K per kernel at B=64 x 128K (sorted and set), the baseline for the next attempt at
@@ -19,4 +20,7 @@ for w in topk-set topk; do
 done
 timeout 150 python3 benchmarks/bench_spin.py --batches 64 --slots 131072 --sparsities 0.4 \
   --out "$L/spin_parts.json" > "$L/spin_parts.log" 2>&1; grep "│" "$L/spin_parts.log"
+timeout 90 python3 benchmarks/bench_spin.py --batches 64 --slots 131072,524288 --sparsities 0.4 \
+  --step-only --reduction A2 --out "$L/spin_step_a2.json" > "$L/spin_step_a2.log" 2>&1
+grep "│" "$L/spin_step_a2.log"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -290,11 +290,12 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
                reps=5, calls=20, step_only=False, state_dtype="bfloat16", unsorted=False,
-               topk_config=None):
+               topk_config=None, reduction="A1"):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state. unsorted: both steps return their top-K
-  as a set (sorted=False), as sparse attention needs. topk_config: both steps' TopkConfig."""
+  as a set (sorted=False), as sparse attention needs. topk_config: both steps' TopkConfig.
+  reduction: SPIN's block reduction (A2 updates only block states)."""
   srt = not unsorted
   from jaxsparse import spin
   rows = []
@@ -307,7 +308,8 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                      topk_config=_cfg_str(topk_config), us=full_s * 1e6, vs_full=1.0,
                      realized=0.0))
     for rho in sparsities:
-      cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype)
+      cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype,
+                            reduction=reduction)
       st = spin.init_state(n, cfg, (bsz,))
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
@@ -361,7 +363,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
-                         sorted=srt, topk_config=_cfg_str(topk_config),
+                         sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
                          error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
                          predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
                          update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,
