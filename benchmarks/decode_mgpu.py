@@ -27,13 +27,7 @@ from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
 
 def check(pages, steps):
   """Max |error| / max |ref| for bf16 and fp8 q+k on a ragged case; -inf patterns must match."""
-  rng = np.random.default_rng(0)
-  b, h, d, nb, mb = 5, 64, 128, 700, 100
-  q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.bfloat16)
-  kc = jnp.asarray(rng.standard_normal((nb, 64, d)), jnp.bfloat16)
-  table = jnp.asarray(rng.integers(0, nb, (b, mb)), jnp.int32)
-  lens = jnp.asarray([mb * 64, 1, 64, 3000, 5000], jnp.int32)
-  w = jnp.asarray(rng.standard_normal((b, h)), jnp.float32)
+  q, kc, table, lens, w = bench.ragged_paged_case(np.random.default_rng(0))
   q8, qs = quantize_fp8(q)
   k8, ks = quantize_fp8(kc)
   errs = []

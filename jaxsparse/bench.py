@@ -76,6 +76,18 @@ def _decode_request(rng, bsz, n, heads, head_dim):
   return q, w, lens, table
 
 
+def ragged_paged_case(rng, *, b=5, heads=64, head_dim=128, num_blocks=700, max_blocks=100):
+  """A small decode case for kernel checks: bf16 q [b, H, D] and cache [num_blocks, 64, D], a
+  random block table [b, max_blocks], ragged lengths (full, 1 slot, one page, mid-page x 2) and
+  f32 weights [b, H] -> (q, k_cache, block_table, lengths, w)."""
+  q = jnp.asarray(rng.standard_normal((b, heads, head_dim)), jnp.bfloat16)
+  kc = jnp.asarray(rng.standard_normal((num_blocks, 64, head_dim)), jnp.bfloat16)
+  table = jnp.asarray(rng.integers(0, num_blocks, (b, max_blocks)), jnp.int32)
+  lens = jnp.asarray([max_blocks * 64, 1, 64, 3000, 5000][:b], jnp.int32)
+  w = jnp.asarray(rng.standard_normal((b, heads)), jnp.float32)
+  return q, kc, table, lens, w
+
+
 def _paged_cases(batches, slots_list, heads, head_dim, seed):
   """(B, N, (q, w, lengths, block_table, bf16 key cache)) for every shape, random keys."""
   rng = np.random.default_rng(seed)

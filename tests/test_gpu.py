@@ -211,13 +211,9 @@ def test_decode_mosaic_kernel_gpu(dtype, pages, steps):
   """The Mosaic GPU paged decode kernel against the reference: random block tables, ragged
   lengths (1 slot, one page, mid-page, full), runs past every length."""
   from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
-  rng = np.random.default_rng(37)
-  b, h, d, nb, mb = 5, 64, 128, 700, 100
-  q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.bfloat16)
-  kc = jnp.asarray(rng.standard_normal((nb, 64, d)), jnp.bfloat16)
-  table = jnp.asarray(rng.integers(0, nb, (b, mb)), jnp.int32)
-  lens = jnp.asarray([mb * 64, 1, 64, 3000, 5000], jnp.int32)
-  w = jnp.asarray(rng.standard_normal((b, h)), jnp.float32)
+  from jaxsparse.bench import ragged_paged_case
+  q, kc, table, lens, w = ragged_paged_case(np.random.default_rng(37))
+  h, d = q.shape[1:]
   ks = None
   if dtype == "fp8 q+k":
     q, qs = quantize_fp8(q)

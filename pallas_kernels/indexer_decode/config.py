@@ -19,6 +19,12 @@ MOSAIC_AUTO = (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
 MOSAIC_MIN_CTAS = 128
 
 
+def run_length_ok(pages) -> bool:
+  """Pages per CTA the Mosaic kernel takes: 8, 16 (CTAs share a 32-entry table row) or a
+  positive multiple of 32 (a block-table row copy must be a multiple of 128 bytes)."""
+  return isinstance(pages, int) and pages > 0 and (pages in (8, 16) or pages % 32 == 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
   """Tiling of the paged decode kernel.
@@ -64,7 +70,7 @@ class DecodeConfig:
     if self.kernel not in ("auto", "triton", "mosaic"):
       raise ValueError(f"kernel={self.kernel!r} must be 'auto', 'triton' or 'mosaic'")
     mp = self.mosaic_pages
-    if mp is not None and (not isinstance(mp, int) or mp < 1 or (mp not in (8, 16) and mp % 32)):
+    if mp is not None and not run_length_ok(mp):
       raise ValueError(f"mosaic_pages={mp!r} must be None, 8, 16 or a positive multiple of 32")
     if not isinstance(self.mosaic_steps, int) or self.mosaic_steps < 1:
       raise ValueError(f"mosaic_steps={self.mosaic_steps!r} must be a positive int")

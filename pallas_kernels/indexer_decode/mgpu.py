@@ -23,6 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import _mosaic
+from pallas_kernels.indexer_decode.config import run_length_ok
 
 NEG_INF = float("-inf")
 ROW = 32  # int32 entries per 128-byte row (TMA copies move multiples of 128 bytes)
@@ -35,8 +36,8 @@ def tiling_fits(pages: int, steps: int, heads: int, head_dim: int) -> bool:
   smem = (heads * head_dim * 2 + steps * 64 * (head_dim * 2 + 4) + pages * 64 * 4
           + heads * 4 + 2 * ROW * 4 + 1024)
   # heads % 32: the [H] float32 weight row is one TMA copy, a multiple of 128 bytes
-  pages_ok = pages in (8, 16) or pages % ROW == 0
-  return smem <= _mosaic.SMEM_BYTES and pages_ok and heads % 32 == 0 and heads <= 256
+  return (smem <= _mosaic.SMEM_BYTES and run_length_ok(pages) and heads % 32 == 0
+          and heads <= 256)
 
 
 def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
@@ -60,7 +61,7 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   if not mixed and (q.dtype != k_cache.dtype or q.dtype not in DTYPES):
     raise ValueError(f"q and k_cache must both be bfloat16 or both float8_e4m3fn (or bfloat16 q "
                      f"with a float8_e4m3fn cache), got {q.dtype} and {k_cache.dtype}")
-  if pages not in (8, 16) and pages % ROW:
+  if not run_length_ok(pages):
     raise ValueError(f"pages={pages} must be 8, 16 or a multiple of {ROW}")
   if not tiling_fits(pages, steps, h, d):
     raise ValueError(f"heads={h} must be a multiple of 32 (<= 256) and pages={pages} x "
