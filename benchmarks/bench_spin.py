@@ -22,7 +22,8 @@ def main(argv=None):
   p.add_argument("--state-dtype", default="bfloat16", choices=("float32", "bfloat16"),
                  help="SPIN's EMA state dtype")
   p.add_argument("--step-only", action="store_true",
-                 help="time only the full step and the SPIN step (warm=True), not its parts")
+                 help="time only the full step and the SPIN step (warm=True), not its stages "
+                      "(selection + compaction, EMA update, block-sparse scoring, top-K)")
   p.add_argument("--topk-finish", default="",
                  help="TopkConfig.finish for both steps' top-K (default: the library's)")
   p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"),
@@ -32,7 +33,7 @@ def main(argv=None):
   a = p.parse_args(argv)
   if a.quick:
     rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2,
-                            unsorted=a.unsorted)
+                            unsorted=a.unsorted, reduction=a.reduction)
   else:
     rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
                             tuple(int(v) for v in a.slots.split(",")),
@@ -40,8 +41,8 @@ def main(argv=None):
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted, topk_config=TopkConfig(finish=a.topk_finish)
                             if a.topk_finish else None, reduction=a.reduction)
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "predict_us", "update_kernel_us", "update_kernel32_us", "update_xla_us", "compact_us", "sparse_scores_us", "topk_width_us",
-                     "predict_update_us",
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "select_us", "update_us",
+                     "sparse_scores_us", "topk_width_us", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 
 import jax
@@ -326,45 +327,30 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
-      nan = (float("nan"), "")
-      pu = jax.jit(lambda st, l, cfg=cfg: _predict_update(st, l, cfg, key))
-      # the state is threaded through the calls: otherwise XLA computes only the one element of
-      # the elementwise update that the timing loop reads
-      pu_s, err2 = nan if step_only else _timed(pu, [(st, lens)], reps=reps, calls=calls,
-                                                carry=(0, None))
-      pr = jax.jit(lambda st, l, cfg=cfg: _predict(st, l, cfg, key))
-      pr_s, err3 = nan if step_only else _timed(pr, [(st, lens)], reps=reps, calls=calls)
       width = spin._aligned_width(spin.max_selected_blocks(n // 64, cfg), n // 64)
-      sel, _ = spin.compact_blocks(info["block_masks"], width)
+      on_gpu = jax.default_backend() in ("gpu", "cuda")
+      masks = info["block_masks"]
+      sel, counts = spin.compact_blocks(masks, width)
       zsel = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
                        jax.random.normal(key, (bsz, width * 64), jnp.float32), NEG_INF)
-      upd_times = {}
-      for uname, uf in (("kernel", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
-                            st, z, s, l - 1, l, cfg)),
-                        ("kernel32", lambda st, z, s, l, cfg=cfg: spin.update_blocks_batched(
-                            st, z, s, l - 1, l, cfg, blocks_per_program=32)),
-                        ("xla", lambda st, z, s, l, cfg=cfg: jax.vmap(
-                            spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(
-                                st, z, s, l - 1, l, cfg))):
-        if step_only or (uname.startswith("kernel")
-                         and jax.default_backend() not in ("gpu", "cuda")):
-          continue
-        upd_times[uname], _ = _timed(jax.jit(uf), [(st, zsel, sel, lens)], reps=reps,
-                                     calls=calls, carry=(0, None))
-      # the step's other stages alone, on this state's selection: block compaction, the
-      # block-sparse scoring kernel, the top-K over the compacted width
-      stage_us = {}
-      if not step_only:
-        masks = info["block_masks"]
-        counts = jnp.minimum(masks.sum(1), width).astype(jnp.int32)
-        for sname, sf, sargs in (
-            ("compact", lambda m, width=width: spin.compact_blocks(m, width), (masks,)),
-            ("sparse_scores", lambda q, kc, t, l, w, s, c: spin._sparse_scores(
-                q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
-             (q, kc, table, lens, w, sel, counts)),
-            ("topk_width", lambda z: _topk.topk(z, k, sorted=srt, config=topk_config),
-             (zsel,))):
-          stage_us[sname], _ = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls)
+      group = spin._fused_group(width * 64, cfg, topk_config)
+      # the step's stages alone, as the step runs them on this state's selection (the EMA
+      # update's new state is threaded through the calls: otherwise XLA computes only the one
+      # element of the elementwise update that the timing loop reads)
+      stages = {
+          "select": (lambda st, l, cfg=cfg: spin.select_compact_batched(
+              st, l - 1, l, cfg, key, width, kernel=on_gpu), (st, lens), None),
+          "update": (_spin_update(cfg, group, on_gpu), (st, zsel, sel, lens), (0, None)),
+          "sparse_scores": (lambda q, kc, t, l, w, s, c: spin._sparse_scores(
+              q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
+                            (q, kc, table, lens, w, sel, counts), None),
+          "topk_width": (lambda z: _topk.topk(z, k, sorted=srt, config=topk_config), (zsel,),
+                         None),
+      }
+      stage_us, err2 = {}, ""
+      for sname, (sf, sargs, carry) in ({} if step_only else stages).items():
+        sec, e = _timed(jax.jit(sf), [sargs], reps=reps, calls=calls, carry=carry)
+        stage_us[sname], err2 = sec * 1e6, err2 or e
       variants = ((("SPIN step", None),) if not step_only else ()) + (
           ("SPIN step, warm=True", True),)
       for name, warm in variants:
@@ -374,29 +360,25 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
             st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt, topk_config=topk_config)[:3])
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
+        pu = stage_us.get("select", math.nan) + stage_us.get("update", math.nan)
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
-                         error=err or err2 or err3, us=sec * 1e6, vs_full=sec / full_s,
-                         predict_update_us=pu_s * 1e6, predict_us=pr_s * 1e6,
-                         update_kernel_us=upd_times.get("kernel", float("nan")) * 1e6,
-                         update_kernel32_us=upd_times.get("kernel32", float("nan")) * 1e6,
-                         update_xla_us=upd_times.get("xla", float("nan")) * 1e6,
-                         predict_update_frac=pu_s / full_s,
-                         **{f"{n}_us": v * 1e6 for n, v in stage_us.items()},
+                         error=err or err2, us=sec * 1e6, vs_full=sec / full_s,
+                         **{f"{s}_us": v for s, v in stage_us.items()},
+                         predict_update_us=pu, predict_update_frac=pu * 1e-6 / full_s,
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))
   return rows
 
 
-def _predict(state, lengths, config, key):
-  """SPIN's block selection alone."""
+def _spin_update(cfg, group: int, on_gpu: bool):
+  """SPIN's EMA update as the step runs it: (state, scores, sel, lengths) -> new state."""
   from jaxsparse import spin
-  return spin.select_blocks_batched(state, lengths - 1, lengths, config, key)
-
-
-def _predict_update(state, lengths, config, key):
-  """SPIN's overhead alone: block selection and an EMA update from the selected slots."""
-  from jaxsparse import spin
-  masks = spin.select_blocks_batched(state, lengths - 1, lengths, config, key)
-  obs = jnp.repeat(masks, config.block_size, axis=1)
-  return jax.vmap(spin.update_dense, in_axes=(0, 0, 0, 0, 0, None))(state, state["V"], obs,
-                                                                    lengths - 1, lengths, config)
+  if cfg.reduction == "A2" and on_gpu:
+    return lambda st, z, s, l: spin.update_block_states_batched(st, z, s, l - 1, l, cfg,
+                                                                group=group)[0]
+  if cfg.reduction == "A2":
+    return lambda st, z, s, l: spin.update_block_states(st, z, s, l - 1, l, cfg)
+  if on_gpu:
+    return lambda st, z, s, l: spin.update_blocks_batched(st, z, s, l - 1, l, cfg)
+  return lambda st, z, s, l: jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(
+      st, z, s, l - 1, l, cfg)

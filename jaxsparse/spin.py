@@ -196,6 +196,35 @@ def top_mask(score, eligible, n):
   return _rank_desc(score, eligible) < n
 
 
+def _budget(n_blocks, config: SpinConfig):
+  """(n_exploit, n_explore) for a request with n_blocks blocks: m_t minus the forced blocks
+  (sink and newest: min(n_blocks, 2)), of which floor(gamma * m_t) explore (sec. 3.2.1)."""
+  m = num_blocks_budget(n_blocks, config)
+  cap = jnp.maximum(m - jnp.minimum(n_blocks, 2), 0)
+  n_explore = jnp.minimum(jnp.floor(config.explore_fraction * m).astype(jnp.int32), cap)
+  if config.explore == "none":
+    n_explore = jnp.zeros_like(n_explore)
+  return cap - n_explore, n_explore
+
+
+def _priorities(state, pos, length, config: SpinConfig, key):
+  """Exploration priorities [nb] float32 of the configured policy (higher: explored first)."""
+  nb = state["VB"].shape[-1]
+  if config.explore == "random":
+    return jax.random.uniform(key, (nb,))
+  if config.explore == "block-age":
+    return (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * jax.random.uniform(
+        key, (nb,))
+  if config.explore == "staleness":
+    s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
+                     if config.reduction == "A0" else config)
+    valid = jnp.arange(nb) < -(-length // config.block_size)
+    stale = (state["step"] - state["age"]).astype(jnp.float32)
+    lo = jnp.min(jnp.where(valid, s, jnp.inf))
+    return stale * (jnp.where(valid, s, lo) - lo + 1e-6)
+  return jnp.zeros((nb,))
+
+
 def select_blocks(state, pos, length, config: SpinConfig, key):
   """Block mask [num_blocks] bool for one query at slot `pos` seeing `length` slots.
 
@@ -209,13 +238,7 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
   n_blocks = -(-length // b)
   valid = jb < n_blocks
   forced = valid & ((jb == 0) | (jb == n_blocks - 1))
-  m = num_blocks_budget(n_blocks, config)
-  n_forced = forced.sum()
-  cap = jnp.maximum(m - n_forced, 0)
-  n_explore = jnp.minimum(jnp.floor(config.explore_fraction * m).astype(jnp.int32), cap)
-  if config.explore == "none":
-    n_explore = jnp.zeros_like(n_explore)
-  n_exploit = cap - n_explore
+  n_exploit, n_explore = _budget(n_blocks, config)
   if config.reduction == "A0":
     z = predicted_slot_scores(state, pos, length)
     from jaxsparse.selection import topk
@@ -223,22 +246,9 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
     hit = jnp.zeros(nb, bool).at[jnp.where(idx >= 0, idx // b, nb)].set(True, mode="drop") & valid
     exploit = hit & ~forced
   else:
-    s = block_scores(state, pos, length, config)
-    exploit = top_mask(s, valid & ~forced, n_exploit)
+    exploit = top_mask(block_scores(state, pos, length, config), valid & ~forced, n_exploit)
   rest = valid & ~forced & ~exploit
-  if config.explore == "random":
-    prio = jax.random.uniform(key, (nb,))
-  elif config.explore == "block-age":
-    prio = (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * jax.random.uniform(key, (nb,))
-  elif config.explore == "staleness":
-    s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
-                     if config.reduction == "A0" else config)
-    stale = (state["step"] - state["age"]).astype(jnp.float32)
-    lo = jnp.min(jnp.where(valid, s, jnp.inf))
-    prio = stale * (jnp.where(valid, s, lo) - lo + 1e-6)
-  else:
-    prio = jnp.zeros((nb,))
-  explore = top_mask(prio, rest, n_explore)
+  explore = top_mask(_priorities(state, pos, length, config, key), rest, n_explore)
   mask = forced | exploit | explore
   return jnp.where(state["warm"], mask, valid)
 
@@ -248,6 +258,45 @@ def select_blocks_batched(state, pos, lengths, config: SpinConfig, key):
   -> masks [B, num_blocks] bool (the step and the benchmarks share this)."""
   keys = jax.random.split(key, pos.shape[0])
   return jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
+
+
+def _score_bits(config: SpinConfig) -> int:
+  """Bits that rank block scores exactly: 16 when each is a bfloat16 state value (bfloat16
+  EMAs pooled by max, or A2's block states), else 32."""
+  exact = config.state_dtype == "bfloat16" and (config.reduction == "A2"
+                                                or config.pooling == "max")
+  return 16 if exact else 32
+
+
+def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
+                           kernel: bool = False, interpret: bool = False):
+  """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
+  int32 selected ids ascending, -1 padded, counts [B] int32): `select_blocks_batched` then
+  `compact_blocks`, the same blocks for the same key. kernel=True (A1/A2; GPU, or its
+  interpreter with interpret=True): XLA computes only block scores and priorities, and one
+  Pallas program per request ranks, picks and compacts (`pallas_kernels.spin`)."""
+  if not kernel or config.reduction == "A0":
+    masks = select_blocks_batched(state, pos, lengths, config, key)
+    return (masks, *compact_blocks(masks, width))
+  from pallas_kernels._util import next_pow2, pad_axis
+  from pallas_kernels.spin import select_compact_gpu
+  nb = state["VB"].shape[-1]
+
+  def plan(st, p, length, k):
+    n_blocks = -(-length // config.block_size)
+    n_exploit, n_explore = _budget(n_blocks, config)
+    counts = jnp.stack([n_blocks, n_exploit, n_explore, st["warm"].astype(jnp.int32)])
+    return (block_scores(st, p, length, config), _priorities(st, p, length, config, k),
+            counts.astype(jnp.int32))
+
+  keys = jax.random.split(key, pos.shape[0])
+  s, prio, counts = jax.vmap(plan)(state, pos, lengths, keys)
+  lp = next_pow2(max(nb, 16))
+  masks, sel = select_compact_gpu(pad_axis(s, 1, lp, value=NEG_INF), pad_axis(prio, 1, lp),
+                                  counts, width, score_bits=_score_bits(config),
+                                  interpret=interpret)
+  masks = masks[:, :nb]
+  return masks, sel, jnp.minimum(masks.sum(1), width).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------------- update
@@ -298,7 +347,7 @@ def update_blocks_batched(state, scores, sel, pos, lengths, config: SpinConfig, 
   """`update_blocks` for a batch, with V and D updated in place by the GPU kernel (only the
   selected blocks' slots are read or written; it also returns each block's max observed
   score). scores [B, W * b], sel [B, W], pos/lengths [B]."""
-  from pallas_kernels.spin_update import update_vd_gpu
+  from pallas_kernels.spin import update_vd_gpu
   v, d, blk_w = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
                               decay=config.ema_decay, page=config.block_size, interpret=interpret,
                               blocks_per_program=blocks_per_program)
@@ -330,6 +379,20 @@ def update_block_states(state, scores, sel, pos, lengths, config: SpinConfig):
   blk_w = jnp.where(obs, scores.reshape(bsz, width, b).astype(jnp.float32), NEG_INF).max(-1)
   return {"V": state["V"], "D": state["D"],
           **_selected_block_states(state, sel, blk_w, pos, lengths, config)}
+
+
+def update_block_states_batched(state, scores, sel, pos, lengths, config: SpinConfig, *,
+                                group: int = 0, interpret: bool = False):
+  """`update_block_states` by the GPU kernel, in place (only the selected blocks' VB, DB and
+  ages are read or written) -> (new state, group maxima [B, W * b / group] of the scores for
+  the top-K when group > 0, else None)."""
+  from pallas_kernels.spin import update_block_states_gpu
+  vb, db, age, gm = update_block_states_gpu(
+      state["VB"], state["DB"], state["age"], scores, sel, pos, lengths, state["step"],
+      decay=config.ema_decay, page=config.block_size, group=group, interpret=interpret)
+  new = {**state, "VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
+         "warm": jnp.ones_like(state["warm"])}
+  return new, gm
 
 
 def update(state, scores, slots, pos, length, config: SpinConfig):
@@ -649,30 +712,43 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   pos = lengths - 1
   impl = backend.resolve(implementation)
   plat = backend.kernel_platform()
-  masks = select_blocks_batched(state, pos, lengths, config, key)
+  kernels = impl == "pallas" and plat.kind == "gpu"  # the SPIN kernels (compiled or interpreted)
   width = _aligned_width(max_selected_blocks(nb, config), nb)
+  masks, sel_w, counts_w = select_compact_batched(state, pos, lengths, config, key, width,
+                                                  kernel=kernels, interpret=plat.interpret)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
   def finish(z, sel):
-    # top-K over the scored slots only (the compacted width, not N), then map to slots
-    vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config,
-                               sorted=ordered)
-    # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
-    blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
-    top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
-    if config.reduction == "A2":  # block states only: V and D are never read under A2
+    gm = None
+    if config.reduction == "A2" and kernels:
+      # block states only (V and D are never read under A2), in place; the same read of the
+      # scores emits the top-K's group maxima
+      g = _fused_group(z.shape[1], config, topk_config)
+      new, gm = update_block_states_batched(state, z, sel, pos, lengths, config, group=g,
+                                            interpret=plat.interpret)
+    elif config.reduction == "A2":
       new = update_block_states(state, z, sel, pos, lengths, config)
-    elif impl == "pallas" and plat.kind == "gpu":  # in-place V/D update of the scored blocks
+    elif kernels:  # in-place V/D update of the scored blocks
       new = update_blocks_batched(state, z, sel, pos, lengths, config, interpret=plat.interpret)
     else:
       new = upd(state, z, sel, pos, lengths, config)
+    # top-K over the scored slots only (the compacted width, not N), then map to slots
+    if gm is None:
+      vals, idx = selection.topk(z, config.topk, implementation=implementation,
+                                 config=topk_config, sorted=ordered)
+    else:
+      from pallas_kernels import topk as ktopk
+      vals, idx = ktopk.topk_rows(z, jnp.full((bsz,), z.shape[1], jnp.int32), config.topk,
+                                  topk_config or ktopk.TopkConfig(), plat, gm, ordered=ordered)
+    # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
+    blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
+    top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
     return vals, top, new
 
   def sparse(_):
-    sel, counts = compact_blocks(masks, width)
-    z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel, counts,
-                          k_scale, impl, decode_config, b)
-    return finish(z[:, 0], sel)
+    z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel_w,
+                          counts_w, k_scale, impl, decode_config, b)
+    return finish(z[:, 0], sel_w)
 
   def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":
@@ -690,6 +766,16 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   info = {"block_masks": masks, "realized_sparsity": jax.vmap(
       lambda m, l: realized_sparsity(m, l, b))(masks, lengths)}
   return vals, top_slots, new_state, info
+
+
+def _fused_group(n: int, config: SpinConfig, topk_config) -> int:
+  """Group size of the top-K's first pass over n scored slots when the A2 update kernel can
+  emit it (a power of two dividing the block), else 0 (the top-K computes its own)."""
+  from pallas_kernels import topk as ktopk
+  if n <= config.topk:
+    return 0
+  g = ktopk.group_size(n, config.topk, topk_config or ktopk.TopkConfig(), "gpu")
+  return g if g and config.block_size % g == 0 else 0
 
 
 _decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12, 13))

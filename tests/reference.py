@@ -110,3 +110,37 @@ def prefill_case(rng, t, h, d, n, *, fp8=False, max_pos=None):
     (q, qs), (k, ks) = quantize_fp8(q), quantize_fp8(k)
     w = w * qs
   return q, k, w, pos, ks
+
+
+def spin_state_case(rng, config, bsz, nb, lengths, *, warm=None):
+  """A warm-looking SPIN state for B requests of nb blocks: V, D, VB, DB drawn on a coarse grid
+  (ties, negatives, -0.0), block ages up to step 9, and the given lengths [B] (int32 array)."""
+  from jaxsparse import spin
+  cap = nb * config.block_size
+  st = spin.init_state(cap, config, (bsz,))
+  dt = st["V"].dtype
+
+  def grid(n):
+    x = np.round(rng.standard_normal((bsz, n)) * 4) / 4
+    x[x == 0] = -0.0
+    return jnp.asarray(x, dt)
+
+  warm = np.ones(bsz, bool) if warm is None else np.asarray(warm)
+  return {**st, "V": grid(cap), "D": grid(cap), "VB": grid(nb), "DB": grid(nb),
+          "age": jnp.asarray(rng.integers(0, 10, (bsz, nb)), jnp.int32),
+          "step": jnp.full((bsz,), 10, jnp.int32), "warm": jnp.asarray(warm)}
+
+
+def spin_selection_case(rng, bsz, nb, b, width):
+  """Ascending selected block ids sel [B, width] (-1 padded) of requests with ragged lengths
+  [B] (the first full, one ending inside its first block) and scores z [B, width * b] float32
+  with some -inf (as the block-sparse kernel leaves past a length)."""
+  lengths = np.array([nb * b] + list(rng.integers(1, nb * b, bsz - 2)) + [b // 2], np.int32)
+  sel = np.full((bsz, width), -1, np.int32)
+  for i in range(bsz):
+    nblk = -(-int(lengths[i]) // b)
+    pick = np.sort(rng.choice(nblk, min(width, max(1, nblk * 3 // 5)), replace=False))
+    sel[i, :len(pick)] = pick
+  z = rng.standard_normal((bsz, width * b)).astype(np.float32)
+  z[rng.random(z.shape) < 0.05] = -np.inf
+  return jnp.asarray(sel), jnp.asarray(z), jnp.asarray(lengths)

@@ -11,7 +11,8 @@ from jaxsparse import spin, traces
 from jaxsparse.backend import KernelPlatform
 from pallas_kernels import indexer_decode
 from tests.conftest import export_for
-from tests.reference import index_ordered, np_indexer, np_topk, random_paged
+from tests.reference import (index_ordered, np_indexer, np_topk, random_paged,
+                             spin_selection_case, spin_state_case)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -366,7 +367,7 @@ def test_update_kernel_matches_xla_update(state_dtype):
       np.testing.assert_allclose(np.asarray(got[name], np.float32),
                                  np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
                                  err_msg=name)
-  from pallas_kernels.spin_update import update_vd_gpu
+  from pallas_kernels.spin import update_vd_gpu
   export_for(lambda v, d, z, s, p, l: update_vd_gpu(v, d, z, s, p, l, decay=0.5, page=64),
              "cuda", *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["V"], st["D"], z, sel, pos,
                                                          lengths)))
@@ -412,3 +413,92 @@ def test_a2_step_updates_only_block_states():
     np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(ref[name]), err_msg=name)
   for name in ("V", "D"):
     assert got[name] is st[name]
+
+
+@pytest.mark.parametrize("reduction,pooling,state_dtype", [
+    ("A1", "max", "bfloat16"), ("A1", "mean", "bfloat16"), ("A2", "max", "bfloat16"),
+    ("A2", "max", "float32")])
+@pytest.mark.parametrize("explore", ["random", "block-age", "staleness", "none"])
+def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, explore):
+  """The one-launch selection kernel (interpret mode) picks and compacts exactly the blocks of
+  `select_blocks_batched` + `compact_blocks` for the same key: ragged lengths, one cold
+  request, tied and negative scores (16-bit ranking for bfloat16 states), and a width that
+  cuts the cold request's blocks."""
+  rng = np.random.default_rng(5)
+  cfg = spin.SpinConfig(block_size=16, topk=48, sparsity=0.5, explore_fraction=0.2,
+                        explore=explore, pooling=pooling, reduction=reduction,
+                        state_dtype=state_dtype)
+  nb = 37
+  lengths = jnp.asarray([nb * 16, 300, 250, 17, 16], jnp.int32)
+  st = spin_state_case(rng, cfg, 5, nb, lengths, warm=[True, True, False, True, True])
+  key = jax.random.PRNGKey(3)
+  for width in (spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb), 12):
+    want = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width)
+    got = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
+                                      interpret=True)
+    for name, g, r in zip(("masks", "sel", "counts"), got, want):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=f"{name} {width}")
+  assert int(want[2][2]) == 12  # the cold request (16 valid blocks) is cut to the width
+  from pallas_kernels.spin import select_compact_gpu
+  export_for(lambda s, p, c: select_compact_gpu(s, p, c, 1280, score_bits=16), "cuda",
+             jax.ShapeDtypeStruct((64, 2048), jnp.float32),
+             jax.ShapeDtypeStruct((64, 2048), jnp.float32),
+             jax.ShapeDtypeStruct((64, 4), jnp.int32))
+
+
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "float32"])
+def test_block_state_update_kernel_matches_xla(state_dtype):
+  """A2's in-place block-state kernel (interpret mode) equals `update_block_states`, and the
+  group maxima it emits for the top-K equal those of the scores (-inf groups included)."""
+  rng = np.random.default_rng(17)
+  cfg = spin.SpinConfig(block_size=16, topk=16, sparsity=0.4, ema_decay=0.3, reduction="A2",
+                        state_dtype=state_dtype)
+  bsz, nb, width = 4, 21, 13
+  sel, z, lengths = spin_selection_case(rng, bsz, nb, 16, width)
+  st = spin_state_case(rng, cfg, bsz, nb, lengths)
+  want = spin.update_block_states(st, z, sel, lengths - 1, lengths, cfg)
+  for group in (0, 4):
+    got, gm = spin.update_block_states_batched(st, z, sel, lengths - 1, lengths, cfg,
+                                               group=group, interpret=True)
+    for name in ("VB", "DB", "age", "step", "warm"):
+      assert got[name].dtype == want[name].dtype, name
+      np.testing.assert_allclose(np.asarray(got[name], np.float32),  # EMAs: 1 ulp (fma)
+                                 np.asarray(want[name], np.float32), rtol=1e-6, err_msg=name)
+    if group:
+      np.testing.assert_array_equal(np.asarray(gm),
+                                    np.asarray(z).reshape(bsz, -1, group).max(-1))
+    else:
+      assert gm is None
+  from pallas_kernels.spin import update_block_states_gpu
+  st = spin.init_state(2048 * 64, cfg, (64,))
+  export_for(lambda vb, db, age, z, s, p, l, t: update_block_states_gpu(
+      vb, db, age, z, s, p, l, t, decay=0.5, page=64, group=4), "cuda",
+      *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["VB"], st["DB"], st["age"])),
+      jax.ShapeDtypeStruct((64, 1280 * 64), jnp.float32),
+      jax.ShapeDtypeStruct((64, 1280), jnp.int32),
+      *(jax.ShapeDtypeStruct((64,), jnp.int32) for _ in range(3)))
+
+
+def test_a2_step_kernels_match_xla_step():
+  """Under A2 the Pallas step (selection kernel, block-sparse scoring, block-state kernel with
+  the fused group maxima, threshold top-K; interpret mode) selects the same blocks, returns the
+  same top-K and leaves the same state as the XLA step, warm-up step included."""
+  rng = np.random.default_rng(2)
+  q, kc, table, lens, w, _ = random_paged(rng, 3, 1, 8, 32, 1000, 60)
+  q, w = q[:, 0], w[:, 0]
+  table = jnp.asarray(np.stack([rng.permutation(60)[:16] for _ in range(3)]), jnp.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=96, sparsity=0.4, reduction="A2")
+  lens = jnp.asarray([1000, 700, 300], jnp.int32)
+  out = {}
+  for impl in ("xla", "pallas"):
+    st = spin.init_state(16 * 64, cfg, (3,))
+    for it in range(3):
+      v, i, st, info = spin.decode_step(st, q, kc, table, lens + it, w, cfg,
+                                        jax.random.PRNGKey(it), implementation=impl)
+    out[impl] = (i, st, info["block_masks"])
+  np.testing.assert_array_equal(np.asarray(out["pallas"][2]), np.asarray(out["xla"][2]))
+  np.testing.assert_array_equal(np.asarray(out["pallas"][0]), np.asarray(out["xla"][0]))
+  for name in ("VB", "DB", "age", "step"):
+    np.testing.assert_allclose(np.asarray(out["pallas"][1][name], np.float32),
+                               np.asarray(out["xla"][1][name], np.float32), rtol=1e-2,
+                               atol=1e-2, err_msg=name)

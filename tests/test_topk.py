@@ -92,8 +92,7 @@ def test_rank_finish_matches_numpy(n, k):
   x[4, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto"),
-              ktopk.TopkConfig(finish="set-sort")):
+  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto")):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
@@ -191,8 +190,7 @@ def test_topk_lowers_for_tpu_and_gpu():
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
-  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
-                       (ktopk.TopkConfig(finish="set-sort"), True)):
+  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

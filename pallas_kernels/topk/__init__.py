@@ -8,8 +8,7 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
   4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
-     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank, or with
-     finish="set-sort" the set kernel below followed by a sort of only its k entries. When the
+     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank. When the
      caller asks for the top-k as a set (ordered=False: ascending index order, what sparse
      attention consumes), a GPU kernel finds the exact k-th candidate bit by bit and compacts
      the k best in index order: no sort at all.
@@ -132,12 +131,6 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows
                                    and k >= config.rank_min_k):
       return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False
-    if config.finish == "set-sort":
-      # the k winners by the no-sort set kernel, then a sort of k entries (not of the buffer)
-      v, i = _gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp)
-      key = jnp.where(i < 0, jnp.inf, -v)  # descending values; the -inf / -1 tail last
-      _, i, v = lax.sort((key, i, v), dimension=1, num_keys=2)
-      return v, i, False
     cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
     v, p = lax.top_k(cvm, k)
     return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False

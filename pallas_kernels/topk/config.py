@@ -17,9 +17,7 @@ class TopkConfig:
   bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
   finish: how the candidates become the sorted top-k (GPU): "sort" (`lax.top_k` over the
     candidate buffer, ~35 us on the H200 whatever the batch) or "rank" (one Pallas kernel that
-    counts each candidate's rank, O(candidates^2) compares), "set-sort" (the no-sort set
-    kernel picks the k winners, then a sort of those k entries by (value desc, index)), or
-    "auto" (the default: rank for
+    counts each candidate's rank, O(candidates^2) compares), or "auto" (the default: rank for
     at most `rank_max_rows` rows when k >= `rank_min_k`, else sort; from the H200 timings in
     benchmarks/results/session3/topk_finish_partial.json, where rank won every single-row
     K=2048 shape and sort most K=512 ones).
@@ -37,8 +35,8 @@ class TopkConfig:
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
       raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
-    if self.finish not in ("sort", "rank", "set-sort", "auto"):
-      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'set-sort' or 'auto'")
+    if self.finish not in ("sort", "rank", "auto"):
+      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",

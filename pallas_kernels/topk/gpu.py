@@ -255,18 +255,23 @@ def _ordered_key(x):
   return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
 
 
-def _take_best(x, elig, n):
+def _take_best(x, elig, n, bits: int = 32):
   """Mask of the n best eligible entries of a row held in registers, ties to the lower
-  position: the n-th largest key is found bit by bit from the top (32 counting steps, exact,
-  no sort); entries above it are all taken, entries equal to it in order up to the quota."""
-  key = jnp.where(elig, _ordered_key(x), jnp.uint32(0))
+  position: the n-th largest key is found bit by bit from the top (`bits` counting steps,
+  exact, no sort); entries above it are all taken, entries equal to it in order up to the
+  quota. bits=16 is exact when every eligible value is a bfloat16 value (the low half of its
+  float32 key is constant), and halves the steps."""
+  key = _ordered_key(x)
+  if bits < 32:
+    key = key >> jnp.uint32(32 - bits)
+  key = jnp.where(elig, key, jnp.uint32(0))
 
   def body(i, t):
-    cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    cand = t | (jnp.uint32(1) << (bits - 1 - i).astype(jnp.uint32))
     ok = jnp.sum(((key >= cand) & elig).astype(jnp.int32)) >= n
     return jnp.where(ok, cand, t)
 
-  t = lax.fori_loop(0, 32, body, jnp.uint32(0))
+  t = lax.fori_loop(0, bits, body, jnp.uint32(0))
   gt = elig & (key > t)
   tie = elig & (key == t)
   quota = n - jnp.sum(gt.astype(jnp.int32))
