@@ -373,12 +373,9 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
 def _spin_update(cfg, group: int, on_gpu: bool):
   """SPIN's EMA update as the step runs it: (state, scores, sel, lengths) -> new state."""
   from jaxsparse import spin
-  if cfg.reduction == "A2" and on_gpu:
-    return lambda st, z, s, l: spin.update_block_states_batched(st, z, s, l - 1, l, cfg,
-                                                                group=group)[0]
+  if on_gpu:
+    return lambda st, z, s, l: spin.update_batched(st, z, s, l - 1, l, cfg, group=group)[0]
   if cfg.reduction == "A2":
     return lambda st, z, s, l: spin.update_block_states(st, z, s, l - 1, l, cfg)
-  if on_gpu:
-    return lambda st, z, s, l: spin.update_blocks_batched(st, z, s, l - 1, l, cfg)
   return lambda st, z, s, l: jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(
       st, z, s, l - 1, l, cfg)

@@ -342,16 +342,19 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
           "warm": jnp.ones_like(state["warm"])}
 
 
-def update_blocks_batched(state, scores, sel, pos, lengths, config: SpinConfig, *,
-                          interpret: bool = False, blocks_per_program: int = 8):
-  """`update_blocks` for a batch, with V and D updated in place by the GPU kernel (only the
-  selected blocks' slots are read or written; it also returns each block's max observed
-  score). scores [B, W * b], sel [B, W], pos/lengths [B]."""
-  from pallas_kernels.spin import update_vd_gpu
-  v, d, blk_w = update_vd_gpu(state["V"], state["D"], scores, sel, pos, lengths,
-                              decay=config.ema_decay, page=config.block_size, interpret=interpret,
-                              blocks_per_program=blocks_per_program)
-  return {"V": v, "D": d, **_selected_block_states(state, sel, blk_w, pos, lengths, config)}
+def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, group: int = 0,
+                   interpret: bool = False, blocks_per_program: int = 8):
+  """The step's EMA update by the GPU kernel, in place: only the selected blocks' states (and,
+  except under A2, their slots' V and D) are read or written. Equals `update_blocks` per
+  request (A0/A1) or `update_block_states` (A2). scores [B, W * b] of the selected blocks
+  sel [B, W], pos/lengths [B]. -> (new state, [B, W * b / group] group maxima of the scores
+  for the top-K when group > 0, else None)."""
+  from pallas_kernels.spin import update_states_gpu
+  upd, gm = update_states_gpu(state, scores, sel, pos, lengths, decay=config.ema_decay,
+                              page=config.block_size, slots=config.reduction != "A2",
+                              group=group, blocks_per_program=blocks_per_program,
+                              interpret=interpret)
+  return {**state, **upd, "step": state["step"] + 1, "warm": jnp.ones_like(state["warm"])}, gm
 
 
 def _selected_block_states(state, sel, blk_w, pos, lengths, config: SpinConfig):
@@ -379,20 +382,6 @@ def update_block_states(state, scores, sel, pos, lengths, config: SpinConfig):
   blk_w = jnp.where(obs, scores.reshape(bsz, width, b).astype(jnp.float32), NEG_INF).max(-1)
   return {"V": state["V"], "D": state["D"],
           **_selected_block_states(state, sel, blk_w, pos, lengths, config)}
-
-
-def update_block_states_batched(state, scores, sel, pos, lengths, config: SpinConfig, *,
-                                group: int = 0, interpret: bool = False):
-  """`update_block_states` by the GPU kernel, in place (only the selected blocks' VB, DB and
-  ages are read or written) -> (new state, group maxima [B, W * b / group] of the scores for
-  the top-K when group > 0, else None)."""
-  from pallas_kernels.spin import update_block_states_gpu
-  vb, db, age, gm = update_block_states_gpu(
-      state["VB"], state["DB"], state["age"], scores, sel, pos, lengths, state["step"],
-      decay=config.ema_decay, page=config.block_size, group=group, interpret=interpret)
-  new = {**state, "VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
-         "warm": jnp.ones_like(state["warm"])}
-  return new, gm
 
 
 def update(state, scores, slots, pos, length, config: SpinConfig):
@@ -720,16 +709,12 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 
   def finish(z, sel):
     gm = None
-    if config.reduction == "A2" and kernels:
-      # block states only (V and D are never read under A2), in place; the same read of the
-      # scores emits the top-K's group maxima
-      g = _fused_group(z.shape[1], config, topk_config)
-      new, gm = update_block_states_batched(state, z, sel, pos, lengths, config, group=g,
-                                            interpret=plat.interpret)
-    elif config.reduction == "A2":
+    if kernels:  # in place, only the scored blocks; the same read of z emits the top-K's maxima
+      new, gm = update_batched(state, z, sel, pos, lengths, config,
+                               group=_fused_group(z.shape[1], config, topk_config),
+                               interpret=plat.interpret)
+    elif config.reduction == "A2":  # block states only: V and D are never read under A2
       new = update_block_states(state, z, sel, pos, lengths, config)
-    elif kernels:  # in-place V/D update of the scored blocks
-      new = update_blocks_batched(state, z, sel, pos, lengths, config, interpret=plat.interpret)
     else:
       new = upd(state, z, sel, pos, lengths, config)
     # top-K over the scored slots only (the compacted width, not N), then map to slots
@@ -769,7 +754,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 
 
 def _fused_group(n: int, config: SpinConfig, topk_config) -> int:
-  """Group size of the top-K's first pass over n scored slots when the A2 update kernel can
+  """Group size of the top-K's first pass over n scored slots when the update kernel can
   emit it (a power of two dividing the block), else 0 (the top-K computes its own)."""
   from pallas_kernels import topk as ktopk
   if n <= config.topk:

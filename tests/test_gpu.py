@@ -184,8 +184,8 @@ def test_spin_update_kernel_gpu(state_dtype):
   want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z, sel, lengths - 1,
                                                                      lengths, cfg)
   for bpp in (8, 32):
-    got = jax.jit(lambda s, z, sel, l: spin.update_blocks_batched(
-        s, z, sel, l - 1, l, cfg, blocks_per_program=bpp))(st, z, sel, lengths)
+    got = jax.jit(lambda s, z, sel, l: spin.update_batched(
+        s, z, sel, l - 1, l, cfg, blocks_per_program=bpp)[0])(st, z, sel, lengths)
     for name in want:
       np.testing.assert_allclose(np.asarray(got[name], np.float32),
                                  np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
@@ -213,7 +213,7 @@ def test_spin_select_kernel_gpu(reduction, state_dtype):
 
 
 def test_spin_block_state_kernel_gpu():
-  """The compiled A2 block-state kernel equals the XLA update; its group maxima equal z's."""
+  """The compiled update kernel under A2 equals the XLA update; its group maxima equal z's."""
   from jaxsparse import spin
   rng = np.random.default_rng(43)
   cfg = spin.SpinConfig(block_size=64, topk=64, sparsity=0.4, reduction="A2")
@@ -221,7 +221,7 @@ def test_spin_block_state_kernel_gpu():
   sel, z, lengths = spin_selection_case(rng, bsz, nb, 64, width)
   st = spin_state_case(rng, cfg, bsz, nb, lengths)
   want = spin.update_block_states(st, z, sel, lengths - 1, lengths, cfg)
-  got, gm = jax.jit(lambda s, z, sel, l: spin.update_block_states_batched(
+  got, gm = jax.jit(lambda s, z, sel, l: spin.update_batched(
       s, z, sel, l - 1, l, cfg, group=4))(st, z, sel, lengths)
   for name in ("VB", "DB", "age", "step", "warm"):
     np.testing.assert_allclose(np.asarray(got[name], np.float32),

@@ -360,17 +360,20 @@ def test_update_kernel_matches_xla_update(state_dtype):
   want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z, sel, pos, lengths,
                                                                      cfg)
   for bpp in (8, 4):
-    got = spin.update_blocks_batched(st, z, sel, pos, lengths, cfg, interpret=True,
-                                     blocks_per_program=bpp)
+    got, gm = spin.update_batched(st, z, sel, pos, lengths, cfg, interpret=True,
+                                  blocks_per_program=bpp, group=8)
+    np.testing.assert_array_equal(np.asarray(gm), np.asarray(z).reshape(bsz, -1, 8).max(-1))
     for name in want:
       assert got[name].dtype == want[name].dtype, name
       np.testing.assert_allclose(np.asarray(got[name], np.float32),
                                  np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
                                  err_msg=name)
-  from pallas_kernels.spin import update_vd_gpu
-  export_for(lambda v, d, z, s, p, l: update_vd_gpu(v, d, z, s, p, l, decay=0.5, page=64),
-             "cuda", *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["V"], st["D"], z, sel, pos,
-                                                         lengths)))
+  from pallas_kernels.spin import update_states_gpu
+  names = ("V", "D", "VB", "DB", "age", "step")
+  export_for(lambda z, s, p, l, *a: update_states_gpu(dict(zip(names, a)), z, s, p, l,
+                                                      decay=0.5, page=64, group=4), "cuda",
+             *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (z, sel, pos, lengths,
+                                                                *(st[n] for n in names))))
 
 
 def test_bfloat16_state_keeps_quality_on_real_trace():
@@ -448,8 +451,8 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
 
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "float32"])
 def test_block_state_update_kernel_matches_xla(state_dtype):
-  """A2's in-place block-state kernel (interpret mode) equals `update_block_states`, and the
-  group maxima it emits for the top-K equal those of the scores (-inf groups included)."""
+  """The update kernel under A2 (block states only, in place; interpret mode) equals
+  `update_block_states`, and the group maxima it emits for the top-K equal those of the scores (-inf groups included)."""
   rng = np.random.default_rng(17)
   cfg = spin.SpinConfig(block_size=16, topk=16, sparsity=0.4, ema_decay=0.3, reduction="A2",
                         state_dtype=state_dtype)
@@ -458,8 +461,8 @@ def test_block_state_update_kernel_matches_xla(state_dtype):
   st = spin_state_case(rng, cfg, bsz, nb, lengths)
   want = spin.update_block_states(st, z, sel, lengths - 1, lengths, cfg)
   for group in (0, 4):
-    got, gm = spin.update_block_states_batched(st, z, sel, lengths - 1, lengths, cfg,
-                                               group=group, interpret=True)
+    got, gm = spin.update_batched(st, z, sel, lengths - 1, lengths, cfg, group=group,
+                                  interpret=True)
     for name in ("VB", "DB", "age", "step", "warm"):
       assert got[name].dtype == want[name].dtype, name
       np.testing.assert_allclose(np.asarray(got[name], np.float32),  # EMAs: 1 ulp (fma)
@@ -469,14 +472,15 @@ def test_block_state_update_kernel_matches_xla(state_dtype):
                                     np.asarray(z).reshape(bsz, -1, group).max(-1))
     else:
       assert gm is None
-  from pallas_kernels.spin import update_block_states_gpu
+  from pallas_kernels.spin import update_states_gpu
   st = spin.init_state(2048 * 64, cfg, (64,))
-  export_for(lambda vb, db, age, z, s, p, l, t: update_block_states_gpu(
-      vb, db, age, z, s, p, l, t, decay=0.5, page=64, group=4), "cuda",
-      *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (st["VB"], st["DB"], st["age"])),
-      jax.ShapeDtypeStruct((64, 1280 * 64), jnp.float32),
-      jax.ShapeDtypeStruct((64, 1280), jnp.int32),
-      *(jax.ShapeDtypeStruct((64,), jnp.int32) for _ in range(3)))
+  names = ("VB", "DB", "age", "step")
+  export_for(lambda z, s, p, l, *a: update_states_gpu(dict(zip(names, a)), z, s, p, l,
+                                                      decay=0.5, page=64, slots=False, group=4),
+             "cuda", jax.ShapeDtypeStruct((64, 1280 * 64), jnp.float32),
+             jax.ShapeDtypeStruct((64, 1280), jnp.int32),
+             *(jax.ShapeDtypeStruct((64,), jnp.int32) for _ in range(2)),
+             *(jax.ShapeDtypeStruct(st[n].shape, st[n].dtype) for n in names))
 
 
 def test_a2_step_kernels_match_xla_step():

@@ -1,5 +1,5 @@
-"""SPIN's GPU kernels: block selection + compaction, and the EMA updates in place (slot
-states V, D for A0/A1; block states for A2) over the selected blocks only."""
-from pallas_kernels.spin.gpu import select_compact_gpu, update_block_states_gpu, update_vd_gpu
+"""SPIN's GPU kernels: block selection + compaction, and the EMA update in place (block states;
+slot states V, D for A0/A1) over the selected blocks only."""
+from pallas_kernels.spin.gpu import select_compact_gpu, update_states_gpu
 
-__all__ = ["select_compact_gpu", "update_block_states_gpu", "update_vd_gpu"]
+__all__ = ["select_compact_gpu", "update_states_gpu"]

@@ -6,7 +6,8 @@ blocks as `jaxsparse.spin.select_blocks` picks them, and their ids compacted in 
 for the block-sparse scoring kernel, in one launch (XLA needs two ranking kernels, mask
 algebra and a scatter for the same).
 
-Slot-state update (`update_vd_gpu`, reductions A0/A1): V and D updated in place.
+EMA update (`update_states_gpu`): block states (and, for reductions A0/A1, the slot states V
+and D) updated in place.
 
 Per request, only the selected blocks were scored, so only their slots change:
   V[i]       <- a * V[i] + (1 - a) * z[i]         for observed slots i (i < length)
@@ -36,25 +37,51 @@ def _ema(old, new, decay):
   return (decay * old.astype(jnp.float32) + (1 - decay) * new).astype(old.dtype)
 
 
-def _block_max(sel_ref, len_ref, z_ref, blk_ref, *, page: int, blocks: int):
-  """blk_ref[s] = max observed score of selected block s (-inf if none): A2's block states."""
+def _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs, *,
+                page: int, blocks: int, decay: float, group: int, scatter: bool):
+  """The program's selected blocks: writes the top-K group maxima of its scores (when asked),
+  and with scatter=True updates VB, DB and ages of the blocks its request has seen:
+    VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step
+  (m_j: the block's max observed score). Masked-off lanes of a compiled scatter touch no
+  memory; interpret mode rewrites every lane's slot, so it passes scatter=False and updates
+  block by block in `_loop`."""
   j = sel_ref[...]
-  i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
-  obs = (j[:, None] >= 0) & (i < len_ref[0])
-  blk_ref[...] = jnp.max(jnp.where(obs, z_ref[...].reshape(blocks, page), NEG_INF), axis=1)
-
-
-def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref, *,
-                 page: int, blocks: int, decay: float, cap: int):
-  """All `blocks` selected blocks of the program as one [blocks, page] tile: every load is
-  issued at once (the per-block loop below waits on each block's loads in turn)."""
-  del v_in, d_in
-  _block_max(sel_ref, len_ref, z_ref, blk_ref, page=page, blocks=blocks)
-  pos = pos_ref[0]
   length = len_ref[0]
-  j = sel_ref[...]  # [blocks]
+  z = z_ref[...]
+  if gm_refs:
+    zc = jnp.where(z == z, z, NEG_INF)  # NaN is no score (as the top-K's own group-max pass)
+    gm_refs[0][...] = zc.reshape(blocks * page // group, group).max(axis=1)
+  if not scatter:
+    return
   i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
   obs = (j[:, None] >= 0) & (i < length)
+  blk = jnp.max(jnp.where(obs, z.reshape(blocks, page), NEG_INF), axis=1)
+  seen = (j >= 0) & (j * page < length)
+  vb = plgpu.load(vb_ref.at[j], mask=seen, other=0.0)
+  plgpu.store(vb_ref.at[j], _ema(vb, blk, decay), mask=seen)
+  o = pos_ref[0] // page - j  # DB is indexed by block offset from the query's block
+  db = plgpu.load(db_ref.at[o], mask=seen, other=0.0)
+  plgpu.store(db_ref.at[o], _ema(db, blk, decay), mask=seen)
+  plgpu.store(age_ref.at[j], jnp.full((blocks,), step_ref[0], jnp.int32), mask=seen)
+
+
+def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
+          decay: float, group: int, slots: bool):
+  """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile
+  (every load issued at once)."""
+  n_in = 5 if slots else 3
+  if slots:
+    v_ref, d_ref, vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
+  else:
+    vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
+  _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
+              page=page, blocks=blocks, decay=decay, group=group, scatter=True)
+  if not slots:
+    return
+  pos = pos_ref[0]
+  j = sel_ref[...]  # [blocks]
+  i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
+  obs = (j[:, None] >= 0) & (i < len_ref[0])
   z = jnp.where(obs, z_ref[...].reshape(blocks, page), 0.0)
   # i unclamped (padding rows point before the array, masked): a select would hide the
   # per-block contiguity from Triton and turn the vector loads into scalar ones
@@ -65,111 +92,20 @@ def _kernel_tile(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk
   plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
 
 
-def _kernel(sel_ref, pos_ref, len_ref, z_ref, v_in, d_in, v_ref, d_ref, blk_ref, *, page: int,
-            blocks: int, decay: float, cap: int):
-  """One block at a time (used in interpret mode, where a masked scatter is a read-modify-
-  write of every lane, so masked lanes must not share a slot with a real one: per block they
-  can be given distinct wrapped slots)."""
-  del v_in, d_in  # aliased with v_ref / d_ref
-  _block_max(sel_ref, len_ref, z_ref, blk_ref, page=page, blocks=blocks)
+def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
+          decay: float, group: int, slots: bool):
+  """Interpret mode: one block at a time (a masked scatter there is a read-modify-write of
+  every lane, so masked lanes get distinct wrapped slots, per block)."""
+  n_in = 5 if slots else 3
+  if slots:
+    v_ref, d_ref, vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
+  else:
+    vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
+  _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
+              page=page, blocks=blocks, decay=decay, group=group, scatter=False)
   pos = pos_ref[0]
   length = len_ref[0]
-  lane = lax.broadcasted_iota(jnp.int32, (page,), 0)
-
-  def body(s, carry):
-    j = sel_ref[s]
-
-    @pl.when(j >= 0)
-    def _():
-      i = j * page + lane
-      obs = i < length
-      z = z_ref[pl.ds(s * page, page)]
-      z = jnp.where(obs, z, 0.0)
-      v = v_ref[pl.ds(j * page, page)]
-      v_ref[pl.ds(j * page, page)] = jnp.where(obs, _ema(v, z, decay), v)
-      o = pos - i  # unobserved lanes (past the query) wrap to distinct slots and are masked
-      o = jnp.where(o >= 0, o, o + cap)
-      d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
-      plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
-
-    return carry
-
-  lax.fori_loop(0, blocks, body, 0)
-
-
-def update_vd_gpu(v, d, z, sel, pos, lengths, *, decay: float, page: int,
-                  blocks_per_program: int = 8, interpret: bool = False):
-  """v, d [B, cap] float32 or bfloat16; z [B, W * page] float32 scores of the selected blocks in order;
-  sel [B, W] int32 block ids (-1: padding); pos, lengths [B] int32 -> updated (v, d) and
-  blk [B, W] float32, the max observed score of each selected block (-inf: none)."""
-  bsz, cap = v.shape
-  width = sel.shape[1]
-  bpp = blocks_per_program
-  padded = -(-width // bpp) * bpp
-  if padded != width:
-    sel = jnp.pad(sel, ((0, 0), (0, padded - width)), constant_values=-1)
-    z = jnp.pad(z, ((0, 0), (0, (padded - width) * page)))
-  row = pl.BlockSpec((None, cap), lambda b, c: (b, 0))
-  one = pl.BlockSpec((1,), lambda b, c: (b,))
-  body = _kernel if interpret else _kernel_tile
-  v, d, blk = pl.pallas_call(
-      functools.partial(body, page=page, blocks=bpp, decay=float(decay), cap=cap),
-      grid=(bsz, padded // bpp),
-      in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one,
-                pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), row, row],
-      out_specs=[row, row, pl.BlockSpec((None, bpp), lambda b, c: (b, c))],
-      out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype),
-                 jax.ShapeDtypeStruct((bsz, padded), jnp.float32)],
-      input_output_aliases={4: 0, 5: 1},
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-      interpret=interpret, name="jaxsparse_spin_update",
-  )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
-    z.astype(jnp.float32), v, d)
-  return v, d, blk[:, :width]
-
-
-
-# --------------------------------------------------------------------- block-state update (A2)
-
-
-def _block_states_common(sel_ref, len_ref, z_ref, gm_refs, *, page: int, blocks: int,
-                         group: int):
-  """The program's selected blocks: their max observed score [blocks] (-inf: none) and
-  whether each was seen; also writes the top-K group maxima of its scores (when asked)."""
-  j = sel_ref[...]
-  length = len_ref[0]
-  z = z_ref[...]
-  if gm_refs:
-    zc = jnp.where(z == z, z, NEG_INF)  # NaN is no score (as the top-K's own group-max pass)
-    gm_refs[0][...] = zc.reshape(blocks * page // group, group).max(axis=1)
-  i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
-  obs = (j[:, None] >= 0) & (i < length)
-  blk = jnp.max(jnp.where(obs, z.reshape(blocks, page), NEG_INF), axis=1)
-  return j, blk, (j >= 0) & (j * page < length)
-
-
-def _block_states_tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_in, db_in, age_in,
-                       vb_ref, db_ref, age_ref, *gm_refs, page: int, blocks: int, decay: float,
-                       group: int):
-  """Compiled GPU: the program's blocks as one vector; masked-off lanes touch no memory."""
-  del vb_in, db_in, age_in  # aliased with vb_ref / db_ref / age_ref
-  j, blk, seen = _block_states_common(sel_ref, len_ref, z_ref, gm_refs, page=page,
-                                      blocks=blocks, group=group)
-  vb = plgpu.load(vb_ref.at[j], mask=seen, other=0.0)
-  plgpu.store(vb_ref.at[j], _ema(vb, blk, decay), mask=seen)
-  o = pos_ref[0] // page - j  # DB is indexed by block offset from the query's block
-  db = plgpu.load(db_ref.at[o], mask=seen, other=0.0)
-  plgpu.store(db_ref.at[o], _ema(db, blk, decay), mask=seen)
-  plgpu.store(age_ref.at[j], jnp.full((blocks,), step_ref[0], jnp.int32), mask=seen)
-
-
-def _block_states_loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_in, db_in, age_in,
-                       vb_ref, db_ref, age_ref, *gm_refs, page: int, blocks: int, decay: float,
-                       group: int):
-  """Interpret mode (a masked scatter there rewrites every lane's slot): one block at a time."""
-  del vb_in, db_in, age_in
-  _block_states_common(sel_ref, len_ref, z_ref, gm_refs, page=page, blocks=blocks, group=group)
-  length = len_ref[0]
+  cap = v_ref.shape[0] if slots else 0
   lane = lax.broadcasted_iota(jnp.int32, (page,), 0)
 
   def body(s, carry):
@@ -177,31 +113,46 @@ def _block_states_loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_in, db_in,
 
     @pl.when((j >= 0) & (j * page < length))
     def _():
+      i = j * page + lane
+      obs = i < length
       z = z_ref[pl.ds(s * page, page)]
-      m = jnp.max(jnp.where(j * page + lane < length, z, NEG_INF)).reshape(1)
+      m = jnp.max(jnp.where(obs, z, NEG_INF)).reshape(1)
       vb_ref[pl.ds(j, 1)] = _ema(vb_ref[pl.ds(j, 1)], m, decay)
-      o = pos_ref[0] // page - j
-      db_ref[pl.ds(o, 1)] = _ema(db_ref[pl.ds(o, 1)], m, decay)
+      ob = pos // page - j
+      db_ref[pl.ds(ob, 1)] = _ema(db_ref[pl.ds(ob, 1)], m, decay)
       age_ref[pl.ds(j, 1)] = step_ref[...]
+      if slots:
+        z = jnp.where(obs, z, 0.0)
+        v = v_ref[pl.ds(j * page, page)]
+        v_ref[pl.ds(j * page, page)] = jnp.where(obs, _ema(v, z, decay), v)
+        o = pos - i  # unobserved lanes (past the query) wrap to distinct slots and are masked
+        o = jnp.where(o >= 0, o, o + cap)
+        d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
+        plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
 
     return carry
 
   lax.fori_loop(0, blocks, body, 0)
 
 
-def update_block_states_gpu(vb, db, age, z, sel, pos, lengths, step, *, decay: float, page: int,
-                            group: int = 0, blocks_per_program: int = 8,
-                            interpret: bool = False):
-  """A2's EMA update in place: vb, db [B, nb] float32 or bfloat16, age [B, nb] int32; z
-  [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32 block ids
-  (-1: padding, last); pos, lengths, step [B] int32. For every selected block j seen by its
-  request (j * page < length), with m its max observed score:
-    VB[j] <- a VB[j] + (1 - a) m,  DB[pos // page - j] <- a DB[...] + (1 - a) m,  age[j] <- step.
-  Nothing else is read or written. group > 0 also returns the [B, W * page / group] maxima of
-  consecutive groups of z (NaN as -inf): the top-K's first pass, fused into this read of z.
-  -> (vb, db, age, group maxima or None)."""
-  bsz, nb = vb.shape
-  width = sel.shape[1]
+def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
+                      slots: bool = True, group: int = 0, blocks_per_program: int = 8,
+                      interpret: bool = False):
+  """SPIN's EMA update in place, from the scores of the selected blocks only.
+
+  state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] int32, step [B] int32, and
+  with slots=True V, D [B, cap] (cap = nb * page); z [B, W * page] float32 scores of the
+  selected blocks in order; sel [B, W] int32 block ids (-1: padding, last); pos, lengths [B]
+  int32. For every selected block j its request has seen (j * page < length), with m_j its
+  max observed score:
+    VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step,
+  and with slots=True, for each observed slot i of it (i < length):
+    V[i] <- a V[i] + (1 - a) z_i,  D[pos - i] <- a D[pos - i] + (1 - a) z_i.
+  Nothing else is read or written (the arrays are aliased to the outputs). group > 0 also
+  returns the [B, W * page / group] maxima of consecutive groups of z (NaN as -inf): the
+  top-K's first pass, fused into this read of z.
+  -> (dict of the updated arrays, group maxima or None)."""
+  bsz, width = sel.shape
   bpp = blocks_per_program
   if group and (page % group or group & (group - 1)):
     raise ValueError(f"group={group} must be a power of two dividing page={page}")
@@ -209,28 +160,30 @@ def update_block_states_gpu(vb, db, age, z, sel, pos, lengths, step, *, decay: f
   if padded != width:
     sel = jnp.pad(sel, ((0, 0), (0, padded - width)), constant_values=-1)
     z = jnp.pad(z, ((0, 0), (0, (padded - width) * page)), constant_values=NEG_INF)
-  row = pl.BlockSpec((None, nb), lambda b, c: (b, 0))
+  names = (("V", "D") if slots else ()) + ("VB", "DB", "age")
+  arrays = [state[n] if n != "age" else state[n].astype(jnp.int32) for n in names]
+  rows = [pl.BlockSpec((None, a.shape[1]), lambda b, c: (b, 0)) for a in arrays]
   one = pl.BlockSpec((1,), lambda b, c: (b,))
-  out_specs = [row, row, row]
-  out_shape = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (vb, db, age)]
+  out_specs, out_shape = list(rows), [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
   if group:
     out_specs.append(pl.BlockSpec((None, bpp * page // group), lambda b, c: (b, c)))
     out_shape.append(jax.ShapeDtypeStruct((bsz, padded * page // group), jnp.float32))
-  body = _block_states_loop if interpret else _block_states_tile
+  body = _loop if interpret else _tile
   out = pl.pallas_call(
-      functools.partial(body, page=page, blocks=bpp, decay=float(decay), group=group),
+      functools.partial(body, page=page, blocks=bpp, decay=float(decay), group=group,
+                        slots=slots),
       grid=(bsz, padded // bpp),
       in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one, one,
-                pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), row, row, row],
+                pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), *rows],
       out_specs=out_specs,
       out_shape=out_shape,
-      input_output_aliases={5: 0, 6: 1, 7: 2},
+      input_output_aliases={5 + n: n for n in range(len(arrays))},
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-      interpret=interpret, name="jaxsparse_spin_block_update",
+      interpret=interpret, name="jaxsparse_spin_update",
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
-    step.astype(jnp.int32), z.astype(jnp.float32), vb, db, age.astype(jnp.int32))
-  gm = out[3][:, :width * page // group] if group else None
-  return out[0], out[1], out[2], gm
+    state["step"].astype(jnp.int32), z.astype(jnp.float32), *arrays)
+  gm = out[len(arrays)][:, :width * page // group] if group else None
+  return dict(zip(names, out[:len(arrays)])), gm
 
 
 # ------------------------------------------------------------------ selection and compaction
