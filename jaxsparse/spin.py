@@ -343,13 +343,17 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
 
 
 def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, group: int = 0,
-                   interpret: bool = False, blocks_per_program: int = 8):
+                   interpret: bool = False, blocks_per_program: int | None = None):
   """The step's EMA update by the GPU kernel, in place: only the selected blocks' states (and,
   except under A2, their slots' V and D) are read or written. Equals `update_blocks` per
   request (A0/A1) or `update_block_states` (A2). scores [B, W * b] of the selected blocks
   sel [B, W], pos/lengths [B]. -> (new state, [B, W * b / group] group maxima of the scores
-  for the top-K when group > 0, else None)."""
+  for the top-K when group > 0, else None). blocks_per_program: selected blocks per kernel
+  program; None picks the fastest of 4, 8, 16, 32 at B=64 x 128K on the H200 (16 under A2,
+  8 otherwise: benchmarks/results/session6/spin_update_bpp.json)."""
   from pallas_kernels.spin import update_states_gpu
+  if blocks_per_program is None:
+    blocks_per_program = 16 if config.reduction == "A2" else 8
   upd, gm = update_states_gpu(state, scores, sel, pos, lengths, decay=config.ema_decay,
                               page=config.block_size, slots=config.reduction != "A2",
                               group=group, blocks_per_program=blocks_per_program,
