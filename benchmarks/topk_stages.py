@@ -1,4 +1,5 @@
 """Where the time of jaxsparse.topk goes: each pass of the threshold filter timed alone, in-graph.
+(--configs sweeps chunk, warps and bisection steps.)
 
   python benchmarks/topk_stages.py --out benchmarks/results/topk_stages_h200.json
 
@@ -22,7 +23,9 @@ from pallas_kernels.topk import TopkConfig, group_size
 from pallas_kernels.topk import gpu as kg
 
 
-def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
+def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False):
+  """Time each pass alone at one shape; brief=True: only the four filter passes and the whole
+  call (sorted and as a set), for config sweeps."""
   plat = backend.kernel_platform()
   interp = plat.interpret
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
@@ -90,7 +93,13 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
       "whole topk, no fallback cond": (jax.jit(no_cond), (x,)),
       "lax.top_k": (jax.jit(lambda x: lax.top_k(x, k)), (x,)),
   }
-  loop_too = ("floor: one tiny op", "whole topk", "lax.top_k")
+  timed["whole topk, set"] = (jax.jit(lambda x: selection.topk(
+      x, k, implementation="pallas", config=config, sorted=False)), (x,))
+  if brief:
+    keep = ("group_max", f"threshold (bisect {config.bisect_iters})", "count", "compact",
+            "whole topk", "whole topk, set")
+    timed = {name: timed[name] for name in keep}
+  loop_too = () if brief else ("floor: one tiny op", "whole topk", "lax.top_k")
   for name, (f, args) in timed.items():
     for unrolled in ((True, False) if name in loop_too else (True,)):
       try:
@@ -98,6 +107,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list):
       except Exception as e:  # noqa: BLE001 - report, keep going
         us, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
       _emit(rows, dict(op="topk stage", B=bsz, N=n, K=k, stage=name,
+                       config=f"{config.chunk}:{config.num_warps}:{config.bisect_iters}",
                        timing="unrolled" if unrolled else "fori_loop", us=us, error=err,
                        candidates_max=int(total.max()), groups=int(gm.shape[1]), group=g))
 
@@ -107,12 +117,19 @@ def main(argv=None):
   p.add_argument("--out", default="benchmarks/results/topk_stages_h200.json")
   p.add_argument("--shapes", default="64x131072,8x131072,1x131072,64x1048576")
   p.add_argument("--k", type=int, default=2048)
+  p.add_argument("--configs", default="",
+                 help="comma list of chunk:num_warps:bisect_iters TopkConfig variants to sweep "
+                      "(brief: filter passes and whole call only); default: TopkConfig() in full")
   a = p.parse_args(argv)
   rows = []
+  cfgs = [TopkConfig(chunk=int(c), num_warps=int(w), bisect_iters=int(i))
+          for c, w, i in (spec.split(":") for spec in a.configs.split(",") if spec)]
   for s in a.shapes.split(","):
     b, n = (int(v) for v in s.split("x"))
-    stages(b, n, a.k, TopkConfig(), rows)
-  print_table(rows, ["B", "N", "K", "stage", "timing", "us", "candidates_max", "error"])
+    for cfg in cfgs or [TopkConfig()]:
+      stages(b, n, a.k, cfg, rows, brief=bool(cfgs))
+  print_table(rows, ["B", "N", "K", "config", "stage", "timing", "us", "candidates_max",
+                     "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")
 
