@@ -4,7 +4,7 @@
 #    run (benchmarks/results/session6/topk_stages_configs.json absent);
 # 2. the SPIN A2 step at B=64 x 128K, 40%, three more times (session 6: 0.678-0.703x in 4 runs);
 # 3. ncu of the fp8 q+k decode kernel alone at 8 x 131072 (session 6's attempt profiled only a
-#    warm-up call: --launch-skip 4 now skips the check calls).
+#    warm-up call of the correctness check, then failed: --launch-skip 1 skips the check).
 source benchmarks/h200_env.sh
 [ -f benchmarks/results/session6/topk_stages_configs.json ] || \
   timeout 230 python3 benchmarks/topk_stages.py --shapes 64x131072,8x1048576 \
@@ -16,7 +16,7 @@ for i in 1 2 3; do
   grep "│" "$L/spin_a2_128k_$i.log" | grep -v "^│    "
 done
 timeout 120 ncu --clock-control none --csv --print-units base -k regex:jaxsparse_decode_mgpu \
-  --launch-skip 4 --launch-count 2 --section WarpStateStats --section Occupancy \
+  --launch-skip 1 --launch-count 4 --section WarpStateStats --section Occupancy \
   --section MemoryWorkloadAnalysis python3 benchmarks/decode_mgpu.py --no-triton \
   --dtypes "bf16,fp8 q+k" --shapes 8x131072 --configs 32:4 --profile 2 \
   --out "$L/ncu_dummy.json" > "$L/ncu_fp8_mid.csv" 2>&1
