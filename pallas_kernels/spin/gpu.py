@@ -65,17 +65,26 @@ def _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_
   plgpu.store(age_ref.at[j], jnp.full((blocks,), step_ref[0], jnp.int32), mask=seen)
 
 
+def _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, *, page: int, blocks: int,
+                decay: float, group: int, slots: bool, scatter: bool):
+  """Split the kernel's remaining refs (aliased inputs, then outputs: [V, D,] VB, DB, age
+  [, group maxima]) and run `_block_part`; -> the output refs V, D (None without slots), VB,
+  DB, age."""
+  outs = refs[5 if slots else 3:]  # skip the aliased inputs
+  v_ref, d_ref = outs[:2] if slots else (None, None)
+  vb_ref, db_ref, age_ref, *gm_refs = outs[2:] if slots else outs
+  _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
+              page=page, blocks=blocks, decay=decay, group=group, scatter=scatter)
+  return v_ref, d_ref, vb_ref, db_ref, age_ref
+
+
 def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
           decay: float, group: int, slots: bool):
   """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile
   (every load issued at once)."""
-  n_in = 5 if slots else 3
-  if slots:
-    v_ref, d_ref, vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
-  else:
-    vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
-  _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
-              page=page, blocks=blocks, decay=decay, group=group, scatter=True)
+  v_ref, d_ref, *_ = _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, page=page,
+                                 blocks=blocks, decay=decay, group=group, slots=slots,
+                                 scatter=True)
   if not slots:
     return
   pos = pos_ref[0]
@@ -96,13 +105,9 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
           decay: float, group: int, slots: bool):
   """Interpret mode: one block at a time (a masked scatter there is a read-modify-write of
   every lane, so masked lanes get distinct wrapped slots, per block)."""
-  n_in = 5 if slots else 3
-  if slots:
-    v_ref, d_ref, vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
-  else:
-    vb_ref, db_ref, age_ref, *gm_refs = refs[n_in:]
-  _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
-              page=page, blocks=blocks, decay=decay, group=group, scatter=False)
+  v_ref, d_ref, vb_ref, db_ref, age_ref = _block_refs(
+      sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, page=page, blocks=blocks, decay=decay,
+      group=group, slots=slots, scatter=False)
   pos = pos_ref[0]
   length = len_ref[0]
   cap = v_ref.shape[0] if slots else 0
