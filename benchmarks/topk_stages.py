@@ -10,6 +10,7 @@ timed loop), so the per-stage times add up to the pipeline minus fusion and laun
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,11 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
                                                 num_warps=nw, interpret=interp))
   cv_raw, ci_raw = f_cmp(x, lens, thr, offsets)
   live = jnp.minimum(total, capacity).astype(jnp.int32)
+  f_atomic = jax.jit(lambda x, l, t: kg.compact_atomic(x, l, t, capacity=capacity, chunk=chunk,
+                                                       num_warps=nw, interpret=interp))
+  bitonic = {w: jax.jit(lambda cv, ci, l, w=w: kg.bitonic_finish(
+      cv, ci, l, k, capacity, num_warps=w, interpret=interp)) for w in (4, 8, 16)}
+  bitonic_cfg = dataclasses.replace(config, finish="bitonic")
 
   def masked(cv, ci, total):  # compact leaves the slots past the count uninitialised
     ok = jnp.arange(capacity) < jnp.minimum(total, capacity)[:, None]
@@ -88,8 +94,13 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
       f"final set in index order [{bsz},{capacity}] (kernel)": (jax.jit(
           lambda cv, ci, l: kg.index_order_finish(cv, ci, l, k, capacity, interpret=interp)),
           (cv_raw, ci_raw, live)),
+      "compact, one pass (atomic)": (f_atomic, (x, lens, thr)),
+      **{f"final bitonic [{bsz},{capacity}] (kernel, {w} warps)": (f, (cv_raw, ci_raw, live))
+         for w, f in bitonic.items()},
       "whole topk": (jax.jit(lambda x: selection.topk(x, k, implementation="pallas",
                                                       config=config)), (x,)),
+      "whole topk, bitonic": (jax.jit(lambda x: selection.topk(
+          x, k, implementation="pallas", config=bitonic_cfg)), (x,)),
       "whole topk, no fallback cond": (jax.jit(no_cond), (x,)),
       "lax.top_k": (jax.jit(lambda x: lax.top_k(x, k)), (x,)),
   }
@@ -97,7 +108,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
       x, k, implementation="pallas", config=config, sorted=False)), (x,))
   if brief:
     keep = ("group_max", f"threshold (bisect {config.bisect_iters})", "count", "compact",
-            "whole topk", "whole topk, set")
+            "compact, one pass (atomic)", "whole topk", "whole topk, bitonic", "whole topk, set")
     timed = {name: timed[name] for name in keep}
   loop_too = () if brief else ("floor: one tiny op", "whole topk", "lax.top_k")
   for name, (f, args) in timed.items():

@@ -45,7 +45,7 @@ def test_prefill_gpu(key_dtype, kernel):
   assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 
-@pytest.mark.parametrize("finish", ["sort", "rank"])
+@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic"])
 @pytest.mark.parametrize("n,k", [(131072, 2048), (1 << 20, 512), (40000, 2048)])
 def test_topk_gpu(n, k, finish):
   rng = np.random.default_rng(n)

@@ -81,8 +81,9 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
 def test_rank_finish_matches_numpy(n, k):
-  """The rank-counting and set-then-sort finishes (GPU kernels, interpret): ties by index,
-  overflow rows after the repair, fewer valid entries than k, -0.0, NaN and -inf."""
+  """The rank-counting and bitonic finishes (GPU kernels, interpret; bitonic after the
+  one-pass atomic compaction): ties by index, overflow rows after the repair, fewer valid
+  entries than k, -0.0, NaN and -inf."""
   rng = np.random.default_rng(n + k)
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.round(x[1])  # heavy ties: overflow, repaired, then ranked
@@ -92,7 +93,8 @@ def test_rank_finish_matches_numpy(n, k):
   x[4, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto")):
+  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto"),
+              ktopk.TopkConfig(finish="bitonic")):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
@@ -185,12 +187,41 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
   np.testing.assert_allclose(np.asarray(v), rv, rtol=1e-5)
 
 
+@settings(max_examples=12, deadline=None)
+@given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_bitonic_finish_any_order(log_cap, seed, ties):
+  """The bitonic finish sorts candidates given in any order (the atomic compaction leaves
+  chunk ranges in run order) by value, ties by lower index; -inf entries and slots past
+  `live` never come out; fewer than k live entries leave a -inf / -1 tail."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(seed)
+  cap = 2 ** log_cap
+  k = int(rng.integers(1, cap + 1))
+  x = rng.standard_normal((3, cap)).astype(np.float32)
+  if ties:
+    x = np.round(x)
+  x[rng.random((3, cap)) < 0.1] = -np.inf
+  idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(3)]).astype(np.int32)
+  live = rng.integers(0, cap + 1, 3).astype(np.int32)
+  v, i = kg.bitonic_finish(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(live), k, cap,
+                           interpret=True)
+  for r in range(3):
+    ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
+    want_v = np.full(k, -np.inf, np.float32)
+    want_i = np.full(k, -1, np.int32)
+    want_v[:len(ent)] = [-a for a, _ in ent]
+    want_i[:len(ent)] = [b for _, b in ent]
+    np.testing.assert_array_equal(np.asarray(v[r]), want_v)
+    np.testing.assert_array_equal(np.asarray(i[r]), want_i)
+
+
 def test_topk_lowers_for_tpu_and_gpu():
   S = jax.ShapeDtypeStruct
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
-  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False)):
+  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
+                       (ktopk.TopkConfig(finish="bitonic"), True)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

@@ -8,7 +8,10 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
   4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
-     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank. When the
+     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank, or with
+     finish="bitonic" a kernel that sorts each row's C candidates by (value, index) in
+     registers (bitonic network); being order-free, that finish lets step 3 be one pass
+     (chunk ranges reserved by an atomic add, no count pass, no scan). When the
      caller asks for the top-k as a set (ordered=False: ascending index order, what sparse
      attention consumes), a GPU kernel finds the exact k-th candidate bit by bit and compacts
      the k best in index order: no sort at all.
@@ -113,12 +116,17 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
       thr = _gpu.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
     else:
       thr = lax.top_k(gmax, k)[0][:, k - 1]
-    counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
-                        interpret=interp)
-    offsets = jnp.cumsum(counts, axis=1) - counts
-    total = counts.sum(axis=1)
-    cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
-                          num_warps=config.num_warps, interpret=interp)
+    bitonic = ordered and config.finish == "bitonic"
+    if bitonic:  # an order-free finish: count and compaction in one pass
+      cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
+                                          num_warps=config.num_warps, interpret=interp)
+    else:
+      counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
+                          interpret=interp)
+      offsets = jnp.cumsum(counts, axis=1) - counts
+      total = counts.sum(axis=1)
+      cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
+                            num_warps=config.num_warps, interpret=interp)
     # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
     # is read on the host, ~35 us on the H200, more than the filter passes together)
     cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
@@ -128,6 +136,9 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     live = jnp.where(total > capacity, k, total).astype(jnp.int32)
     if not ordered:
       return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True
+    if bitonic:
+      return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
+                                  interpret=interp), False
     if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows
                                    and k >= config.rank_min_k):
       return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False

@@ -16,11 +16,15 @@ class TopkConfig:
   threshold: "bisect" (GPU kernel, no sort) or "sort" (`lax.top_k` over the group maxima).
   bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
   finish: how the candidates become the sorted top-k (GPU): "sort" (`lax.top_k` over the
-    candidate buffer, ~35 us on the H200 whatever the batch) or "rank" (one Pallas kernel that
-    counts each candidate's rank, O(candidates^2) compares), or "auto" (the default: rank for
+    candidate buffer, ~35 us on the H200 whatever the batch), "rank" (one Pallas kernel that
+    counts each candidate's rank, O(candidates^2) compares), "bitonic" (one Pallas program per
+    row sorts its candidates by (value, index) with a bitonic network in registers; with it
+    the candidates are compacted in one pass, chunk ranges reserved by an atomic add), or
+    "auto" (the default: rank for
     at most `rank_max_rows` rows when k >= `rank_min_k`, else sort; from the H200 timings in
     benchmarks/results/session3/topk_finish_partial.json, where rank won every single-row
     K=2048 shape and sort most K=512 ones).
+  bitonic_warps: warps of the bitonic finish's program (GPU).
   """
   chunk: int = 4096
   capacity_factor: int = 2
@@ -31,16 +35,17 @@ class TopkConfig:
   finish: str = "auto"
   rank_max_rows: int = 16
   rank_min_k: int = 1024
+  bitonic_warps: int = 8
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
       raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
-    if self.finish not in ("sort", "rank", "auto"):
-      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank' or 'auto'")
+    if self.finish not in ("sort", "rank", "bitonic", "auto"):
+      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
-                 "rank_min_k"):
+                 "rank_min_k", "bitonic_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -69,6 +69,51 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: in
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
+def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_ref, *,
+                           chunk: int, capacity: int):
+  """One (row, chunk): the chunk's candidates appended to the row's buffer at a range
+  reserved with one atomic add on the row's counter (count and compaction in one pass; the
+  chunk ranges land in whatever order the programs run, so only an order-free finish such as
+  `bitonic_finish` may consume the buffer)."""
+  del ctr_in
+  x, idx = _valid(x_ref, len_ref, chunk)
+  m = (x >= thr_ref[0]) & (x > NEG_INF)
+  mi = m.astype(jnp.int32)
+  # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
+  # integer value (a [1] tensor gets a float add, which flushes small integers to zero)
+  start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), jnp.sum(mi))
+  pos = start + jnp.cumsum(mi) - 1
+  keep = m & (pos < capacity)
+  pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
+  plgpu.store(v_ref.at[pos], x, mask=keep)
+  plgpu.store(i_ref.at[pos], idx, mask=keep)
+
+
+def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
+                   interpret: bool):
+  """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
+  float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
+  candidates (entries >= thr[r]) grouped by chunk, chunks in no fixed order; the slots past
+  them are NOT initialised. One pass (no count pass, no scan)."""
+  r, n = x.shape
+  width = _scatter_width(capacity, interpret)
+  row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  one = pl.BlockSpec((1,), lambda r, c: (r,))
+  total, v, i = pl.pallas_call(
+      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity),
+      grid=(r, n // chunk),
+      in_specs=_row_chunk_specs(chunk) + [one, one],
+      out_specs=[one, row, row],
+      out_shape=[jax.ShapeDtypeStruct((r,), jnp.int32),
+                 jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      input_output_aliases={3: 0},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_compact_atomic",
+  )(x, lengths, thr, jnp.zeros((r,), jnp.int32))
+  return v, i, total
+
+
 def _threshold_kernel(m_ref, o_ref, *, k: int, iters: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
@@ -400,5 +445,84 @@ def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_index_order",
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
+  return v[:, :k], i[:, :k]
+
+
+def _bitonic_sort(key, idx):
+  """Sort one row held in registers: key [n] uint32 descending, ties by idx [n] int32
+  ascending (n a power of two). A bitonic network: for each merge size s = 2, 4, ..., n and
+  each stride d = s/2, ..., 1, entries i and i + d of every block of 2d are put in order,
+  descending where bit s of i is clear and ascending where it is set (so every merged run is
+  bitonic for the next size; at s = n every block is descending). A stride-d step views the
+  row as [n / 2d, 2, d] and swaps the two halves elementwise (split / stack, which Triton
+  lowers to register splits and joins)."""
+  n = key.shape[0]
+
+  def halves(x, d):
+    a, b = jnp.split(x.reshape(n // (2 * d), 2 * d), 2, axis=1)
+    return a, b
+
+  def join(a, b, d):  # [n / 2d, d] x 2 -> [n / 2d, d, 2] -> [n / 2d, 2, d] -> [n]
+    return jnp.transpose(jnp.stack([a, b], axis=-1), (0, 2, 1)).reshape(n)
+
+  size = 2
+  while size <= n:
+    d = size // 2
+    while d >= 1:
+      ka, kb = halves(key, d)
+      ia, ib = halves(idx, d)
+      start = lax.broadcasted_iota(jnp.int32, (n // (2 * d), 1), 0) * (2 * d)
+      desc = (start & size) == 0
+      b_first = (kb > ka) | ((kb == ka) & (ib < ia))  # b belongs before a in descending order
+      swap = jnp.where(desc, b_first, ~b_first & ((ka != kb) | (ia != ib)))
+      key = join(jnp.where(swap, kb, ka), jnp.where(swap, ka, kb), d)
+      idx = join(jnp.where(swap, ib, ia), jnp.where(swap, ia, ib), d)
+      d //= 2
+    size *= 2
+  return key, idx
+
+
+def _from_ordered_key(key):
+  """Inverse of `_ordered_key` (uint32 -> float32)."""
+  b = jnp.where((key >> 31) == 1, key & jnp.uint32(0x7FFFFFFF), ~key)
+  return lax.bitcast_convert_type(b, jnp.float32)
+
+
+def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
+  """One row of candidates (any order; slots past live_ref[0] not initialised) -> the row
+  sorted by value descending, ties by lower index, then the -inf / -1 tail."""
+  v = v_ref[...]
+  lane = lax.broadcasted_iota(jnp.int32, v.shape, 0)
+  live = (lane < live_ref[0]) & (v > NEG_INF)
+  dead_idx = jnp.iinfo(jnp.int32).max  # sorts after every live index among equal keys
+  key = jnp.where(live, _ordered_key(v), jnp.uint32(0))  # live keys are > _ordered_key(-inf) > 0
+  idx = jnp.where(live, i_ref[...], dead_idx)
+  key, idx = _bitonic_sort(key, idx)
+  ok = key != 0
+  vo_ref[...] = jnp.where(ok, _from_ordered_key(key), NEG_INF)
+  io_ref[...] = jnp.where(ok, idx, -1)
+
+
+def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
+                   interpret: bool = False):
+  """cv, ci [R, >= cap] candidates in any order, live [R] (<= cap) of them per row (slots
+  past live are ignored; slots before it may be -inf) -> the k best, sorted: values [R, k]
+  float32 (-inf tail) and indices [R, k] int32 (-1 tail). One program per row sorts its cap
+  candidates in registers with a bitonic network (log2(cap) (log2(cap) + 1) / 2 steps)."""
+  r = cv.shape[0]
+  if not is_pow2(cap) or cap < k or cv.shape[1] < cap:
+    raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
+                     f"{cv.shape[1]}")
+  row = pl.BlockSpec((None, cap), lambda i: (i, 0))
+  v, i = pl.pallas_call(
+      _bitonic_kernel,
+      grid=(r,),
+      in_specs=[row, row, pl.BlockSpec((1,), lambda i: (i,))],
+      out_specs=[row, row],
+      out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.float32),
+                 jax.ShapeDtypeStruct((r, cap), jnp.int32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_bitonic",
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
   return v[:, :k], i[:, :k]
