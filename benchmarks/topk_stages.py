@@ -24,9 +24,11 @@ from pallas_kernels.topk import TopkConfig, group_size
 from pallas_kernels.topk import gpu as kg
 
 
-def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False):
-  """Time each pass alone at one shape; brief=True: only the four filter passes and the whole
-  call (sorted and as a set), for config sweeps."""
+def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
+           only: tuple = ()):
+  """Time each pass alone at one shape; brief=True: only the filter passes and the whole
+  call (sorted and as a set), for config sweeps; only: keep the stages whose name contains
+  one of these strings."""
   plat = backend.kernel_platform()
   interp = plat.interpret
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
@@ -54,8 +56,9 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   live = jnp.minimum(total, capacity).astype(jnp.int32)
   f_atomic = jax.jit(lambda x, l, t: kg.compact_atomic(x, l, t, capacity=capacity, chunk=chunk,
                                                        num_warps=nw, interpret=interp))
-  bitonic = {w: jax.jit(lambda cv, ci, l, w=w: kg.bitonic_finish(
-      cv, ci, l, k, capacity, num_warps=w, interpret=interp)) for w in (4, 8, 16)}
+  bitonic = {(cube, w): jax.jit(lambda cv, ci, l, w=w, cube=cube: kg.bitonic_finish(
+      cv, ci, l, k, capacity, num_warps=w, interpret=interp, cube=cube))
+      for cube, w in ((False, 16), (True, 4), (True, 8), (True, 16), (True, 32))}
   bitonic_cfg = dataclasses.replace(config, finish="bitonic")
 
   def masked(cv, ci, total):  # compact leaves the slots past the count uninitialised
@@ -95,8 +98,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
           lambda cv, ci, l: kg.index_order_finish(cv, ci, l, k, capacity, interpret=interp)),
           (cv_raw, ci_raw, live)),
       "compact, one pass (atomic)": (f_atomic, (x, lens, thr)),
-      **{f"final bitonic [{bsz},{capacity}] (kernel, {w} warps)": (f, (cv_raw, ci_raw, live))
-         for w, f in bitonic.items()},
+      **{f"final bitonic{' cube' if cube else ''} [{bsz},{capacity}] (kernel, {w} warps)":
+         (f, (cv_raw, ci_raw, live)) for (cube, w), f in bitonic.items()},
       "whole topk": (jax.jit(lambda x: selection.topk(x, k, implementation="pallas",
                                                       config=config)), (x,)),
       "whole topk, bitonic": (jax.jit(lambda x: selection.topk(
@@ -106,6 +109,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   }
   timed["whole topk, set"] = (jax.jit(lambda x: selection.topk(
       x, k, implementation="pallas", config=config, sorted=False)), (x,))
+  if only:
+    timed = {name: v for name, v in timed.items() if any(o in name for o in only)}
   if brief:
     keep = ("group_max", f"threshold (bisect {config.bisect_iters})", "count", "compact",
             "compact, one pass (atomic)", "whole topk", "whole topk, bitonic", "whole topk, set")
@@ -131,14 +136,17 @@ def main(argv=None):
   p.add_argument("--configs", default="",
                  help="comma list of chunk:num_warps:bisect_iters TopkConfig variants to sweep "
                       "(brief: filter passes and whole call only); default: TopkConfig() in full")
+  p.add_argument("--only", default="",
+                 help="comma list of substrings: time only the stages whose name holds one")
   a = p.parse_args(argv)
+  only = tuple(o for o in a.only.split(",") if o)
   rows = []
   cfgs = [TopkConfig(chunk=int(c), num_warps=int(w), bisect_iters=int(i))
           for c, w, i in (spec.split(":") for spec in a.configs.split(",") if spec)]
   for s in a.shapes.split(","):
     b, n = (int(v) for v in s.split("x"))
     for cfg in cfgs or [TopkConfig()]:
-      stages(b, n, a.k, cfg, rows, brief=bool(cfgs))
+      stages(b, n, a.k, cfg, rows, brief=bool(cfgs), only=only)
   print_table(rows, ["B", "N", "K", "config", "stage", "timing", "us", "candidates_max",
                      "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))

@@ -483,13 +483,39 @@ def _bitonic_sort(key, idx):
   return key, idx
 
 
+def _bitonic_sort_cube(key, idx):
+  """`_bitonic_sort` on a [2] * log2(n) view of the row: the stride-d partner of an entry
+  differs from it in one axis, so each step reads it as (sum over that axis) - self, one
+  reduction per array (in registers, warp shuffles or shared memory, depending on where the
+  axis lives; uint32 / int32 sums wrap, so the difference is exact) instead of a split / join."""
+  n = key.shape[0]
+  bits = n.bit_length() - 1
+  shape = (2,) * bits
+  key, idx = key.reshape(shape), idx.reshape(shape)
+  for size_bit in range(1, bits + 1):
+    # bit b of the flat index lives on axis bits - 1 - b (row-major view); blocks with bit
+    # `size_bit` set are merged ascending (none at the last size)
+    asc = (lax.broadcasted_iota(jnp.int32, shape, bits - 1 - size_bit) == 1
+           if size_bit < bits else False)
+    for d_bit in range(size_bit - 1, -1, -1):
+      axis = bits - 1 - d_bit
+      left = lax.broadcasted_iota(jnp.int32, shape, axis) == 0
+      kp = jnp.sum(key, axis=axis, keepdims=True) - key
+      ip = jnp.sum(idx, axis=axis, keepdims=True) - idx
+      first = (key > kp) | ((key == kp) & (idx <= ip))  # I come first in descending order
+      keep = (first == left) != asc
+      key = jnp.where(keep, key, kp)
+      idx = jnp.where(keep, idx, ip)
+  return key.reshape(n), idx.reshape(n)
+
+
 def _from_ordered_key(key):
   """Inverse of `_ordered_key` (uint32 -> float32)."""
   b = jnp.where((key >> 31) == 1, key & jnp.uint32(0x7FFFFFFF), ~key)
   return lax.bitcast_convert_type(b, jnp.float32)
 
 
-def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
+def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref, *, cube: bool):
   """One row of candidates (any order; slots past live_ref[0] not initialised) -> the row
   sorted by value descending, ties by lower index, then the -inf / -1 tail."""
   v = v_ref[...]
@@ -498,14 +524,14 @@ def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
   dead_idx = jnp.iinfo(jnp.int32).max  # sorts after every live index among equal keys
   key = jnp.where(live, _ordered_key(v), jnp.uint32(0))  # live keys are > _ordered_key(-inf) > 0
   idx = jnp.where(live, i_ref[...], dead_idx)
-  key, idx = _bitonic_sort(key, idx)
+  key, idx = (_bitonic_sort_cube if cube else _bitonic_sort)(key, idx)
   ok = key != 0
   vo_ref[...] = jnp.where(ok, _from_ordered_key(key), NEG_INF)
   io_ref[...] = jnp.where(ok, idx, -1)
 
 
 def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
-                   interpret: bool = False):
+                   interpret: bool = False, cube: bool = False):
   """cv, ci [R, >= cap] candidates in any order, live [R] (<= cap) of them per row (slots
   past live are ignored; slots before it may be -inf) -> the k best, sorted: values [R, k]
   float32 (-inf tail) and indices [R, k] int32 (-1 tail). One program per row sorts its cap
@@ -516,7 +542,7 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
                      f"{cv.shape[1]}")
   row = pl.BlockSpec((None, cap), lambda i: (i, 0))
   v, i = pl.pallas_call(
-      _bitonic_kernel,
+      functools.partial(_bitonic_kernel, cube=cube),
       grid=(r,),
       in_specs=[row, row, pl.BlockSpec((1,), lambda i: (i,))],
       out_specs=[row, row],
