@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 7, device call 2: the bitonic network as masked pair sums over a [2]*12 view ("cube")
+# Session 7, device call 2: the bitonic network as pair sums over a [2]*12 view ("cube") and as
+# sorted runs merged by rank,
 # against call 1's split / join form; the filter-pass config sweep; the SPIN A2 step with it.
 source benchmarks/h200_env.sh
 timeout 120 python3 -m pytest -q -x tests/test_gpu.py -k "topk_gpu and bitonic" \
