@@ -56,15 +56,9 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   live = jnp.minimum(total, capacity).astype(jnp.int32)
   f_atomic = jax.jit(lambda x, l, t: kg.compact_atomic(x, l, t, capacity=capacity, chunk=chunk,
                                                        num_warps=nw, interpret=interp))
-  bitonic = {(cube, w, run): jax.jit(lambda cv, ci, l, w=w, cube=cube, run=run:
-                                     kg.bitonic_finish(cv, ci, l, k, capacity, num_warps=w,
-                                                       interpret=interp, cube=cube, run=run))
-             for cube, w, run in ((False, 16, None), (True, 8, None), (True, 16, None),
-                                  (True, 32, None), (True, 4, 256), (True, 4, 512),
-                                  (True, 8, 512), (True, 8, 1024))}
+  bitonic = {w: jax.jit(lambda cv, ci, l, w=w: kg.bitonic_finish(
+      cv, ci, l, k, capacity, num_warps=w, interpret=interp)) for w in (8, 16, 32)}
   bitonic_cfg = dataclasses.replace(config, finish="bitonic")
-  bitonic_runs_cfg = dataclasses.replace(config, finish="bitonic", bitonic_run=512,
-                                         bitonic_warps=4)
 
   def masked(cv, ci, total):  # compact leaves the slots past the count uninitialised
     ok = jnp.arange(capacity) < jnp.minimum(total, capacity)[:, None]
@@ -103,15 +97,12 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
           lambda cv, ci, l: kg.index_order_finish(cv, ci, l, k, capacity, interpret=interp)),
           (cv_raw, ci_raw, live)),
       "compact, one pass (atomic)": (f_atomic, (x, lens, thr)),
-      **{f"final bitonic{' cube' if cube else ''}{f' runs {run}' if run else ''} "
-         f"[{bsz},{capacity}] (kernel, {w} warps)": (f, (cv_raw, ci_raw, live))
-         for (cube, w, run), f in bitonic.items()},
+      **{f"final bitonic [{bsz},{capacity}] (kernel, {w} warps)": (f, (cv_raw, ci_raw, live))
+         for w, f in bitonic.items()},
       "whole topk": (jax.jit(lambda x: selection.topk(x, k, implementation="pallas",
                                                       config=config)), (x,)),
       "whole topk, bitonic": (jax.jit(lambda x: selection.topk(
           x, k, implementation="pallas", config=bitonic_cfg)), (x,)),
-      "whole topk, bitonic runs 512": (jax.jit(lambda x: selection.topk(
-          x, k, implementation="pallas", config=bitonic_runs_cfg)), (x,)),
       "whole topk, no fallback cond": (jax.jit(no_cond), (x,)),
       "lax.top_k": (jax.jit(lambda x: lax.top_k(x, k)), (x,)),
   }
@@ -121,8 +112,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
     timed = {name: v for name, v in timed.items() if any(o in name for o in only)}
   if brief:
     keep = ("group_max", f"threshold (bisect {config.bisect_iters})", "count", "compact",
-            "compact, one pass (atomic)", "whole topk", "whole topk, bitonic",
-            "whole topk, bitonic runs 512", "whole topk, set")
+            "compact, one pass (atomic)", "whole topk", "whole topk, bitonic", "whole topk, set")
     timed = {name: timed[name] for name in keep}
   loop_too = () if brief else ("floor: one tiny op", "whole topk", "lax.top_k")
   for name, (f, args) in timed.items():

@@ -45,7 +45,7 @@ def test_prefill_gpu(key_dtype, kernel):
   assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 
-@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic", "bitonic-runs"])
+@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic"])
 @pytest.mark.parametrize("n,k", [(131072, 2048), (1 << 20, 512), (40000, 2048)])
 def test_topk_gpu(n, k, finish):
   rng = np.random.default_rng(n)
@@ -55,8 +55,7 @@ def test_topk_gpu(n, k, finish):
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
   from pallas_kernels.topk import TopkConfig
   v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
-                        config=TopkConfig(finish="bitonic", bitonic_run=512)
-                        if finish == "bitonic-runs" else TopkConfig(finish=finish))
+                        config=TopkConfig(finish=finish))
   rv, ri = np_topk(x, k, lens)
   np.testing.assert_array_equal(np.asarray(i), ri)
   np.testing.assert_array_equal(np.asarray(v), rv)

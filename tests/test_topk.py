@@ -94,13 +94,12 @@ def test_rank_finish_matches_numpy(n, k):
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
   for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto"),
-              ktopk.TopkConfig(finish="bitonic"),
-              ktopk.TopkConfig(finish="bitonic", bitonic_run=256)):
+              ktopk.TopkConfig(finish="bitonic")):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
-  with pytest.raises(ValueError, match="bitonic_run"):
-    ktopk.TopkConfig(bitonic_run=300)
+  with pytest.raises(ValueError, match="bitonic_warps"):
+    ktopk.TopkConfig(bitonic_warps=0)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
@@ -191,13 +190,11 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
 
 
 @settings(max_examples=12, deadline=None)
-@given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans(),
-       log_run=st.integers(0, 7), cube=st.booleans())
-def test_bitonic_finish_any_order(log_cap, seed, ties, log_run, cube):
+@given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_bitonic_finish_any_order(log_cap, seed, ties):
   """The bitonic finish sorts candidates given in any order (the atomic compaction leaves
   chunk ranges in run order) by value, ties by lower index; -inf entries and slots past
-  `live` never come out; fewer than k live entries leave a -inf / -1 tail. Both forms of the
-  network; whole rows or runs merged by rank."""
+  `live` never come out; fewer than k live entries leave a -inf / -1 tail."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(seed)
   cap = 2 ** log_cap
@@ -209,7 +206,7 @@ def test_bitonic_finish_any_order(log_cap, seed, ties, log_run, cube):
   idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(3)]).astype(np.int32)
   live = rng.integers(0, cap + 1, 3).astype(np.int32)
   v, i = kg.bitonic_finish(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(live), k, cap,
-                           interpret=True, cube=cube, run=2 ** log_run)
+                           interpret=True)
   for r in range(3):
     ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
     want_v = np.full(k, -np.inf, np.float32)
@@ -226,8 +223,7 @@ def test_topk_lowers_for_tpu_and_gpu():
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
-                       (ktopk.TopkConfig(finish="bitonic"), True),
-                       (ktopk.TopkConfig(finish="bitonic", bitonic_run=512), True)):
+                       (ktopk.TopkConfig(finish="bitonic"), True)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

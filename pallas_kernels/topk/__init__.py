@@ -138,8 +138,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
       return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True
     if bitonic:
       return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
-                                  interpret=interp, cube=True,
-                                  run=config.bitonic_run or None), False
+                                  interpret=interp), False
     if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows
                                    and k >= config.rank_min_k):
       return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False

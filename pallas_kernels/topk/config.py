@@ -24,9 +24,8 @@ class TopkConfig:
     at most `rank_max_rows` rows when k >= `rank_min_k`, else sort; from the H200 timings in
     benchmarks/results/session3/topk_finish_partial.json, where rank won every single-row
     K=2048 shape and sort most K=512 ones).
-  bitonic_warps: warps of each bitonic finish program (GPU).
-  bitonic_run: 0: one bitonic program sorts a whole row's candidates; a power of two below the
-    buffer: programs sort runs of that many, and a second kernel merges them by rank.
+  bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
+    candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   """
   chunk: int = 4096
   capacity_factor: int = 2
@@ -37,8 +36,7 @@ class TopkConfig:
   finish: str = "auto"
   rank_max_rows: int = 16
   rank_min_k: int = 1024
-  bitonic_warps: int = 8
-  bitonic_run: int = 0
+  bitonic_warps: int = 16
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
@@ -47,9 +45,6 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
-    if not isinstance(self.bitonic_run, int) or (self.bitonic_run and not is_pow2(
-        self.bitonic_run)):
-      raise ValueError(f"bitonic_run={self.bitonic_run!r} must be 0 or a power of two")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps"):
       v = getattr(self, name)
