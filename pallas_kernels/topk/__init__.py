@@ -7,14 +7,15 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   2. t = k-th largest group maximum (`lax.top_k` over N / g entries), or on GPU a value found
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
   3. count and compact the candidates in index order into a [R, C] buffer,
-  4. `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower index), or on
-     GPU with TopkConfig(finish="rank") a kernel that counts each candidate's rank, or with
-     finish="bitonic" a kernel that sorts each row's C candidates by (value, index) in
-     registers (bitonic network); being order-free, that finish lets step 3 be one pass
-     (chunk ranges reserved by an atomic add, no count pass, no scan). When the
-     caller asks for the top-k as a set (ordered=False: ascending index order, what sparse
-     attention consumes), a GPU kernel finds the exact k-th candidate bit by bit and compacts
-     the k best in index order: no sort at all.
+  4. on GPU by default (TopkConfig(finish="bitonic")) one program per row sorts its C
+     candidates by (value, index) in registers with a bitonic network; being order-free,
+     that finish lets step 3 be one pass (chunk ranges reserved by an atomic add, no count
+     pass, no scan). Otherwise `lax.top_k` over the C candidates (ties -> lower candidate
+     slot -> lower index; finish="sort", and always on TPU) or a kernel that counts each
+     candidate's rank (finish="rank"). When the caller asks for the top-k as a set
+     (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
+     then compacts in index order, and a GPU kernel finds the exact k-th candidate bit by bit
+     and compacts the k best in index order: no sort at all.
 If any row has more than C candidates (adversarial ties or long runs of near-equal scores): on
 GPU a repair kernel recomputes that row's exact top-k set into the buffer (one program per
 row, a no-op for every other row, so the call has no branch); on TPU the call falls back to

@@ -15,15 +15,15 @@ class TopkConfig:
   num_warps: Triton launch option (GPU only).
   threshold: "bisect" (GPU kernel, no sort) or "sort" (`lax.top_k` over the group maxima).
   bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
-  finish: how the candidates become the sorted top-k (GPU): "sort" (`lax.top_k` over the
-    candidate buffer, ~35 us on the H200 whatever the batch), "rank" (one Pallas kernel that
-    counts each candidate's rank, O(candidates^2) compares), "bitonic" (one Pallas program per
-    row sorts its candidates by (value, index) with a bitonic network in registers; with it
-    the candidates are compacted in one pass, chunk ranges reserved by an atomic add), or
-    "auto" (the default: rank for
-    at most `rank_max_rows` rows when k >= `rank_min_k`, else sort; from the H200 timings in
-    benchmarks/results/session3/topk_finish_partial.json, where rank won every single-row
-    K=2048 shape and sort most K=512 ones).
+  finish: how the candidates become the sorted top-k (GPU): "bitonic" (the default: one
+    Pallas program per row sorts its candidates by (value, index) with a bitonic network in
+    registers; order-free, so the candidates are compacted in one pass, chunk ranges reserved
+    by an atomic add, no count pass), "sort" (`lax.top_k` over the candidate buffer, ~31 us
+    on the H200 whatever the batch), "rank" (one Pallas kernel that counts each candidate's
+    rank, O(candidates^2) compares) or "auto" (session 3's rule: rank for at most
+    `rank_max_rows` rows when k >= `rank_min_k`, else sort). On the H200 bitonic was as fast
+    as or faster than auto at all 12 shapes timed (B in {1, 8, 64} x N in {128K, 1M} x K in
+    {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
     candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   """
@@ -33,7 +33,7 @@ class TopkConfig:
   num_warps: int = 4
   threshold: str = "bisect"
   bisect_iters: int = 20
-  finish: str = "auto"
+  finish: str = "bitonic"
   rank_max_rows: int = 16
   rank_min_k: int = 1024
   bitonic_warps: int = 16
