@@ -6,6 +6,9 @@ Three streaming passes over a [R, N] float32 score matrix, one program per (row,
   compact:   scatter those entries (value and index) into a per-row candidate buffer at
              offsets from an exclusive scan of the counts, in index order.
 Index order is what makes the final `lax.top_k` over candidates break ties by lower index.
+The default sorted path instead compacts in one pass (`compact_atomic`: no count, chunk
+ranges in run order) and sorts each row's candidates by (value, index) (`bitonic_finish`),
+which needs no order.
 """
 from __future__ import annotations
 
@@ -459,11 +462,10 @@ def _bitonic_sort(key, idx):
   lowers to register splits and joins)."""
   n = key.shape[0]
 
-  def halves(x, d):
-    a, b = jnp.split(x.reshape(n // (2 * d), 2 * d), 2, axis=1)
-    return a, b
+  def halves(x, d):  # [n] -> [n / 2d, d] x 2: the first and second half of each block
+    return jnp.split(x.reshape(n // (2 * d), 2 * d), 2, axis=1)
 
-  def join(a, b, d):  # [n / 2d, d] x 2 -> [n / 2d, d, 2] -> [n / 2d, 2, d] -> [n]
+  def join(a, b):  # [n / 2d, d] x 2 -> [n / 2d, d, 2] -> [n / 2d, 2, d] -> [n]
     return jnp.transpose(jnp.stack([a, b], axis=-1), (0, 2, 1)).reshape(n)
 
   size = 2
@@ -476,8 +478,8 @@ def _bitonic_sort(key, idx):
       desc = (start & size) == 0
       b_first = (kb > ka) | ((kb == ka) & (ib < ia))  # b belongs before a in descending order
       swap = jnp.where(desc, b_first, ~b_first & ((ka != kb) | (ia != ib)))
-      key = join(jnp.where(swap, kb, ka), jnp.where(swap, ka, kb), d)
-      idx = join(jnp.where(swap, ib, ia), jnp.where(swap, ia, ib), d)
+      key = join(jnp.where(swap, kb, ka), jnp.where(swap, ka, kb))
+      idx = join(jnp.where(swap, ib, ia), jnp.where(swap, ia, ib))
       d //= 2
     size *= 2
   return key, idx
