@@ -432,22 +432,31 @@ def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
   past live are ignored; slots before it may be -inf) -> the k best as a set in ascending
   index order: values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail). One
   program per row; the row's cap candidates stay in registers."""
+  return _per_row_finish(functools.partial(_index_order_kernel, k=k), cv, ci, live, k, cap,
+                         width=_scatter_width(cap, interpret), num_warps=num_warps,
+                         interpret=interpret, name="jaxsparse_topk_index_order")
+
+
+def _per_row_finish(kernel, cv, ci, live, k: int, cap: int, *, width: int, num_warps: int,
+                    interpret: bool, name: str):
+  """Launch a finish kernel with one program per row: it reads the row's first cap candidate
+  slots (values, indices) and its live count, and writes [width] values and indices, of
+  which the first k are returned."""
   r = cv.shape[0]
   if not is_pow2(cap) or cap < k or cv.shape[1] < cap:
     raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
                      f"{cv.shape[1]}")
-  width = _scatter_width(cap, interpret)
   row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
   v, i = pl.pallas_call(
-      functools.partial(_index_order_kernel, k=k),
+      kernel,
       grid=(r,),
       in_specs=[row_in, row_in, pl.BlockSpec((1,), lambda i: (i,))],
       out_specs=[row_out, row_out],
       out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_topk_index_order",
+      interpret=interpret, name=name,
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
   return v[:, :k], i[:, :k]
 
@@ -514,19 +523,5 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
   candidates in registers with a bitonic network: log2(cap) (log2(cap) + 1) / 2 dependent
   steps, so its time is a latency chain (~26 us for cap = 4096 on the H200 at 16 warps,
   whatever the number of rows up to one per SM)."""
-  r = cv.shape[0]
-  if not is_pow2(cap) or cap < k or cv.shape[1] < cap:
-    raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
-                     f"{cv.shape[1]}")
-  row = pl.BlockSpec((None, cap), lambda i: (i, 0))
-  v, i = pl.pallas_call(
-      _bitonic_kernel,
-      grid=(r,),
-      in_specs=[row, row, pl.BlockSpec((1,), lambda i: (i,))],
-      out_specs=[row, row],
-      out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.float32),
-                 jax.ShapeDtypeStruct((r, cap), jnp.int32)],
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_topk_bitonic",
-  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
-  return v[:, :k], i[:, :k]
+  return _per_row_finish(_bitonic_kernel, cv, ci, live, k, cap, width=cap, num_warps=num_warps,
+                         interpret=interpret, name="jaxsparse_topk_bitonic")
