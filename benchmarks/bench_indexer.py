@@ -63,7 +63,8 @@ def main(argv=None):
   if a.what in ("decode", "both"):
     rows += bench.bench_decode(**dec)
     print_table([r for r in rows if r["op"] == "decode"],
-                ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "vs_jnp", "error"])
+                ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "vs_jnp", "kernel_us",
+                 "kernel_tbps", "error"])
   if a.what in ("prefill", "both"):
     prow = bench.bench_prefill(**pre)
     rows += prow

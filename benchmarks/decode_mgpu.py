@@ -144,16 +144,19 @@ def main(argv=None):
           jax.block_until_ready(jax.jit(f)(*args))
         print("profiled", impl, kd, spec, flush=True)
         continue
+      kus = float("nan")
       if not err:
         sec, err = bench._timed(jax.jit(f), [args], reps=5, calls=10)
+        kus = bench._kernel_us(jax.jit(f), args)
       tbps = slots * per_slot / sec / 1e12
       bench._emit(rows, dict(op="decode_mgpu", B=bsz, N=n, keys=kd, impl=impl, config=spec,
-                             us=sec * 1e6, tbps=tbps, roofline=tbps / COPY_TBPS,
+                             us=sec * 1e6, tbps=tbps, roofline=tbps / COPY_TBPS, kernel_us=kus,
+                             kernel_tbps=slots * per_slot / kus / 1e6,
                              max_rel_err=checked.get(spec, (float("nan"),))[0]
                              if impl == "mosaic" else float("nan"), error=err))
     del kc, k8
-  print_table(rows, ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "max_rel_err",
-                     "error"])
+  print_table(rows, ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "kernel_us",
+                     "kernel_tbps", "max_rel_err", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
 
 

@@ -18,17 +18,18 @@ from jax import lax
 
 from jaxsparse import backend, selection
 from jaxsparse.bench import _emit
-from jaxsparse.benchtools import environment, print_table, time_in_graph, write_json
+from jaxsparse.benchtools import environment, kernel_time, print_table, time_in_graph, write_json
 from pallas_kernels._util import next_pow2, pad_axis
 from pallas_kernels.topk import TopkConfig, group_size
 from pallas_kernels.topk import gpu as kg
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
-           only: tuple = ()):
+           only: tuple = (), kernels: bool = False):
   """Time each pass alone at one shape; brief=True: only the filter passes and the whole
   call (sorted and as a set), for config sweeps; only: keep the stages whose name contains
-  one of these strings."""
+  one of these strings; kernels: also the device trace's time of each kernel of the whole call
+  and of lax.top_k (GPU)."""
   plat = backend.kernel_platform()
   interp = plat.interpret
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
@@ -125,6 +126,17 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
                        config=f"{config.chunk}:{config.num_warps}:{config.bisect_iters}",
                        timing="unrolled" if unrolled else "fori_loop", us=us, error=err,
                        candidates_max=int(total.max()), groups=int(gm.shape[1]), group=g))
+    if kernels and name in ("whole topk", "lax.top_k") and not err:
+      # the device trace's kernel time per call and per kernel: what the launch chain's gaps
+      # add on top is the in-graph time minus this
+      try:
+        total_s, per = kernel_time(f, args)
+      except Exception as e:  # noqa: BLE001 - report, keep going
+        total_s, per = float("nan"), {}
+        print(f"kernel_time failed: {type(e).__name__}: {e}", flush=True)
+      for kname, sec in [("all kernels", total_s)] + sorted(per.items(), key=lambda t: -t[1]):
+        _emit(rows, dict(op="topk kernel", B=bsz, N=n, K=k, stage=name, kernel=kname[:60],
+                         timing="device trace", us=sec * 1e6, error=""))
 
 
 def main(argv=None):
@@ -137,6 +149,9 @@ def main(argv=None):
                       "(brief: filter passes and whole call only); default: TopkConfig() in full")
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one")
+  p.add_argument("--kernels", action="store_true",
+                 help="also each kernel's time in the device trace (GPU profiler) for the whole "
+                      "call and lax.top_k")
   a = p.parse_args(argv)
   only = tuple(o for o in a.only.split(",") if o)
   rows = []
@@ -145,8 +160,8 @@ def main(argv=None):
   for s in a.shapes.split(","):
     b, n = (int(v) for v in s.split("x"))
     for cfg in cfgs or [TopkConfig()]:
-      stages(b, n, a.k, cfg, rows, brief=bool(cfgs), only=only)
-  print_table(rows, ["B", "N", "K", "config", "stage", "timing", "us", "candidates_max",
+      stages(b, n, a.k, cfg, rows, brief=bool(cfgs), only=only, kernels=a.kernels)
+  print_table(rows, ["B", "N", "K", "config", "stage", "kernel", "timing", "us", "candidates_max",
                      "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")

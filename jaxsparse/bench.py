@@ -13,7 +13,8 @@ import numpy as np
 from jaxsparse import indexer as _indexer
 from jaxsparse import selection as _topk
 from jaxsparse.prep import quantize_fp8
-from jaxsparse.benchtools import COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, time_calls, time_in_graph
+from jaxsparse.benchtools import (COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, kernel_time, time_calls,
+                                  time_in_graph)
 
 L2_BYTES = 60 << 20
 NEG_INF = float("-inf")
@@ -43,6 +44,18 @@ class _Rand:
   def normal(self, shape, dtype=jnp.bfloat16):
     self.key, sub = jax.random.split(self.key)
     return jax.random.normal(sub, shape, dtype)
+
+
+def _kernel_us(fn, args) -> float:
+  """Kernel microseconds per call from the device trace (benchtools.kernel_time) on a GPU; NaN
+  elsewhere or when the profiler fails (the wall-clock column still stands)."""
+  if jax.default_backend() != "gpu":
+    return float("nan")
+  try:
+    return kernel_time(fn, args)[0] * 1e6
+  except Exception as e:  # noqa: BLE001 - a profiler failure must not end a sweep
+    print(f"kernel_time failed: {type(e).__name__}: {e}", flush=True)
+    return float("nan")
 
 
 def _sets(nbytes: int) -> int:
@@ -137,11 +150,13 @@ def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bf
         f = jax.jit(lambda q, kc, t, l, w, ks, cfg=cfg: _indexer.paged_indexer_scores(
             q, kc, t, l, w, k_scale=ks, implementation=implementation, config=cfg))
         sec, err = _timed(f, sets, reps=reps, calls=calls)
+        kus = float("nan") if err else _kernel_us(f, sets[0])
         moved = nbytes + bsz * n * 4 + (bsz * n * 4 if kd in (FP8, FP8_QK) else 0)
         _emit(rows, dict(op="decode", B=bsz, N=n, keys=kd, impl=implementation or "auto",
                          config=_cfg_str(cfg), error=err, us=sec * 1e6, tbps=moved / sec / 1e12,
                          roofline=moved / sec / 1e12 / COPY_TBPS,
-                         vs_jnp=(base_us / (sec * 1e6)) if base_us else float("nan")))
+                         vs_jnp=(base_us / (sec * 1e6)) if base_us else float("nan"),
+                         kernel_us=kus, kernel_tbps=moved / kus / 1e6))
       del sets
   return rows
 

@@ -107,6 +107,54 @@ def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | 
   return statistics.median(samples)
 
 
+def kernel_time(fn, args, *, calls: int = 20, warmup: int = 2) -> tuple[float, dict]:
+  """GPU kernel seconds per call from the profiler's device trace (CUPTI), and seconds per call
+  of each kernel name: what the GPU spent executing `fn`'s kernels, without the host dispatch,
+  launch gaps and clock reads that wall-clock timers add (a ~10 us spread on 40-80 us decode
+  calls in benchmarks/NOTES.md). `calls` back-to-back calls of `fn(*args)` run under
+  `jax.profiler.trace`; events on the device planes' stream lines are summed.
+  Raises RuntimeError when the trace holds no GPU kernels (a CPU run, a profiler failure).
+  """
+  import glob
+  import tempfile
+
+  from jax.profiler import ProfileData
+
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      out = None
+      for _ in range(calls):
+        out = fn(*args)
+      jax.block_until_ready(out)
+    paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+      raise RuntimeError(f"kernel_time: the profiler wrote no trace under {d}")
+    per_kernel = stream_kernel_ns(ProfileData.from_file(paths[0]))
+  if not per_kernel:
+    raise RuntimeError("kernel_time: no GPU kernel events in the trace (no /device:GPU plane "
+                       "with stream lines)")
+  per_call = {name: ns * 1e-9 / calls for name, ns in per_kernel.items()}
+  return sum(per_call.values()), per_call
+
+
+def stream_kernel_ns(profile) -> dict[str, float]:
+  """Total nanoseconds per event name on the stream lines ("Stream #...") of a profile's
+  /device:GPU planes (the kernels and copies CUPTI recorded; the derived "XLA Ops" /
+  "XLA Modules" lines repeat the same time and are skipped)."""
+  totals: dict[str, float] = {}
+  for plane in profile.planes:
+    if not plane.name.startswith("/device:GPU"):
+      continue
+    for line in plane.lines:
+      if not line.name.startswith("Stream"):
+        continue
+      for ev in line.events:
+        totals[ev.name] = totals.get(ev.name, 0.0) + float(ev.duration_ns)
+  return totals
+
+
 def _ops(jitted, args) -> int:
   """Instructions in the compiled entry computation (to see whether repeated calls survived)."""
   text = jitted.lower(args).compile().as_text()

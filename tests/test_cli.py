@@ -64,3 +64,14 @@ def test_time_in_graph_modes(monkeypatch):
   monkeypatch.setenv("JAXSPARSE_IN_GRAPH", "sometimes")
   with pytest.raises(ValueError, match="JAXSPARSE_IN_GRAPH"):
     benchtools.in_graph_mode()
+
+
+def test_kernel_time_needs_gpu_kernels():
+  """On a machine without a GPU the device-trace timer says so instead of returning 0."""
+  import jax
+  import jax.numpy as jnp
+  from jaxsparse.benchtools import kernel_time
+  if jax.default_backend() == "gpu":
+    pytest.skip("covered by tests/test_gpu.py::test_kernel_time_gpu")
+  with pytest.raises(RuntimeError, match="no GPU kernel events"):
+    kernel_time(jax.jit(lambda x: x + 1), (jnp.ones(8),), calls=2)

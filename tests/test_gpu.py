@@ -290,3 +290,14 @@ def test_decode_mosaic_kernel_block_sparse_gpu():
   ok = (np.repeat(sel, 64, axis=1) >= 0) & (slots < lens[:, None])
   ref = np.where(ok, np.take_along_axis(full, np.where(ok, slots, 0), axis=1), -np.inf)
   assert_scores_close(got, ref, reduction=h * d)
+
+
+def test_kernel_time_gpu():
+  """The device-trace timer sees the kernels of a call: a 1 GiB bf16 copy-and-scale takes
+  2 GiB of traffic, so between the H200's copy rate and a tenth of it."""
+  from jaxsparse.benchtools import kernel_time
+  x = jnp.ones((1 << 29,), jnp.bfloat16)
+  total, per = kernel_time(jax.jit(lambda x: x * 2), (x,), calls=5)
+  floor = 2 * x.nbytes / 4.9e12
+  assert floor <= total <= 10 * floor, (total, per)
+  assert abs(sum(per.values()) - total) < 1e-9
