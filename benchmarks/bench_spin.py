@@ -41,7 +41,8 @@ def main(argv=None):
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted, topk_config=TopkConfig(finish=a.topk_finish)
                             if a.topk_finish else None, reduction=a.reduction)
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "select_us", "update_us",
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "kernel_us", "kernel_vs_full",
+                     "select_us", "update_us",
                      "sparse_scores_us", "topk_width_us", "predict_update_us",
                      "predict_update_frac", "realized", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
