@@ -64,7 +64,7 @@ def main(argv=None):
     rows += bench.bench_decode(**dec)
     print_table([r for r in rows if r["op"] == "decode"],
                 ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "vs_jnp", "kernel_us",
-                 "kernel_tbps", "error"])
+                 "kernel_tbps", "kernel_vs_jnp", "error"])
   if a.what in ("prefill", "both"):
     prow = bench.bench_prefill(**pre)
     rows += prow
