@@ -510,6 +510,8 @@ def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
   key = jnp.where(live, _ordered_key(v), jnp.uint32(0))  # live keys are > _ordered_key(-inf) > 0
   idx = jnp.where(live, i_ref[...], dead_idx)
   key, idx = _bitonic_sort(key, idx)
+  while key.shape[0] > vo_ref.shape[0]:  # keep the first half (the output is a power of two)
+    key, idx = (jnp.split(x.reshape(1, -1), 2, axis=1)[0].reshape(-1) for x in (key, idx))
   ok = key != 0
   vo_ref[...] = jnp.where(ok, _from_ordered_key(key), NEG_INF)
   io_ref[...] = jnp.where(ok, idx, -1)
@@ -522,6 +524,8 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
   float32 (-inf tail) and indices [R, k] int32 (-1 tail). One program per row sorts its cap
   candidates in registers with a bitonic network: log2(cap) (log2(cap) + 1) / 2 dependent
   steps, so its time is a latency chain (~26 us for cap = 4096 on the H200 at 16 warps,
-  whatever the number of rows up to one per SM)."""
-  return _per_row_finish(_bitonic_kernel, cv, ci, live, k, cap, width=cap, num_warps=num_warps,
+  whatever the number of rows up to one per SM). The program writes only the first
+  next_pow2(k) sorted slots, so for a power-of-two k the output needs no slicing."""
+  return _per_row_finish(_bitonic_kernel, cv, ci, live, k, cap, width=next_pow2(k),
+                         num_warps=num_warps,
                          interpret=interpret, name="jaxsparse_topk_bitonic")
