@@ -28,8 +28,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
            only: tuple = (), kernels: bool = False):
   """Time each pass alone at one shape; brief=True: only the filter passes and the whole
   call (sorted and as a set), for config sweeps; only: keep the stages whose name contains
-  one of these strings; kernels: also the device trace's time of each kernel of the whole call
-  and of lax.top_k (GPU)."""
+  one of these strings; kernels: also the device trace's time of each kernel of every timed
+  stage (GPU)."""
   plat = backend.kernel_platform()
   interp = plat.interpret
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
@@ -114,7 +114,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   if brief:
     keep = ("group_max", f"threshold (bisect {config.bisect_iters})", "count", "compact",
             "compact, one pass (atomic)", "whole topk", "whole topk, bitonic", "whole topk, set")
-    timed = {name: timed[name] for name in keep}
+    timed = {name: v for name, v in timed.items() if name in keep}
   loop_too = () if brief else ("floor: one tiny op", "whole topk", "lax.top_k")
   for name, (f, args) in timed.items():
     for unrolled in ((True, False) if name in loop_too else (True,)):
@@ -126,9 +126,9 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
                        config=f"{config.chunk}:{config.num_warps}:{config.bisect_iters}",
                        timing="unrolled" if unrolled else "fori_loop", us=us, error=err,
                        candidates_max=int(total.max()), groups=int(gm.shape[1]), group=g))
-    if kernels and name in ("whole topk", "lax.top_k") and not err:
-      # the device trace's kernel time per call and per kernel: what the launch chain's gaps
-      # add on top is the in-graph time minus this
+    if kernels and not err:
+      # the device trace's kernel time per call and per kernel (the in-graph time minus this
+      # is what launch gaps and the timer add)
       try:
         total_s, per = kernel_time(f, args)
       except Exception as e:  # noqa: BLE001 - report, keep going
@@ -136,6 +136,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
         print(f"kernel_time failed: {type(e).__name__}: {e}", flush=True)
       for kname, sec in [("all kernels", total_s)] + sorted(per.items(), key=lambda t: -t[1]):
         _emit(rows, dict(op="topk kernel", B=bsz, N=n, K=k, stage=name, kernel=kname[:60],
+                         config=f"{config.chunk}:{config.num_warps}:{config.bisect_iters}",
                          timing="device trace", us=sec * 1e6, error=""))
 
 
@@ -150,8 +151,8 @@ def main(argv=None):
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one")
   p.add_argument("--kernels", action="store_true",
-                 help="also each kernel's time in the device trace (GPU profiler) for the whole "
-                      "call and lax.top_k")
+                 help="also each kernel's time in the device trace (GPU profiler) for every "
+                      "timed stage")
   a = p.parse_args(argv)
   only = tuple(o for o in a.only.split(",") if o)
   rows = []
