@@ -100,6 +100,12 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
       "compact, one pass (atomic)": (f_atomic, (x, lens, thr)),
       **{f"final bitonic [{bsz},{capacity}] (kernel, {w} warps)": (f, (cv_raw, ci_raw, live))
          for w, f in bitonic.items()},
+      f"final rank [{bsz},{capacity}] (kernel)": (jax.jit(
+          lambda cv, ci, l: kg.rank_finish(cv, ci, l, k, capacity, interpret=interp)),
+          (cv_raw, ci_raw, live)),
+      "whole topk, rank": (jax.jit(lambda x: selection.topk(
+          x, k, implementation="pallas", config=dataclasses.replace(config, finish="rank"))),
+          (x,)),
       "whole topk": (jax.jit(lambda x: selection.topk(x, k, implementation="pallas",
                                                       config=config)), (x,)),
       "whole topk, bitonic": (jax.jit(lambda x: selection.topk(

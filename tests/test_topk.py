@@ -191,9 +191,9 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
 
 @settings(max_examples=12, deadline=None)
 @given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
-def test_bitonic_finish_any_order(log_cap, seed, ties):
-  """The bitonic finish sorts candidates given in any order (the atomic compaction leaves
-  chunk ranges in run order) by value, ties by lower index; -inf entries and slots past
+def test_order_free_finishes_any_order(log_cap, seed, ties):
+  """The bitonic and rank finishes sort candidates given in any order (the atomic compaction
+  leaves chunk ranges in run order) by value, ties by lower index; -inf entries and slots past
   `live` never come out; fewer than k live entries leave a -inf / -1 tail."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(seed)
@@ -205,16 +205,16 @@ def test_bitonic_finish_any_order(log_cap, seed, ties):
   x[rng.random((3, cap)) < 0.1] = -np.inf
   idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(3)]).astype(np.int32)
   live = rng.integers(0, cap + 1, 3).astype(np.int32)
-  v, i = kg.bitonic_finish(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(live), k, cap,
-                           interpret=True)
-  for r in range(3):
-    ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
-    want_v = np.full(k, -np.inf, np.float32)
-    want_i = np.full(k, -1, np.int32)
-    want_v[:len(ent)] = [-a for a, _ in ent]
-    want_i[:len(ent)] = [b for _, b in ent]
-    np.testing.assert_array_equal(np.asarray(v[r]), want_v)
-    np.testing.assert_array_equal(np.asarray(i[r]), want_i)
+  args = (jnp.asarray(x), jnp.asarray(idx), jnp.asarray(live), k, cap)
+  for v, i in (kg.bitonic_finish(*args, interpret=True), kg.rank_finish(*args, interpret=True)):
+    for r in range(3):
+      ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
+      want_v = np.full(k, -np.inf, np.float32)
+      want_i = np.full(k, -1, np.int32)
+      want_v[:len(ent)] = [-a for a, _ in ent]
+      want_i[:len(ent)] = [b for _, b in ent]
+      np.testing.assert_array_equal(np.asarray(v[r]), want_v)
+      np.testing.assert_array_equal(np.asarray(i[r]), want_i)
 
 
 def test_topk_lowers_for_tpu_and_gpu():

@@ -10,9 +10,10 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   4. on GPU by default (TopkConfig(finish="bitonic")) one program per row sorts its C
      candidates by (value, index) in registers with a bitonic network; being order-free,
      that finish lets step 3 be one pass (chunk ranges reserved by an atomic add, no count
-     pass, no scan). Otherwise `lax.top_k` over the C candidates (ties -> lower candidate
-     slot -> lower index; finish="sort", and always on TPU) or a kernel that counts each
-     candidate's rank (finish="rank"). When the caller asks for the top-k as a set
+     pass, no scan). So does a kernel that counts each candidate's rank over a grid of
+     (rows, C / 64) programs (finish="rank"). Otherwise `lax.top_k` over the C candidates
+     (ties -> lower candidate slot -> lower index; finish="sort", and always on TPU).
+     When the caller asks for the top-k as a set
      (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
      then compacts in index order, and a GPU kernel finds the exact k-th candidate bit by bit
      and compacts the k best in index order: no sort at all.
@@ -118,7 +119,9 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     else:
       thr = lax.top_k(gmax, k)[0][:, k - 1]
     bitonic = ordered and config.finish == "bitonic"
-    if bitonic:  # an order-free finish: count and compaction in one pass
+    rank = ordered and (config.finish == "rank" or (
+        config.finish == "auto" and r <= config.rank_max_rows and k >= config.rank_min_k))
+    if bitonic or rank:  # an order-free finish: count and compaction in one pass
       cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                           num_warps=config.num_warps, interpret=interp)
     else:
@@ -140,8 +143,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     if bitonic:
       return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
                                   interpret=interp), False
-    if config.finish == "rank" or (config.finish == "auto" and r <= config.rank_max_rows
-                                   and k >= config.rank_min_k):
+    if rank:
       return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False
     cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
     v, p = lax.top_k(cvm, k)

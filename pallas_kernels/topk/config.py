@@ -20,7 +20,8 @@ class TopkConfig:
     registers; order-free, so the candidates are compacted in one pass, chunk ranges reserved
     by an atomic add, no count pass), "sort" (`lax.top_k` over the candidate buffer, ~31 us
     on the H200 whatever the batch), "rank" (one Pallas kernel that counts each candidate's
-    rank, O(candidates^2) compares) or "auto" (session 3's rule: rank for at most
+    rank, O(candidates^2) compares spread over (rows, C / 64) programs; order-free too, so
+    it also takes the one-pass compaction) or "auto" (session 3's rule: rank for at most
     `rank_max_rows` rows when k >= `rank_min_k`, else sort). On the H200 bitonic was faster
     than auto at 10 of 12 shapes and within 0.2 us at the other two (B in {1, 8, 64} x N in
     {128K, 1M} x K in {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).

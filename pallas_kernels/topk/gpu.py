@@ -352,8 +352,8 @@ def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
 def _rank_kernel(v_ref, i_ref, live_ref, vo_in, io_in, vo_ref, io_ref, *, block_i: int,
                  block_j: int, k: int):
   """Sorted top-k of one row's candidates by counting ranks: candidate p's rank is the number
-  of candidates above it plus the equal ones before it (the buffer is in index order, so
-  "before" means "lower index"). Ranks are distinct; those below k are scattered to their
+  of candidates above it plus the equal ones with a lower index (indices are distinct, so the
+  buffer may be in any order). Ranks are distinct; those below k are scattered to their
   place. O(live^2) compares, but no sort and a single launch."""
   del vo_in, io_in
   c = pl.program_id(1)
@@ -363,12 +363,14 @@ def _rank_kernel(v_ref, i_ref, live_ref, vo_in, io_in, vo_ref, io_ref, *, block_
   def _():
     pi = c * block_i + lax.broadcasted_iota(jnp.int32, (block_i,), 0)
     vi = v_ref[pl.ds(c * block_i, block_i)]
+    ii = i_ref[pl.ds(c * block_i, block_i)]
 
     def body(t, cnt):
       pj = t * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
       vj = v_ref[pl.ds(t * block_j, block_j)]
+      ij = i_ref[pl.ds(t * block_j, block_j)]
       beats = ((vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
-                                              & (pj[None, :] < pi[:, None])))
+                                              & (ij[None, :] < ii[:, None])))
       beats &= pj[None, :] < live
       return cnt + jnp.sum(beats.astype(jnp.int32), axis=1)
 
@@ -377,14 +379,15 @@ def _rank_kernel(v_ref, i_ref, live_ref, vo_in, io_in, vo_ref, io_ref, *, block_
     dest = jnp.where(keep, rank, vo_ref.shape[0] - 1 - lax.broadcasted_iota(
         jnp.int32, (block_i,), 0))  # masked lanes: distinct slots (interpret mode writes them)
     plgpu.store(vo_ref.at[dest], vi, mask=keep)
-    plgpu.store(io_ref.at[dest], i_ref[pl.ds(c * block_i, block_i)], mask=keep)
+    plgpu.store(io_ref.at[dest], ii, mask=keep)
 
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 64, block_j: int = 256,
                 num_warps: int = 4, interpret: bool = False):
-  """cv, ci [R, >= cap] candidates in index order, live [R] (<= cap) of them per row (slots
-  past live are ignored; slots before it may be -inf) -> the k best, sorted: values [R, k]
-  float32 (-inf tail) and indices [R, k] int32 (-1 tail)."""
+  """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
+  per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
+  values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail). A grid of
+  (rows, cap / block_i) programs, so one row spreads over many SMs."""
   r = cv.shape[0]
   block_i, block_j = min(block_i, cap), min(block_j, cap)
   width = 2 * max(next_pow2(k), block_i)  # upper half: slots for masked lanes
