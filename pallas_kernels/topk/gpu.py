@@ -7,8 +7,8 @@ Three streaming passes over a [R, N] float32 score matrix, one program per (row,
              offsets from an exclusive scan of the counts, in index order.
 Index order is what makes the final `lax.top_k` over candidates break ties by lower index.
 The default sorted path instead compacts in one pass (`compact_atomic`: no count, chunk
-ranges in run order) and sorts each row's candidates by (value, index) (`bitonic_finish`),
-which needs no order.
+ranges in run order) and sorts each row's candidates by (value, index) (`bitonic_finish`, or
+`rank_finish`), which needs no order.
 """
 from __future__ import annotations
 
