@@ -46,13 +46,18 @@ class _Rand:
     return jax.random.normal(sub, shape, dtype)
 
 
-def _kernel_us(fn, args) -> float:
+def _kernel_us(fn, args, per_kernel: dict | None = None) -> float:
   """Kernel microseconds per call from the device trace (benchtools.kernel_time) on a GPU; NaN
-  elsewhere or when the profiler fails (the wall-clock column still stands)."""
+  elsewhere or when the profiler fails (the wall-clock column still stands). per_kernel: a
+  dict to fill with microseconds per call of each kernel name (largest first)."""
   if jax.default_backend() != "gpu":
     return float("nan")
   try:
-    return kernel_time(fn, args)[0] * 1e6
+    total, kernels = kernel_time(fn, args)
+    if per_kernel is not None:
+      per_kernel.update({n: round(t * 1e6, 2) for n, t in
+                         sorted(kernels.items(), key=lambda kv: -kv[1])})
+    return total * 1e6
   except Exception as e:  # noqa: BLE001 - a profiler failure must not end a sweep
     print(f"kernel_time failed: {type(e).__name__}: {e}", flush=True)
     return float("nan")
@@ -335,10 +340,12 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
     full = jax.jit(lambda q, kc, t, l, w: _topk.indexer_topk(q, kc, t, l, w, k, sorted=srt,
                                                               topk_config=topk_config))
     full_s, err = _timed(full, [(q, kc, table, lens, w)], reps=reps, calls=calls)
-    full_kus = _kernel_us(full, (q, kc, table, lens, w))
+    full_kernels = {}
+    full_kus = _kernel_us(full, (q, kc, table, lens, w), full_kernels)
     _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err, sorted=srt,
                      topk_config=_cfg_str(topk_config), us=full_s * 1e6, vs_full=1.0,
-                     kernel_us=full_kus, kernel_vs_full=1.0, realized=0.0))
+                     kernel_us=full_kus, kernel_vs_full=1.0, realized=0.0,
+                     kernels_us=full_kernels))
     for rho in sparsities:
       cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype,
                             reduction=reduction)
@@ -379,12 +386,14 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
             st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt, topk_config=topk_config)[:3])
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
-        kus = float("nan") if err else _kernel_us(step, (st, q, kc, table, lens, w))
+        step_kernels = {}
+        kus = float("nan") if err else _kernel_us(step, (st, q, kc, table, lens, w),
+                                                   step_kernels)
         pu = stage_us.get("select", math.nan) + stage_us.get("update", math.nan)
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
                          error=err or err2, us=sec * 1e6, vs_full=sec / full_s,
-                         kernel_us=kus, kernel_vs_full=kus / full_kus,
+                         kernel_us=kus, kernel_vs_full=kus / full_kus, kernels_us=step_kernels,
                          **{f"{s}_us": v for s, v in stage_us.items()},
                          predict_update_us=pu, predict_update_frac=pu * 1e-6 / full_s,
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))

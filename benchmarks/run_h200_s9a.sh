@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device call (one call, < 10 min): what session 8 left open, measured in kernel time
+# Session 9, device call 1 (< 10 min): what session 8 left open, measured in kernel time
 # (the device trace; ncu segfaults on the Mosaic kernels but ran on the Triton top-K kernels in
 # session 6; the in-graph wall-clock timer has a ~10% spread on 40-80 us calls,
 # benchmarks/NOTES.md session 8).
@@ -13,7 +13,9 @@
 #    order-free, so it takes the one-pass compaction) alone and in the whole call, at 64 rows
 #    and one row (one row's bitonic sort is 24 of its 41 us; the rank kernel spreads a row
 #    over cap / 64 programs);
-# 4. the SPIN step at B=64 x 128K, 40%, A2 and A1, once more each with both timers (issue 5).
+# 4. the SPIN step at B=64 x 128K, 40%, A2 and A1, once more each with both timers, and now
+#    each kernel's time in the full and the SPIN step (issue 5: where A1's extra ~40 us beyond
+#    its selection and update stages goes).
 source benchmarks/h200_env.sh
 timeout 60 python3 -m pytest -q -x tests/test_gpu.py -k "topk_gpu and (rank or bitonic)" \
   > "$L/gpu_tests_topk.log" 2>&1
@@ -36,5 +38,6 @@ for r in A2 A1; do
   timeout 70 python3 benchmarks/bench_spin.py --step-only --reduction $r --batches 64 \
     --slots 131072 --sparsities 0.4 --out "$L/spin_${r}_128k.json" > "$L/spin_${r}.log" 2>&1
   grep "│" "$L/spin_${r}.log" | grep -v "^│    "
+  python3 -c "import json,sys; [print(r['impl'], json.dumps(r.get('kernels_us'))) for r in json.load(open(sys.argv[1]))['rows']]" "$L/spin_${r}_128k.json"
 done
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
