@@ -24,6 +24,9 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--slots", type=int, default=131072)
   p.add_argument("--calls", type=int, default=4)
+  p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"), help="SPIN's (spin)")
+  p.add_argument("--hlo", default="",
+                 help="spin: also write the compiled (optimised) HLO of the step to this file")
   a = p.parse_args(argv)
   key = jax.random.PRNGKey(0)
   h, d = 64, 128
@@ -42,10 +45,14 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     table = jnp.asarray(np.stack([rng.permutation(pages) + i * pages for i in range(b)]), jnp.int32)
     lens = jnp.full((b,), n, jnp.int32)
-    cfg = spin.SpinConfig(topk=2048, sparsity=0.4)
+    cfg = spin.SpinConfig(topk=2048, sparsity=0.4, reduction=a.reduction)
     st = spin.init_state(n, cfg, (b,))
     st = spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=False)[2]
-    step = jax.jit(lambda st: spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=True)[2])
+    step = jax.jit(lambda st: spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=True)[2],
+                   donate_argnums=0)
+    if a.hlo:
+      with open(a.hlo, "w") as fh:
+        fh.write(step.lower(st).compile().as_text())
     for _ in range(a.calls):
       st = jax.block_until_ready(step(st))
     print("done", a.what)

@@ -115,9 +115,10 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   }
   timed["whole topk, set"] = (jax.jit(lambda x: selection.topk(
       x, k, implementation="pallas", config=config, sorted=False)), (x,))
-  if only:
-    timed = {name: v for name, v in timed.items() if any(o in name for o in only)}
-  if brief:
+  if only:  # overrides brief's list; "=name" keeps that stage only
+    timed = {name: v for name, v in timed.items()
+             if any(name == o[1:] if o.startswith("=") else o in name for o in only)}
+  elif brief:
     keep = ("group_max", f"threshold (bisect {config.bisect_iters})", "count", "compact",
             "compact, one pass (atomic)", "whole topk", "whole topk, bitonic", "whole topk, set")
     timed = {name: v for name, v in timed.items() if name in keep}
@@ -155,7 +156,8 @@ def main(argv=None):
                  help="comma list of chunk:num_warps:bisect_iters TopkConfig variants to sweep "
                       "(brief: filter passes and whole call only); default: TopkConfig() in full")
   p.add_argument("--only", default="",
-                 help="comma list of substrings: time only the stages whose name holds one")
+                 help="comma list of substrings: time only the stages whose name holds one "
+                      "(=name: exactly that stage)")
   p.add_argument("--kernels", action="store_true",
                  help="also each kernel's time in the device trace (GPU profiler) for every "
                       "timed stage")

@@ -46,14 +46,15 @@ class _Rand:
     return jax.random.normal(sub, shape, dtype)
 
 
-def _kernel_us(fn, args, per_kernel: dict | None = None) -> float:
+def _kernel_us(fn, args, per_kernel: dict | None = None, carry=None) -> float:
   """Kernel microseconds per call from the device trace (benchtools.kernel_time) on a GPU; NaN
   elsewhere or when the profiler fails (the wall-clock column still stands). per_kernel: a
-  dict to fill with microseconds per call of each kernel name (largest first)."""
+  dict to fill with microseconds per call of each kernel name (largest first). carry: as in
+  kernel_time."""
   if jax.default_backend() != "gpu":
     return float("nan")
   try:
-    total, kernels = kernel_time(fn, args)
+    total, kernels = kernel_time(fn, args, carry=carry)
     if per_kernel is not None:
       per_kernel.update({n: round(t * 1e6, 2) for n, t in
                          sorted(kernels.items(), key=lambda kv: -kv[1])})
@@ -382,13 +383,20 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       for name, warm in variants:
         # the whole step, EMA update included (the new state is an output and, in-graph, the
         # next call's state, as in a decode loop)
-        step = jax.jit(lambda st, q, kc, t, l, w, cfg=cfg, warm=warm: spin.decode_step(
-            st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt, topk_config=topk_config)[:3])
+        def step_fn(st, q, kc, t, l, w, cfg=cfg, warm=warm):
+          return spin.decode_step(st, q, kc, t, l, w, cfg, key, warm=warm, sorted=srt,
+                                  topk_config=topk_config)[:3]
+
+        step = jax.jit(step_fn)
         sec, err = _timed(step, [(st, q, kc, table, lens, w)], reps=reps, calls=calls,
                           carry=(0, 2))
+        # kernel time as a serving loop runs the step: the state donated and threaded from
+        # call to call, so the update kernel writes it in place (without donation XLA copies
+        # the aliased [B, N] V / D states and the passed-through ones every call)
         step_kernels = {}
-        kus = float("nan") if err else _kernel_us(step, (st, q, kc, table, lens, w),
-                                                   step_kernels)
+        kus = float("nan") if err else _kernel_us(
+            jax.jit(step_fn, donate_argnums=0), (jax.tree.map(jnp.copy, st), q, kc, table, lens,
+                                                 w), step_kernels, carry=(0, 2))
         pu = stage_us.get("select", math.nan) + stage_us.get("update", math.nan)
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,

@@ -107,12 +107,17 @@ def time_in_graph(fn, args, *, calls: int = 20, reps: int = 5, unrolled: bool | 
   return statistics.median(samples)
 
 
-def kernel_time(fn, args, *, calls: int = 20, warmup: int = 2) -> tuple[float, dict]:
+def kernel_time(fn, args, *, calls: int = 20, warmup: int = 2,
+                carry: tuple[int, int] | None = None) -> tuple[float, dict]:
   """GPU kernel seconds per call from the profiler's device trace (CUPTI), and seconds per call
   of each kernel name: what the GPU spent executing `fn`'s kernels, without the host dispatch,
   launch gaps and clock reads that wall-clock timers add (a ~10 us spread on 40-80 us decode
   calls in benchmarks/NOTES.md). `calls` back-to-back calls of `fn(*args)` run under
   `jax.profiler.trace`; events on the device planes' stream lines are summed.
+  carry=(i, j): as in `time_in_graph`, argument i of each call is output j (None: the whole
+  output) of the previous one, as a decode loop threads its state; with `fn` jitted with
+  donate_argnums=(i,) the state is updated in place (no defensive copy of buffers a kernel
+  aliases), and the caller's args[i] is consumed.
   Raises RuntimeError when the trace holds no GPU kernels (a CPU run, a profiler failure).
   """
   import glob
@@ -120,13 +125,21 @@ def kernel_time(fn, args, *, calls: int = 20, warmup: int = 2) -> tuple[float, d
 
   from jax.profiler import ProfileData
 
+  args = list(args)
+
+  def call():
+    out = fn(*args)
+    if carry is not None:
+      args[carry[0]] = out if carry[1] is None else out[carry[1]]
+    return out
+
   for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(call())
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
       out = None
       for _ in range(calls):
-        out = fn(*args)
+        out = call()
       jax.block_until_ready(out)
     paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
     if not paths:

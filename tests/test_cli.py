@@ -75,3 +75,8 @@ def test_kernel_time_needs_gpu_kernels():
     pytest.skip("covered by tests/test_gpu.py::test_kernel_time_gpu")
   with pytest.raises(RuntimeError, match="no GPU kernel events"):
     kernel_time(jax.jit(lambda x: x + 1), (jnp.ones(8),), calls=2)
+  # carry threads a donated state from call to call (each call would otherwise read the
+  # buffer the previous one consumed), so the run gets as far as the trace
+  step = jax.jit(lambda s, x: (s + x, x.sum()), donate_argnums=0)
+  with pytest.raises(RuntimeError, match="no GPU kernel events"):
+    kernel_time(step, (jnp.zeros(8), jnp.ones(8)), calls=3, carry=(0, 0))

@@ -301,3 +301,8 @@ def test_kernel_time_gpu():
   floor = 2 * x.nbytes / 4.9e12
   assert floor <= total <= 10 * floor, (total, per)
   assert abs(sum(per.values()) - total) < 1e-9
+  # a donated, threaded state is updated in place: no copy kernel beside the update
+  step = jax.jit(lambda s, x: s + x, donate_argnums=0)
+  total, per = kernel_time(step, (jnp.zeros_like(x), x), calls=5, carry=(0, None))
+  assert not any("memcpy" in name or "copy" in name for name in per), per
+  assert floor * 1.5 <= total <= 10 * floor * 1.5, (total, per)
