@@ -48,13 +48,15 @@ def main(argv=None):
     cfg = spin.SpinConfig(topk=2048, sparsity=0.4, reduction=a.reduction)
     st = spin.init_state(n, cfg, (b,))
     st = spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=False)[2]
-    step = jax.jit(lambda st: spin.decode_step(st, q, kc, table, lens, w, cfg, key, warm=True)[2],
+    # the arrays are arguments, not constants captured by the trace (2 GB of cache)
+    step = jax.jit(lambda st, *xs: spin.decode_step(st, *xs, cfg, key, warm=True)[2],
                    donate_argnums=0)
+    xs = (q, kc, table, lens, w)
     if a.hlo:
       with open(a.hlo, "w") as fh:
-        fh.write(step.lower(st).compile().as_text())
+        fh.write(step.lower(st, *xs).compile().as_text())
     for _ in range(a.calls):
-      st = jax.block_until_ready(step(st))
+      st = jax.block_until_ready(step(st, *xs))
     print("done", a.what)
     return
   elif a.what == "prefill":

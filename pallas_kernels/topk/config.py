@@ -8,7 +8,10 @@ from pallas_kernels._util import is_pow2
 
 @dataclasses.dataclass(frozen=True)
 class TopkConfig:
-  """chunk: scores per program in the filter passes (power of two, >= 128).
+  """chunk: scores per program in the filter passes (power of two, >= 128). 2048: at 64 x 128K
+    x 2048 on the H200 the whole call's kernels take 65.4 us at 2048, 66.5 at 1024, 71.1 at
+    4096 and 85.1 at 8192 (4 warps; benchmarks/results/session9/); one row of 128K / 1M takes
+    36.5 / 43.1 us at 2048 against 39.0 / 44.4 at 4096.
   capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: aim for at least this many groups per selected entry (sets the group size).
@@ -28,7 +31,7 @@ class TopkConfig:
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
     candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   """
-  chunk: int = 4096
+  chunk: int = 2048
   capacity_factor: int = 2
   groups_per_k: int = 4
   num_warps: int = 4
