@@ -327,6 +327,13 @@ def test_decode_step_static_warm_matches_cond():
   np.testing.assert_array_equal(np.asarray(e[0]), rv)
   for name in ("V", "D"):
     np.testing.assert_array_equal(np.asarray(e[2][name]), np.asarray(d[2][name]))
+  # the serving-loop form of the README: jitted with the state donated (updated in place)
+  step = jax.jit(lambda st, l: spin.decode_step(st, q, kc, table, l, w, cfg, key, warm=True),
+                 donate_argnums=0)
+  f = step(jax.tree.map(jnp.copy, b[2]), lens + 1)
+  np.testing.assert_array_equal(np.asarray(f[1]), np.asarray(d[1]))
+  for name in ("V", "D", "VB", "DB", "age", "step"):
+    np.testing.assert_array_equal(np.asarray(f[2][name]), np.asarray(d[2][name]))
   with pytest.raises(ValueError, match="warm"):
     spin.decode_step(st0, q, kc, table, lens, w, cfg, key, warm="yes")
   with pytest.raises(ValueError, match="sorted"):
