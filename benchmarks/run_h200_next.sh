@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 9, device call 3 (the last ~9 min of device time), with TopkConfig.chunk = 2048:
+# The next device call (not yet run; session 9 lost its machine before it ran), with
+# TopkConfig.chunk = 2048:
 # 1. chunk 4096 vs 2048 at 8 x 32K and 64 x 1M (kernel time; calls 1-2 covered 64 x 128K,
 #    1 x 128K and 1 x 1M);
 # 2. the SPIN step against the full step at 64 x {128K, 512K}, 40%, A2 and A1: in-graph and
