@@ -67,6 +67,26 @@ def test_topk_gpu(n, k, finish):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("scan_block", [16, 64])
+def test_topk_gpu_blocked_scan(scan_block):
+  """TopkConfig(scan_block=s) compiled: sorted (one-pass atomic compaction, bitonic finish)
+  and as a set (count, compaction in index order), overflowing rows repaired."""
+  from pallas_kernels.topk import TopkConfig
+  rng = np.random.default_rng(scan_block)
+  n, k = 131072, 2048
+  x = rng.standard_normal((8, n)).astype(np.float32)
+  x[1, :5000] = 1.5
+  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
+  cfg = TopkConfig(scan_block=scan_block)
+  rv, ri = np_topk(x, k, lens)
+  for srt in (True, False):
+    v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
+                          config=cfg, sorted=srt)
+    wv, wi = (rv, ri) if srt else index_ordered(rv, ri)
+    np.testing.assert_array_equal(np.asarray(i), wi)
+    np.testing.assert_array_equal(np.asarray(v), wv)
+
+
 def test_indexer_topk_fused_gpu():
   rng = np.random.default_rng(3)
   q, kc, table, lens, w, ks = random_paged(rng, 4, 1, 64, 128, 131072, 2100, "bfloat16")

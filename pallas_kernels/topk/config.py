@@ -28,6 +28,9 @@ class TopkConfig:
     `rank_max_rows` rows when k >= `rank_min_k`, else sort). On the H200 bitonic was faster
     than auto at 10 of 12 shapes and within 0.2 us at the other two (B in {1, 8, 64} x N in
     {128K, 1M} x K in {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).
+  scan_block: how the compaction passes place candidates (GPU): 0, one cumulative sum over
+    each chunk; s (a power of two), a cumulative sum over the chunk's s-entry runs and one
+    along each run (shorter scans; not yet timed on the H200, benchmarks/NOTES.md session 9).
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
     candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   """
@@ -41,6 +44,7 @@ class TopkConfig:
   rank_max_rows: int = 16
   rank_min_k: int = 1024
   bitonic_warps: int = 16
+  scan_block: int = 0
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
@@ -49,6 +53,9 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
+    if not isinstance(self.scan_block, int) or (self.scan_block and (
+        not is_pow2(self.scan_block) or self.scan_block < 2)):
+      raise ValueError(f"scan_block={self.scan_block!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps"):
       v = getattr(self, name)

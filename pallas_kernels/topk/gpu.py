@@ -59,11 +59,28 @@ def _scatter_width(width: int, interpret: bool) -> int:
   return 2 * width if interpret else width
 
 
+def _slots(m, scan_block: int):
+  """m [chunk] bool -> (inclusive running count of m [chunk] int32, its total).
+
+  scan_block = 0: one cumulative sum over the chunk. scan_block = s > 0: the chunk as
+  [chunk / s, s]; a cumulative sum of the s-entry counts places each run and a cumulative sum
+  along the short axis places the entries in it (a scan over chunk / s entries plus one over
+  s, instead of one over the chunk)."""
+  mi = m.astype(jnp.int32)
+  if not scan_block:
+    return jnp.cumsum(mi), jnp.sum(mi)
+  c = mi.shape[0]
+  mb = mi.reshape(c // scan_block, scan_block)
+  cnt = jnp.sum(mb, axis=1)
+  before = jnp.cumsum(cnt) - cnt
+  return (before[:, None] + jnp.cumsum(mb, axis=1)).reshape(c), jnp.sum(cnt)
+
+
 def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: int,
-                    capacity: int):
+                    capacity: int, scan_block: int = 0):
   x, idx = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
-  pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
+  pos = off_ref[0] + _slots(m, scan_block)[0] - 1
   keep = m & (pos < capacity)
   # masked lanes aim at a trash slot past the buffer proper: interpret mode implements a masked
   # scatter as read-modify-write, so they must not share a slot with a real candidate
@@ -73,7 +90,7 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: in
 
 
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_ref, *,
-                           chunk: int, capacity: int):
+                           chunk: int, capacity: int, scan_block: int = 0):
   """One (row, chunk): the chunk's candidates appended to the row's buffer at a range
   reserved with one atomic add on the row's counter (count and compaction in one pass; the
   chunk ranges land in whatever order the programs run, so only an order-free finish such as
@@ -81,11 +98,11 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_re
   del ctr_in
   x, idx = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
-  mi = m.astype(jnp.int32)
+  running, total = _slots(m, scan_block)
   # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
   # integer value (a [1] tensor gets a float add, which flushes small integers to zero)
-  start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), jnp.sum(mi))
-  pos = start + jnp.cumsum(mi) - 1
+  start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total)
+  pos = start + running - 1
   keep = m & (pos < capacity)
   pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
   plgpu.store(v_ref.at[pos], x, mask=keep)
@@ -93,17 +110,18 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_re
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool):
+                   interpret: bool, scan_block: int = 0):
   """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
   float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
   candidates (entries >= thr[r]) grouped by chunk, chunks in no fixed order; the slots past
-  them are NOT initialised. One pass (no count pass, no scan)."""
+  them are NOT initialised. One pass (no count pass, no scan). scan_block: see `_slots`."""
   r, n = x.shape
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   one = pl.BlockSpec((1,), lambda r, c: (r,))
   total, v, i = pl.pallas_call(
-      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity),
+      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity,
+                        scan_block=scan_block),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [one, one],
       out_specs=[one, row, row],
@@ -188,17 +206,18 @@ def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool):
 
 
 def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
-            interpret: bool):
+            interpret: bool, scan_block: int = 0):
   """-> (values, indices) [R, W >= capacity] float32 / int32: row r's first min(count,
   capacity) slots hold its candidates in index order; the rest is NOT initialised (no fill
-  pass: consumers mask by the count)."""
+  pass: consumers mask by the count). scan_block: see `_slots`."""
   r, n = x.shape
   width = _scatter_width(capacity, interpret)
   out_shape = [jax.ShapeDtypeStruct((r, width), jnp.float32),
                jax.ShapeDtypeStruct((r, width), jnp.int32)]
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   v, i = pl.pallas_call(
-      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
+      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity,
+                        scan_block=scan_block),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,)),
                                           pl.BlockSpec((None, 1), lambda r, c: (r, c))],
