@@ -94,7 +94,7 @@ def test_rank_finish_matches_numpy(n, k):
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
   for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto"),
-              ktopk.TopkConfig(finish="bitonic")):
+              ktopk.TopkConfig(finish="bitonic"), ktopk.TopkConfig(bitonic_run=64)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
@@ -126,6 +126,12 @@ def test_blocked_scan_compaction(scan_block):
     np.testing.assert_array_equal(np.asarray(v), rv)
   with pytest.raises(ValueError, match="scan_block"):
     ktopk.TopkConfig(scan_block=3)
+  with pytest.raises(ValueError, match="bitonic_run"):
+    ktopk.TopkConfig(bitonic_run=-4)
+  from pallas_kernels.topk import gpu as kg
+  with pytest.raises(ValueError, match="run=8"):
+    kg.bitonic_finish_split(jnp.zeros((1, 8)), jnp.zeros((1, 8), jnp.int32),
+                            jnp.ones((1,), jnp.int32), 4, 8, run=8, interpret=True)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
@@ -218,9 +224,10 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
 @settings(max_examples=12, deadline=None)
 @given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
 def test_order_free_finishes_any_order(log_cap, seed, ties):
-  """The bitonic and rank finishes sort candidates given in any order (the atomic compaction
-  leaves chunk ranges in run order) by value, ties by lower index; -inf entries and slots past
-  `live` never come out; fewer than k live entries leave a -inf / -1 tail."""
+  """The bitonic (one kernel, or split into sorted runs then merges), and rank finishes sort
+  candidates given in any order (the atomic compaction leaves chunk ranges in run order) by
+  value, ties by lower index; -inf entries and slots past `live` never come out; fewer than k
+  live entries leave a -inf / -1 tail."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(seed)
   cap = 2 ** log_cap
@@ -232,7 +239,10 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
   idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(3)]).astype(np.int32)
   live = rng.integers(0, cap + 1, 3).astype(np.int32)
   args = (jnp.asarray(x), jnp.asarray(idx), jnp.asarray(live), k, cap)
-  for v, i in (kg.bitonic_finish(*args, interpret=True), kg.rank_finish(*args, interpret=True)):
+  outs = [kg.bitonic_finish(*args, interpret=True), kg.rank_finish(*args, interpret=True)]
+  if cap >= 4:  # runs of 2 and of cap / 2
+    outs += [kg.bitonic_finish_split(*args, run=run, interpret=True) for run in {2, cap // 2}]
+  for v, i in outs:
     for r in range(3):
       ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
       want_v = np.full(k, -np.inf, np.float32)
@@ -251,7 +261,8 @@ def test_topk_lowers_for_tpu_and_gpu():
   # TopkConfig() sorted (the bitonic finish) was exported above
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
                        (ktopk.TopkConfig(scan_block=16), True),
-                       (ktopk.TopkConfig(scan_block=16), False)):
+                       (ktopk.TopkConfig(scan_block=16), False),
+                       (ktopk.TopkConfig(bitonic_run=512), True)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

@@ -142,6 +142,9 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     live = jnp.where(total > capacity, k, total).astype(jnp.int32)
     if not ordered:
       return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True
+    if bitonic and 0 < config.bitonic_run < capacity:
+      return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
+                                        num_warps=config.bitonic_warps, interpret=interp), False
     if bitonic:
       return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
                                   interpret=interp), False

@@ -28,6 +28,10 @@ class TopkConfig:
     `rank_max_rows` rows when k >= `rank_min_k`, else sort). On the H200 bitonic was faster
     than auto at 10 of 12 shapes and within 0.2 us at the other two (B in {1, 8, 64} x N in
     {128K, 1M} x K in {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).
+  bitonic_run: 0, the bitonic finish is one program per row; r (a power of two), it is two
+    kernels running the same network: (rows, capacity / r) programs sort runs of r
+    candidates, then one program per row does the remaining merges (fewer dependent steps
+    per row; not yet timed on the H200, benchmarks/NOTES.md session 9).
   scan_block: how the compaction passes place candidates (GPU): 0, one cumulative sum over
     each chunk; s (a power of two), a cumulative sum over the chunk's s-entry runs and one
     along each run (shorter scans; not yet timed on the H200, benchmarks/NOTES.md session 9).
@@ -45,6 +49,7 @@ class TopkConfig:
   rank_min_k: int = 1024
   bitonic_warps: int = 16
   scan_block: int = 0
+  bitonic_run: int = 0
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
@@ -53,9 +58,10 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
-    if not isinstance(self.scan_block, int) or (self.scan_block and (
-        not is_pow2(self.scan_block) or self.scan_block < 2)):
-      raise ValueError(f"scan_block={self.scan_block!r} must be 0 or a power of two >= 2")
+    for name in ("scan_block", "bitonic_run"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
+        raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps"):
       v = getattr(self, name)
