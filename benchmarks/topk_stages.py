@@ -24,6 +24,12 @@ from pallas_kernels.topk import TopkConfig, group_size
 from pallas_kernels.topk import gpu as kg
 
 
+def _label(c: TopkConfig) -> str:
+  """chunk:warps:bisect_iters[:scan_block:bitonic_run], as --configs takes it."""
+  extra = f":{c.scan_block}:{c.bitonic_run}" if c.scan_block or c.bitonic_run else ""
+  return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}{extra}"
+
+
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
            only: tuple = (), kernels: bool = False):
   """Time each pass alone at one shape; brief=True: only the filter passes and the whole
@@ -100,6 +106,11 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
       "compact, one pass (atomic)": (f_atomic, (x, lens, thr)),
       **{f"final bitonic [{bsz},{capacity}] (kernel, {w} warps)": (f, (cv_raw, ci_raw, live))
          for w, f in bitonic.items()},
+      **{f"final bitonic split [{bsz},{capacity}] (runs of {run})": (jax.jit(
+          lambda cv, ci, l, run=run: kg.bitonic_finish_split(
+              cv, ci, l, k, capacity, run=run, num_warps=config.bitonic_warps,
+              interpret=interp)), (cv_raw, ci_raw, live))
+         for run in (256, 512, 1024) if run < capacity},
       f"final rank [{bsz},{capacity}] (kernel)": (jax.jit(
           lambda cv, ci, l: kg.rank_finish(cv, ci, l, k, capacity, interpret=interp)),
           (cv_raw, ci_raw, live)),
@@ -130,7 +141,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
       except Exception as e:  # noqa: BLE001 - report, keep going
         us, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
       _emit(rows, dict(op="topk stage", B=bsz, N=n, K=k, stage=name,
-                       config=f"{config.chunk}:{config.num_warps}:{config.bisect_iters}",
+                       config=_label(config),
                        timing="unrolled" if unrolled else "fori_loop", us=us, error=err,
                        candidates_max=int(total.max()), groups=int(gm.shape[1]), group=g))
     if kernels and not err:
@@ -143,8 +154,17 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
         print(f"kernel_time failed: {type(e).__name__}: {e}", flush=True)
       for kname, sec in [("all kernels", total_s)] + sorted(per.items(), key=lambda t: -t[1]):
         _emit(rows, dict(op="topk kernel", B=bsz, N=n, K=k, stage=name, kernel=kname[:60],
-                         config=f"{config.chunk}:{config.num_warps}:{config.bisect_iters}",
+                         config=_label(config),
                          timing="device trace", us=sec * 1e6, error=""))
+
+
+def _parse(spec: str) -> TopkConfig:
+  """"chunk:warps:bisect_iters[:scan_block[:bitonic_run]]" -> TopkConfig."""
+  v = [int(t) for t in spec.split(":")]
+  if not 3 <= len(v) <= 5:
+    raise ValueError(f"--configs entry {spec!r}: chunk:warps:iters[:scan_block[:bitonic_run]]")
+  names = ("chunk", "num_warps", "bisect_iters", "scan_block", "bitonic_run")
+  return TopkConfig(**dict(zip(names, v)))
 
 
 def main(argv=None):
@@ -153,8 +173,9 @@ def main(argv=None):
   p.add_argument("--shapes", default="64x131072,8x131072,1x131072,64x1048576")
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
-                 help="comma list of chunk:num_warps:bisect_iters TopkConfig variants to sweep "
-                      "(brief: filter passes and whole call only); default: TopkConfig() in full")
+                 help="comma list of chunk:num_warps:bisect_iters[:scan_block[:bitonic_run]] "
+                      "TopkConfig variants to sweep (brief: filter passes and whole call "
+                      "only); default: TopkConfig() in full")
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one "
                       "(=name: exactly that stage)")
@@ -164,8 +185,7 @@ def main(argv=None):
   a = p.parse_args(argv)
   only = tuple(o for o in a.only.split(",") if o)
   rows = []
-  cfgs = [TopkConfig(chunk=int(c), num_warps=int(w), bisect_iters=int(i))
-          for c, w, i in (spec.split(":") for spec in a.configs.split(",") if spec)]
+  cfgs = [_parse(spec) for spec in a.configs.split(",") if spec]
   for s in a.shapes.split(","):
     b, n = (int(v) for v in s.split("x"))
     for cfg in cfgs or [TopkConfig()]:
