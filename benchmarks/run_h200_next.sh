@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# The next device call (not yet run; session 9 lost its machine before it ran), with
-# TopkConfig.chunk = 2048:
-# 1. chunk 4096 vs 2048 at 8 x 32K and 64 x 1M (kernel time; calls 1-2 covered 64 x 128K,
-#    1 x 128K and 1 x 1M);
-# 2. the SPIN step against the full step at 64 x {128K, 512K}, 40%, A2 and A1: in-graph and
-#    kernel time with the state donated and threaded, each kernel's time listed.
+# The next device call (not yet run; written in session 9 after its machine was lost), < 9 min,
+# all in kernel time (device trace) unless the row says in-graph:
+# 0. the compiled GPU tests of the two untimed top-K options (TopkConfig.scan_block: a
+#    two-level scan in the compactions; TopkConfig.bitonic_run: the bitonic finish split
+#    into parallel sorted runs and a per-row merge) and of kernel_time;
+# 1. at 64 x 131072 x 2048 (issue 4's 50 us target; 65.4 us at the default in session 9):
+#    each option alone, together, and with 14 bisection steps;
+# 2. the same variants at one row (128K, 1M): 5x lax.top_k there needs ~10-20 us.
+# Predictions: benchmarks/NOTES.md, session 9, "Prepared for the next device session".
 source benchmarks/h200_env.sh
-timeout 100 python3 benchmarks/topk_stages.py --shapes 8x32768,64x1048576 --kernels \
-  --only "=whole topk" --configs 2048:4:20,4096:4:20 \
-  --out "$L/topk_chunks_more.json" > "$L/topk_chunks_more.log" 2>&1
+timeout 150 python3 -m pytest -q -x tests/test_gpu.py -k "blocked_scan_split_bitonic or kernel_time" \
+  > "$L/gpu_tests_variants.log" 2>&1
+tail -1 "$L/gpu_tests_variants.log"
+timeout 200 python3 benchmarks/topk_stages.py --shapes 64x131072 --kernels --only "=whole topk" \
+  --configs 2048:4:20,2048:4:20:16:0,2048:4:20:64:0,2048:4:20:0:256,2048:4:20:0:512,2048:4:20:0:1024,2048:4:14,2048:4:14:16:512 \
+  --out "$L/topk_variants_b64.json" > "$L/topk_variants_b64.log" 2>&1
+timeout 150 python3 benchmarks/topk_stages.py --shapes 1x131072,1x1048576 --kernels --only "=whole topk" \
+  --configs 2048:4:20,2048:4:20:0:512,2048:4:14:16:512 \
+  --out "$L/topk_variants_b1.json" > "$L/topk_variants_b1.log" 2>&1
 python3 - "$OUT/rows.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
   r = json.loads(line)
-  if r.get("op") == "topk kernel" and r.get("kernel") in ("all kernels", "jaxsparse_topk_compact_atomic"):
-    print(r["B"], r["N"], r["config"], r["kernel"][-14:], round(r["us"], 1))
+  if r.get("op") == "topk kernel" and (r["kernel"] == "all kernels" or "bitonic" in r["kernel"]
+                                       or "compact" in r["kernel"] or "threshold" in r["kernel"]):
+    print(r["B"], r["N"], r["config"], r["kernel"][-22:], round(r["us"], 1))
 PY
-for r in A2 A1; do
-  timeout 150 python3 benchmarks/bench_spin.py --step-only --reduction $r --batches 64 \
-    --slots 131072,524288 --sparsities 0.4 --out "$L/spin_${r}_donated.json" > "$L/spin_${r}.log" 2>&1
-  grep "│" "$L/spin_${r}.log" | grep -v "^│    "
-done
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
