@@ -160,8 +160,35 @@ def block_scores(state, pos, length, config: SpinConfig):
   if config.reduction == "A2":
     d = by_offset(state["DB"], pos // b)
     return jnp.where(jb < n_blocks, jnp.maximum(state["VB"], d).astype(jnp.float32), NEG_INF)
+  if config.pooling == "max":
+    return _max_pooled_block_scores(state, pos, length, b)
   z = predicted_slot_scores(state, pos, length).reshape(nb, b)
   return _pool(z, config)
+
+
+def _max_pooled_block_scores(state, pos, length, b: int):
+  """Max pooling of eq. 1's predictions without flipping D onto slots: block j's score
+  max_i max(V[i], D[pos - i]) is max(the max of V over the block's valid slots, the max of D
+  over the block's offsets). Those offsets, pos - jb - b + 1 ... pos - jb, start at phase
+  r = (pos + 1) % b within D's own blocks, so they are the lanes >= r of D-block c - 1 - j plus
+  the lanes < r of D-block c - j (c = (pos + 1) // b; r = 0: D-block c - 1 - j alone).
+  Both partial maxima come from one aligned pass over D; only [num_blocks] vectors are
+  flipped. Negative offsets (slots past the query) and blocks past the context give -inf.
+  Equal to `_pool(predicted_slot_scores(...))` with pooling="max"."""
+  cap = state["V"].shape[-1]
+  nb = cap // b
+  slot = jnp.arange(cap)
+  v = jnp.where(slot < length, state["V"].astype(jnp.float32), NEG_INF).reshape(nb, b).max(-1)
+  d = state["D"].astype(jnp.float32).reshape(nb, b)
+  r = (pos + 1) % b
+  c = (pos + 1) // b
+  lane = jnp.arange(b)
+  suffix = jnp.where(lane >= r, d, NEG_INF).max(-1)  # [nb] over D-blocks
+  prefix = jnp.where(lane < r, d, NEG_INF).max(-1)
+  # c = nb only when pos = cap - 1, where r = 0 and `prefix` is all -inf, so by_offset's
+  # clamped start there changes nothing
+  window = jnp.maximum(by_offset(suffix, c - 1, NEG_INF), by_offset(prefix, c, NEG_INF))
+  return jnp.maximum(v, window)
 
 
 def _rank_desc(score, eligible):

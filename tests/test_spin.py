@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import jaxsparse
 from jaxsparse import spin, traces
@@ -13,6 +14,26 @@ from pallas_kernels import indexer_decode
 from tests.conftest import export_for
 from tests.reference import (index_ordered, np_indexer, np_topk, random_paged,
                              spin_selection_case, spin_state_case)
+
+
+@settings(max_examples=40, deadline=None)
+@given(log_b=st.integers(0, 5), nb=st.integers(1, 9), seed=st.integers(0, 2**31 - 1),
+       bf16=st.booleans(), data=st.data())
+def test_max_pooled_block_scores_match_slot_predictions(log_b, nb, seed, bf16, data):
+  """A1 / A0's max-pooled block scores from aligned maxima of V and D equal eq. 1's slot
+  predictions max(V[i], D[pos - i]) pooled by max, for every query position (incl. an empty
+  context, a partly filled newest block and a full cache) and with ties (rounded states)."""
+  b = 2 ** log_b
+  cap = nb * b
+  length = data.draw(st.integers(0, cap))
+  rng = np.random.default_rng(seed)
+  dt = jnp.bfloat16 if bf16 else jnp.float32
+  state = {"V": jnp.asarray(np.round(rng.standard_normal(cap), 1), dt),
+           "D": jnp.asarray(np.round(rng.standard_normal(cap), 1), dt)}
+  want = spin._pool(spin.predicted_slot_scores(state, length - 1, length).reshape(nb, b),
+                    spin.SpinConfig(block_size=64, pooling="max"))
+  got = spin._max_pooled_block_scores(state, length - 1, length, b)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("kw,match", [
