@@ -14,7 +14,8 @@ class TopkConfig:
     36.5 / 43.1 us at 2048 against 39.0 / 44.4 at 4096.
   capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
     a row with more candidates than that makes the call fall back to a full sort (still exact).
-  groups_per_k: aim for at least this many groups per selected entry (sets the group size).
+  groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
+    (sets the group size, `group_size`).
   num_warps: Triton launch option (GPU only).
   threshold: "bisect" (GPU kernel, no sort) or "sort" (`lax.top_k` over the group maxima).
   bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
