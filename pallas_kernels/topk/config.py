@@ -29,15 +29,15 @@ class TopkConfig:
     `rank_max_rows` rows when k >= `rank_min_k`, else sort). On the H200 bitonic was faster
     than auto at 10 of 12 shapes and within 0.2 us at the other two (B in {1, 8, 64} x N in
     {128K, 1M} x K in {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).
+  bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
+    candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
+  scan_block: how the compaction passes place candidates (GPU): 0, one cumulative sum over
+    each chunk; s (a power of two), a cumulative sum over the chunk's s-entry runs and one
+    along each run (shorter scans; not yet timed on the H200, benchmarks/NOTES.md session 9).
   bitonic_run: 0, the bitonic finish is one program per row; r (a power of two), it is two
     kernels running the same network: (rows, capacity / r) programs sort runs of r
     candidates, then one program per row does the remaining merges (fewer dependent steps
     per row; not yet timed on the H200, benchmarks/NOTES.md session 9).
-  scan_block: how the compaction passes place candidates (GPU): 0, one cumulative sum over
-    each chunk; s (a power of two), a cumulative sum over the chunk's s-entry runs and one
-    along each run (shorter scans; not yet timed on the H200, benchmarks/NOTES.md session 9).
-  bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
-    candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   """
   chunk: int = 2048
   capacity_factor: int = 2

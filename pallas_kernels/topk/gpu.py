@@ -459,15 +459,19 @@ def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
                          interpret=interpret, name="jaxsparse_topk_index_order")
 
 
+def _check_cap(cap: int, k: int, buffer_width: int):
+  if not is_pow2(cap) or cap < k or buffer_width < cap:
+    raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
+                     f"{buffer_width}")
+
+
 def _per_row_finish(kernel, cv, ci, live, k: int, cap: int, *, width: int, num_warps: int,
                     interpret: bool, name: str):
   """Launch a finish kernel with one program per row: it reads the row's first cap candidate
   slots (values, indices) and its live count, and writes [width] values and indices, of
   which the first k are returned."""
   r = cv.shape[0]
-  if not is_pow2(cap) or cap < k or cv.shape[1] < cap:
-    raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
-                     f"{cv.shape[1]}")
+  _check_cap(cap, k, cv.shape[1])
   row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
   v, i = pl.pallas_call(
@@ -599,9 +603,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   `bitonic_finish`."""
   r = cv.shape[0]
   width = next_pow2(k)
-  if not is_pow2(cap) or cap < k or cv.shape[1] < cap:
-    raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
-                     f"{cv.shape[1]}")
+  _check_cap(cap, k, cv.shape[1])
   if not is_pow2(run) or not 2 <= run < cap:
     raise ValueError(f"run={run} must be a power of two in [2, cap={cap})")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
