@@ -6,7 +6,7 @@
 #    default chunk of 2048: in-graph and kernel time with the state donated and threaded,
 #    each kernel's time listed (issue 5).
 source benchmarks/h200_env.sh
-timeout 100 python3 benchmarks/topk_stages.py --shapes 8x32768,64x1048576 --kernels \
+timeout 130 python3 benchmarks/topk_stages.py --shapes 8x32768,64x1048576 --kernels \
   --only "=whole topk" --configs 2048:4:20,4096:4:20 \
   --out "$L/topk_chunks_more.json" > "$L/topk_chunks_more.log" 2>&1
 python3 - "$OUT/rows.jsonl" <<'PY'

@@ -186,13 +186,15 @@ def main(argv=None):
   only = tuple(o for o in a.only.split(",") if o)
   rows = []
   cfgs = [_parse(spec) for spec in a.configs.split(",") if spec]
+  env = environment()
   for s in a.shapes.split(","):
     b, n = (int(v) for v in s.split("x"))
     for cfg in cfgs or [TopkConfig()]:
       stages(b, n, a.k, cfg, rows, brief=bool(cfgs), only=only, kernels=a.kernels)
+      # after every (shape, config): a run cut short by a timeout keeps what it measured
+      write_json(a.out, dict(environment=env, rows=rows))
   print_table(rows, ["B", "N", "K", "config", "stage", "kernel", "timing", "us", "candidates_max",
                      "error"])
-  write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")
 
 
