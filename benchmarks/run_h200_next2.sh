@@ -17,7 +17,7 @@ for line in open(sys.argv[1]):
     print(r["B"], r["N"], r["config"], r["kernel"][-14:], round(r["us"], 1))
 PY
 for r in A2 A1; do
-  timeout 150 python3 benchmarks/bench_spin.py --step-only --reduction $r --batches 64 \
+  timeout 170 python3 benchmarks/bench_spin.py --step-only --reduction $r --batches 64 \
     --slots 131072,524288 --sparsities 0.4 --out "$L/spin_${r}_donated.json" > "$L/spin_${r}.log" 2>&1
   grep "│" "$L/spin_${r}.log" | grep -v "^│    "
 done
