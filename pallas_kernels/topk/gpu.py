@@ -13,6 +13,7 @@ ranges in run order) and sorts each row's candidates by (value, index) (`bitonic
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -322,42 +323,71 @@ def _ordered_key(x):
   return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
 
 
-def _take_best(x, elig, n, bits: int = 32):
+def radix_bits_default() -> int:
+  """Threshold bits that `_take_best` settles per counting step when not told: 1, or the
+  JAXSPARSE_RANK_RADIX_BITS environment variable (1, 2 or 4; read when a kernel is traced) so
+  a benchmark can compare the variants in separate processes before one becomes the default
+  (benchmarks/NOTES.md, session 9)."""
+  v = os.environ.get("JAXSPARSE_RANK_RADIX_BITS", "1")
+  if v not in ("1", "2", "4"):
+    raise ValueError(f"JAXSPARSE_RANK_RADIX_BITS={v!r} must be 1, 2 or 4")
+  return int(v)
+
+
+def _take_best(x, elig, n, bits: int = 32, radix_bits: int | None = None):
   """Mask of the n best eligible entries of a row held in registers, ties to the lower
-  position: the n-th largest key is found bit by bit from the top (`bits` counting steps,
-  exact, no sort); entries above it are all taken, entries equal to it in order up to the
-  quota. bits=16 is exact when every eligible value is a bfloat16 value (the low half of its
-  float32 key is constant), and halves the steps."""
+  position: the n-th largest key is found from the top, `radix_bits` bits per step (exact, no
+  sort): each step counts the eligible keys at or above each of the 2**radix_bits candidates
+  for the next digit (one [2**radix_bits, L] comparison and one reduction) and keeps the
+  largest candidate with at least n, so bits / radix_bits dependent steps instead of bits.
+  Entries above the n-th key are all taken, entries equal to it in order up to the quota.
+  bits=16 is exact when every eligible value is a bfloat16 value (the low half of its float32
+  key is constant), and halves the steps."""
+  rb = radix_bits_default() if radix_bits is None else radix_bits
+  if bits % rb:
+    raise ValueError(f"radix_bits={rb} must divide bits={bits}")
   key = _ordered_key(x)
   if bits < 32:
     key = key >> jnp.uint32(32 - bits)
   key = jnp.where(elig, key, jnp.uint32(0))
 
-  def body(i, t):
-    cand = t | (jnp.uint32(1) << (bits - 1 - i).astype(jnp.uint32))
-    ok = jnp.sum(((key >= cand) & elig).astype(jnp.int32)) >= n
-    return jnp.where(ok, cand, t)
+  if rb == 1:
+    def body(i, t):
+      cand = t | (jnp.uint32(1) << (bits - 1 - i).astype(jnp.uint32))
+      ok = jnp.sum(((key >= cand) & elig).astype(jnp.int32)) >= n
+      return jnp.where(ok, cand, t)
+  else:
+    digit = lax.broadcasted_iota(jnp.uint32, (1 << rb, 1), 0)  # [2**rb, 1]
 
-  t = lax.fori_loop(0, bits, body, jnp.uint32(0))
+    def body(i, t):
+      shift = (bits - rb * (i + 1)).astype(jnp.uint32)
+      cand = t | (digit << shift)  # digit 0 is t itself: at least n by the invariant
+      cnt = jnp.sum(((key[None, :] >= cand) & elig[None, :]).astype(jnp.int32), axis=1)
+      best = jnp.max(jnp.where(cnt >= n, digit[:, 0], jnp.uint32(0)))
+      return t | (best << shift)
+
+  t = lax.fori_loop(0, bits // rb, body, jnp.uint32(0))
   gt = elig & (key > t)
   tie = elig & (key == t)
   quota = n - jnp.sum(gt.astype(jnp.int32))
   return (gt | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= quota))) & (n > 0)
 
 
-def _select_kernel(x_ref, e_ref, n_ref, o_ref):
+def _select_kernel(x_ref, e_ref, n_ref, o_ref, *, radix_bits: int | None):
   """One row: mask of the n_ref[0] best eligible entries, ties to the lower index."""
-  o_ref[...] = _take_best(x_ref[...], e_ref[...] != 0, n_ref[0]).astype(jnp.int32)
+  o_ref[...] = _take_best(x_ref[...], e_ref[...] != 0, n_ref[0],
+                          radix_bits=radix_bits).astype(jnp.int32)
 
 
-def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
+def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False,
+                radix_bits: int | None = None):
   """x [R, L] float32 (L a power of two), eligible [R, L] bool, n [R] int32 ->
   [R, L] bool: the n[r] largest eligible entries of row r, ties to the lower index (n[r] must
-  not exceed the eligible count)."""
+  not exceed the eligible count). radix_bits: see `_take_best` (None: the default)."""
   r, length = x.shape
   row = pl.BlockSpec((None, length), lambda i: (i, 0))
   out = pl.pallas_call(
-      _select_kernel,
+      functools.partial(_select_kernel, radix_bits=radix_bits),
       grid=(r,),
       in_specs=[row, row, pl.BlockSpec((1,), lambda i: (i,))],
       out_specs=row,
