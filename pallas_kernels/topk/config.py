@@ -36,8 +36,9 @@ class TopkConfig:
     along each run (shorter scans; not yet timed on the H200, benchmarks/NOTES.md session 9).
   bitonic_run: 0, the bitonic finish is one program per row; r (a power of two), it is two
     kernels running the same network: (rows, capacity / r) programs sort runs of r
-    candidates, then one program per row does the remaining merges (fewer dependent steps
-    per row; not yet timed on the H200, benchmarks/NOTES.md session 9).
+    candidates, then one program per row does the remaining merges (the same number of
+    dependent steps, the first ones in small programs; not yet timed on the H200,
+    benchmarks/NOTES.md session 9).
   """
   chunk: int = 2048
   capacity_factor: int = 2
