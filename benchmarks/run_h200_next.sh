@@ -20,12 +20,5 @@ timeout 220 python3 benchmarks/topk_stages.py --shapes 64x131072 --kernels --onl
 timeout 160 python3 benchmarks/topk_stages.py --shapes 1x131072,1x1048576 --kernels --only "=whole topk" \
   --configs 2048:4:20,2048:4:20:0:512,2048:4:14:16:512 \
   --out "$L/topk_variants_b1.json" > "$L/topk_variants_b1.log" 2>&1
-python3 - "$OUT/rows.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-  r = json.loads(line)
-  if r.get("op") == "topk kernel" and (r["kernel"] == "all kernels" or "bitonic" in r["kernel"]
-                                       or "compact" in r["kernel"] or "threshold" in r["kernel"]):
-    print(r["B"], r["N"], r["config"], r["kernel"][-22:], round(r["us"], 1))
-PY
+python3 benchmarks/kernel_rows.py "$OUT/rows.jsonl" bitonic compact threshold
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -9,13 +9,7 @@ source benchmarks/h200_env.sh
 timeout 130 python3 benchmarks/topk_stages.py --shapes 8x32768,64x1048576 --kernels \
   --only "=whole topk" --configs 2048:4:20,4096:4:20 \
   --out "$L/topk_chunks_more.json" > "$L/topk_chunks_more.log" 2>&1
-python3 - "$OUT/rows.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-  r = json.loads(line)
-  if r.get("op") == "topk kernel" and r.get("kernel") in ("all kernels", "jaxsparse_topk_compact_atomic"):
-    print(r["B"], r["N"], r["config"], r["kernel"][-14:], round(r["us"], 1))
-PY
+python3 benchmarks/kernel_rows.py "$OUT/rows.jsonl" compact_atomic
 for r in A2 A1; do
   timeout 170 python3 benchmarks/bench_spin.py --step-only --reduction $r --batches 64 \
     --slots 131072,524288 --sparsities 0.4 --out "$L/spin_${r}_donated.json" > "$L/spin_${r}.log" 2>&1

@@ -22,11 +22,5 @@ for rb in 1 2 4; do
   JAXSPARSE_RANK_RADIX_BITS=$rb timeout 40 python3 benchmarks/topk_stages.py --shapes 64x131072 \
     --kernels --only "=whole topk, set" --out "$L/topk_set_radix$rb.json" > "$L/topk_set_radix$rb.log" 2>&1
 done
-python3 - "$OUT/rows.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-  r = json.loads(line)
-  if r.get("op") == "topk kernel" and ("index_order" in r["kernel"] or r["kernel"] == "all kernels"):
-    print(r["B"], r["N"], r["stage"], r["kernel"][-22:], round(r["us"], 1))
-PY
+python3 benchmarks/kernel_rows.py "$OUT/rows.jsonl" index_order
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
