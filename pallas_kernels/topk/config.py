@@ -9,9 +9,9 @@ from pallas_kernels._util import is_pow2
 @dataclasses.dataclass(frozen=True)
 class TopkConfig:
   """chunk: scores per program in the filter passes (power of two, >= 128). 2048: at 64 x 128K
-    x 2048 on the H200 the whole call's kernels take 65.4 us at 2048, 66.5 at 1024, 71.1 at
-    4096 and 85.1 at 8192 (4 warps; benchmarks/results/session9/); one row of 128K / 1M takes
-    36.5 / 43.1 us at 2048 against 39.0 / 44.4 at 4096.
+    x 2048 on the H200 the whole call's kernels take 65.4 us at 2048, 66.5 at 1024 and 71.1 at
+    4096 (4 warps), 85.1 at 8192 (8 warps; benchmarks/results/session9/); one row of 128K /
+    1M takes 36.5 / 43.1 us at 2048 against 39.0 / 44.4 at 4096.
   capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
