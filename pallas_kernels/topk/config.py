@@ -45,13 +45,13 @@ class TopkConfig:
   groups_per_k: int = 4
   num_warps: int = 4
   threshold: str = "bisect"
-  bisect_iters: int = 20
+  bisect_iters: int = 14
   finish: str = "bitonic"
   rank_max_rows: int = 16
   rank_min_k: int = 1024
   bitonic_warps: int = 16
   scan_block: int = 0
-  bitonic_run: int = 0
+  bitonic_run: int = 512
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
