@@ -190,8 +190,6 @@ def environment() -> dict:
                  "": "host loop: back-to-back calls, one sync"}[in_graph_mode()],
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
-  if "JAXSPARSE_RANK_RADIX_BITS" in os.environ:  # the exact n-best search's bits per step
-    info["rank_radix_bits"] = os.environ["JAXSPARSE_RANK_RADIX_BITS"]
   try:
     import jaxlib
     info["jaxlib"] = jaxlib.__version__

@@ -300,11 +300,9 @@ def test_speculative_serving_step_and_commit(mask_policy, update_policy):
     spin.decode_step_rows(st, q[:, 0], kc, table, lens, w[:, 0], cfg, jax.random.PRNGKey(0))
 
 
-@pytest.mark.parametrize("radix_bits", [1, 2, 4])
 @pytest.mark.parametrize("ties", [False, True])
-def test_select_mask_kernel_matches_argsort(ties, radix_bits):
-  """The GPU block-ranking kernel (exact search for the n-th key, 1, 2 or 4 bits per step, no
-  sort) picks the same blocks as the stable argsort, ties to the lower index, -0.0 equal to
+def test_select_mask_kernel_matches_argsort(ties):
+  """The GPU block-ranking kernel (exact search for the n-th key, one bit per step, no sort) picks the same blocks as the stable argsort, ties to the lower index, -0.0 equal to
   +0.0, n = 0 and n = all eligible."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(11 + ties)
@@ -316,12 +314,12 @@ def test_select_mask_kernel_matches_argsort(ties, radix_bits):
   elig = rng.random((r, length)) < 0.7
   n = np.array([0, elig[1].sum(), 1, 37, rng.integers(0, elig[4].sum())], np.int32)
   got = np.asarray(kg.select_mask(jnp.asarray(x), jnp.asarray(elig), jnp.asarray(n),
-                                  interpret=True, radix_bits=radix_bits))
+                                  interpret=True))
   for i in range(r):
     ref = np.asarray(spin._rank_desc(jnp.asarray(x[i]), jnp.asarray(elig[i])) < n[i])
     np.testing.assert_array_equal(got[i], ref)
     assert got[i].sum() == n[i]
-  export_for(lambda x, e, n: kg.select_mask(x, e, n, radix_bits=radix_bits), "cuda",
+  export_for(lambda x, e, n: kg.select_mask(x, e, n), "cuda",
       jax.ShapeDtypeStruct((64, 2048), jnp.float32), jax.ShapeDtypeStruct((64, 2048), bool),
       jax.ShapeDtypeStruct((64,), jnp.int32))
 
@@ -449,9 +447,8 @@ def test_a2_step_updates_only_block_states():
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), radix_bits=st.sampled_from([1, 2, 4]),
-       spread=st.sampled_from([2, 50, 1e6]))
-def test_select_mask_property(seed, radix_bits, spread):
+@given(seed=st.integers(0, 2**31 - 1), spread=st.sampled_from([2, 50, 1e6]))
+def test_select_mask_property(seed, spread):
   """Every n from 0 to the eligible count, on rows of few distinct values (ties everywhere)
   or many: the ranking kernel's n best equal the stable argsort's."""
   from pallas_kernels.topk import gpu as kg
@@ -463,50 +460,10 @@ def test_select_mask_property(seed, radix_bits, spread):
   rows = len(n_all)
   got = np.asarray(kg.select_mask(jnp.asarray(np.tile(x, (rows, 1))),
                                   jnp.asarray(np.tile(elig, (rows, 1))), jnp.asarray(n_all),
-                                  interpret=True, radix_bits=radix_bits))
+                                  interpret=True))
   rank = np.asarray(spin._rank_desc(jnp.asarray(x), jnp.asarray(elig)))
   for n in n_all:
     np.testing.assert_array_equal(got[n], rank < n)
-
-
-@pytest.mark.parametrize("radix", ["2", "4"])
-def test_rank_radix_bits_env(monkeypatch, radix):
-  """JAXSPARSE_RANK_RADIX_BITS (read when the kernels are traced) switches every exact
-  n-best search to 2 or 4 bits per step with the same results: SPIN's selection kernel
-  against the XLA selection, and the top-K's no-sort set finish against numpy."""
-  from pallas_kernels import topk as ktopk
-  monkeypatch.setenv("JAXSPARSE_RANK_RADIX_BITS", radix)
-  jax.clear_caches()
-  try:
-    rng = np.random.default_rng(int(radix))
-    cfg = spin.SpinConfig(block_size=16, topk=48, sparsity=0.5, explore_fraction=0.2)
-    nb = 37
-    lengths = jnp.asarray([nb * 16, 300, 250, 17], jnp.int32)
-    st = spin_state_case(rng, cfg, 4, nb, lengths, warm=[True, True, False, True])
-    key = jax.random.PRNGKey(3)
-    width = spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb)
-    want = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width)
-    got = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
-                                      interpret=True)
-    for g, r in zip(got, want):
-      np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
-    n, k = 20000, 300
-    x = rng.standard_normal((3, n)).astype(np.float32)
-    x[1] = np.round(x[1] * 2)  # ties at the k-th value
-    lens = np.array([n, n // 2, 5])
-    v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, ktopk.TopkConfig(),
-                           KernelPlatform("gpu", True), ordered=False)
-    rv, ri = index_ordered(*np_topk(x, k, lens))
-    np.testing.assert_array_equal(np.asarray(i), ri)
-    np.testing.assert_array_equal(np.asarray(v), rv)
-    monkeypatch.setenv("JAXSPARSE_RANK_RADIX_BITS", "3")
-    jax.clear_caches()
-    with pytest.raises(ValueError, match="JAXSPARSE_RANK_RADIX_BITS"):
-      spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
-                                  interpret=True)
-  finally:
-    monkeypatch.undo()
-    jax.clear_caches()
 
 
 @pytest.mark.parametrize("reduction,pooling,state_dtype", [

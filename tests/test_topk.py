@@ -103,13 +103,13 @@ def test_rank_finish_matches_numpy(n, k):
     ktopk.TopkConfig(bitonic_warps=0)
 
 
-@pytest.mark.parametrize("scan_block", [8, 32])
-def test_blocked_scan_compaction(scan_block):
-  """TopkConfig(scan_block=s): both compaction kernels (the one-pass atomic one before the
-  bitonic finish, the count-then-compact one before the index-order set) place candidates
-  with the two-level scan, same results: ties by index, NaN, -0.0, ragged and empty rows,
-  an overflowing (repaired) row, and a chunk shorter than the default."""
-  rng = np.random.default_rng(scan_block)
+@pytest.mark.parametrize("run", [0, 512])
+def test_compactions_and_finishes(run):
+  """Both compaction kernels (the one-pass atomic one before the bitonic finish, single or
+  split into runs, and the count-then-compact one before the index-order set), same results
+  as numpy: ties by index, NaN, -0.0, ragged and empty rows, an overflowing (repaired) row,
+  and a chunk shorter than the default."""
+  rng = np.random.default_rng(run)
   n, k = 30000, 256
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.round(x[1])  # heavy ties: overflow, repaired
@@ -117,16 +117,14 @@ def test_blocked_scan_compaction(scan_block):
   x[3, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 0])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(scan_block=scan_block),
-              ktopk.TopkConfig(scan_block=scan_block, chunk=512)):
+  for cfg in (ktopk.TopkConfig(bitonic_run=run),
+              ktopk.TopkConfig(bitonic_run=run, chunk=512)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
                            ordered=False)
     rv, ri = index_ordered(*np_topk(x, k, lens))
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
-  with pytest.raises(ValueError, match="scan_block"):
-    ktopk.TopkConfig(scan_block=3)
   with pytest.raises(ValueError, match="bitonic_run"):
     ktopk.TopkConfig(bitonic_run=-4)
   from pallas_kernels.topk import gpu as kg
@@ -261,9 +259,7 @@ def test_topk_lowers_for_tpu_and_gpu():
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
   # TopkConfig() sorted (the bitonic finish) was exported above
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
-                       (ktopk.TopkConfig(scan_block=16), True),
-                       (ktopk.TopkConfig(scan_block=16), False),
-                       (ktopk.TopkConfig(bitonic_run=512), True)):
+                       (ktopk.TopkConfig(bitonic_run=0), True)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

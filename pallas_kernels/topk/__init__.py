@@ -115,7 +115,6 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
   xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
   capacity = next_pow2(config.capacity_factor * k)
   interp = platform.interpret
-  scan_block = min(config.scan_block, chunk)
   if platform.kind == "gpu":
     if gmax is None:
       gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
@@ -130,15 +129,14 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
         config.finish == "auto" and r <= config.rank_max_rows and k >= config.rank_min_k))
     if bitonic or rank:  # an order-free finish: count and compaction in one pass
       cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
-                                          num_warps=config.num_warps, interpret=interp,
-                                          scan_block=scan_block)
+                                          num_warps=config.num_warps, interpret=interp)
     else:
       counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                           interpret=interp)
       offsets = jnp.cumsum(counts, axis=1) - counts
       total = counts.sum(axis=1)
       cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
-                            num_warps=config.num_warps, interpret=interp, scan_block=scan_block)
+                            num_warps=config.num_warps, interpret=interp)
     # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
     # is read on the host, ~35 us on the H200, more than the filter passes together)
     cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,

@@ -18,7 +18,10 @@ class TopkConfig:
     (sets the group size, `group_size`).
   num_warps: Triton launch option (GPU only).
   threshold: "bisect" (GPU kernel, no sort) or "sort" (`lax.top_k` over the group maxima).
-  bisect_iters: bisection steps for the threshold (more: fewer surplus candidates).
+  bisect_iters: bisection steps for the threshold (more: fewer surplus candidates). 14: the
+    threshold kernel 6.8 -> 5.4 us at 64 x 128K on the H200 against 20 steps
+    (benchmarks/results/session10/topk_variants_b64.json); on random rows the candidates stay
+    far under the buffer (benchmarks/NOTES.md, session 9).
   finish: how the candidates become the sorted top-k (GPU): "bitonic" (the default: one
     Pallas program per row sorts its candidates by (value, index) with a bitonic network in
     registers; order-free, so the candidates are compacted in one pass, chunk ranges reserved
@@ -31,14 +34,12 @@ class TopkConfig:
     {128K, 1M} x K in {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
     candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
-  scan_block: how the compaction passes place candidates (GPU): 0, one cumulative sum over
-    each chunk; s (a power of two), a cumulative sum over the chunk's s-entry runs and one
-    along each run (shorter scans; not yet timed on the H200, benchmarks/NOTES.md session 9).
   bitonic_run: 0, the bitonic finish is one program per row; r (a power of two), it is two
     kernels running the same network: (rows, capacity / r) programs sort runs of r
-    candidates, then one program per row does the remaining merges (the same number of
-    dependent steps, the first ones in small programs; not yet timed on the H200,
-    benchmarks/NOTES.md session 9).
+    candidates, then one program per row does the remaining merges, dropping the lower half
+    in the last one. 512 (the default): the finish takes 17.4 us instead of 25.6 at
+    64 x 128K x 2048 on the H200, and one row of 128K 12.3 instead of 23.7
+    (benchmarks/results/session10/topk_variants_b*.json).
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -50,7 +51,6 @@ class TopkConfig:
   rank_max_rows: int = 16
   rank_min_k: int = 1024
   bitonic_warps: int = 16
-  scan_block: int = 0
   bitonic_run: int = 512
 
   def __post_init__(self):
@@ -60,10 +60,9 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
-    for name in ("scan_block", "bitonic_run"):
-      v = getattr(self, name)
-      if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
-        raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
+    v = self.bitonic_run
+    if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
+      raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps"):
       v = getattr(self, name)

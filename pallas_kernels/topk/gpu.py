@@ -13,7 +13,6 @@ ranges in run order) and sorts each row's candidates by (value, index) (`bitonic
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -60,28 +59,11 @@ def _scatter_width(width: int, interpret: bool) -> int:
   return 2 * width if interpret else width
 
 
-def _slots(m, scan_block: int):
-  """m [chunk] bool -> (inclusive running count of m [chunk] int32, its total).
-
-  scan_block = 0: one cumulative sum over the chunk. scan_block = s > 0: the chunk as
-  [chunk / s, s]; a cumulative sum of the s-entry counts places each run and a cumulative sum
-  along the short axis places the entries in it (a scan over chunk / s entries plus one over
-  s, instead of one over the chunk)."""
-  mi = m.astype(jnp.int32)
-  if not scan_block:
-    return jnp.cumsum(mi), jnp.sum(mi)
-  c = mi.shape[0]
-  mb = mi.reshape(c // scan_block, scan_block)
-  cnt = jnp.sum(mb, axis=1)
-  before = jnp.cumsum(cnt) - cnt
-  return (before[:, None] + jnp.cumsum(mb, axis=1)).reshape(c), jnp.sum(cnt)
-
-
 def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: int,
-                    capacity: int, scan_block: int = 0):
+                    capacity: int):
   x, idx = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
-  pos = off_ref[0] + _slots(m, scan_block)[0] - 1
+  pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
   keep = m & (pos < capacity)
   # masked lanes aim at a trash slot past the buffer proper: interpret mode implements a masked
   # scatter as read-modify-write, so they must not share a slot with a real candidate
@@ -91,7 +73,7 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: in
 
 
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_ref, *,
-                           chunk: int, capacity: int, scan_block: int = 0):
+                           chunk: int, capacity: int):
   """One (row, chunk): the chunk's candidates appended to the row's buffer at a range
   reserved with one atomic add on the row's counter (count and compaction in one pass; the
   chunk ranges land in whatever order the programs run, so only an order-free finish such as
@@ -99,7 +81,8 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_re
   del ctr_in
   x, idx = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
-  running, total = _slots(m, scan_block)
+  running = jnp.cumsum(m.astype(jnp.int32))
+  total = jnp.sum(m.astype(jnp.int32))
   # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
   # integer value (a [1] tensor gets a float add, which flushes small integers to zero)
   start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total)
@@ -111,18 +94,17 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_re
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, scan_block: int = 0):
+                   interpret: bool):
   """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
   float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
   candidates (entries >= thr[r]) grouped by chunk, chunks in no fixed order; the slots past
-  them are NOT initialised. One pass (no count pass, no scan). scan_block: see `_slots`."""
+  them are NOT initialised. One pass (no count pass, no scan)."""
   r, n = x.shape
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   one = pl.BlockSpec((1,), lambda r, c: (r,))
   total, v, i = pl.pallas_call(
-      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity,
-                        scan_block=scan_block),
+      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [one, one],
       out_specs=[one, row, row],
@@ -207,18 +189,17 @@ def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool):
 
 
 def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
-            interpret: bool, scan_block: int = 0):
+            interpret: bool):
   """-> (values, indices) [R, W >= capacity] float32 / int32: row r's first min(count,
   capacity) slots hold its candidates in index order; the rest is NOT initialised (no fill
-  pass: consumers mask by the count). scan_block: see `_slots`."""
+  pass: consumers mask by the count)."""
   r, n = x.shape
   width = _scatter_width(capacity, interpret)
   out_shape = [jax.ShapeDtypeStruct((r, width), jnp.float32),
                jax.ShapeDtypeStruct((r, width), jnp.int32)]
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   v, i = pl.pallas_call(
-      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity,
-                        scan_block=scan_block),
+      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,)),
                                           pl.BlockSpec((None, 1), lambda r, c: (r, c))],
@@ -323,71 +304,44 @@ def _ordered_key(x):
   return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
 
 
-def radix_bits_default() -> int:
-  """Threshold bits that `_take_best` settles per counting step when not told: 1, or the
-  JAXSPARSE_RANK_RADIX_BITS environment variable (1, 2 or 4; read when a kernel is traced) so
-  a benchmark can compare the variants in separate processes before one becomes the default
-  (benchmarks/NOTES.md, session 9)."""
-  v = os.environ.get("JAXSPARSE_RANK_RADIX_BITS", "1")
-  if v not in ("1", "2", "4"):
-    raise ValueError(f"JAXSPARSE_RANK_RADIX_BITS={v!r} must be 1, 2 or 4")
-  return int(v)
-
-
-def _take_best(x, elig, n, bits: int = 32, radix_bits: int | None = None):
+def _take_best(x, elig, n, bits: int = 32):
   """Mask of the n best eligible entries of a row held in registers, ties to the lower
-  position: the n-th largest key is found from the top, `radix_bits` bits per step (exact, no
-  sort): each step counts the eligible keys at or above each of the 2**radix_bits candidates
-  for the next digit (one [2**radix_bits, L] comparison and one reduction) and keeps the
-  largest candidate with at least n, so bits / radix_bits dependent steps instead of bits.
-  Entries above the n-th key are all taken, entries equal to it in order up to the quota.
-  bits=16 is exact when every eligible value is a bfloat16 value (the low half of its float32
-  key is constant), and halves the steps."""
-  rb = radix_bits_default() if radix_bits is None else radix_bits
-  if bits % rb:
-    raise ValueError(f"radix_bits={rb} must divide bits={bits}")
+  position: the n-th largest key is found from the top one bit per step (exact, no sort:
+  each step counts the eligible keys at or above the candidate prefix). Entries above the
+  n-th key are all taken, entries equal to it in order up to the quota. bits=16 is exact when
+  every eligible value is a bfloat16 value (the low half of its float32 key is constant), and
+  halves the steps. (Settling 2 or 4 bits per step, with a [2**r, L] comparison and one
+  reduction, was slower on the H200: benchmarks/results/session10/spin_A1_radix*.json.)"""
   key = _ordered_key(x)
   if bits < 32:
     key = key >> jnp.uint32(32 - bits)
   key = jnp.where(elig, key, jnp.uint32(0))
 
-  if rb == 1:
-    def body(i, t):
-      cand = t | (jnp.uint32(1) << (bits - 1 - i).astype(jnp.uint32))
-      ok = jnp.sum(((key >= cand) & elig).astype(jnp.int32)) >= n
-      return jnp.where(ok, cand, t)
-  else:
-    digit = lax.broadcasted_iota(jnp.uint32, (1 << rb, 1), 0)  # [2**rb, 1]
+  def body(i, t):
+    cand = t | (jnp.uint32(1) << (bits - 1 - i).astype(jnp.uint32))
+    ok = jnp.sum(((key >= cand) & elig).astype(jnp.int32)) >= n
+    return jnp.where(ok, cand, t)
 
-    def body(i, t):
-      shift = (bits - rb * (i + 1)).astype(jnp.uint32)
-      cand = t | (digit << shift)  # digit 0 is t itself: at least n by the invariant
-      cnt = jnp.sum(((key[None, :] >= cand) & elig[None, :]).astype(jnp.int32), axis=1)
-      best = jnp.max(jnp.where(cnt >= n, digit[:, 0], jnp.uint32(0)))
-      return t | (best << shift)
-
-  t = lax.fori_loop(0, bits // rb, body, jnp.uint32(0))
+  t = lax.fori_loop(0, bits, body, jnp.uint32(0))
   gt = elig & (key > t)
   tie = elig & (key == t)
   quota = n - jnp.sum(gt.astype(jnp.int32))
   return (gt | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= quota))) & (n > 0)
 
 
-def _select_kernel(x_ref, e_ref, n_ref, o_ref, *, radix_bits: int | None):
+def _select_kernel(x_ref, e_ref, n_ref, o_ref):
   """One row: mask of the n_ref[0] best eligible entries, ties to the lower index."""
-  o_ref[...] = _take_best(x_ref[...], e_ref[...] != 0, n_ref[0],
-                          radix_bits=radix_bits).astype(jnp.int32)
+  o_ref[...] = _take_best(x_ref[...], e_ref[...] != 0, n_ref[0]).astype(jnp.int32)
 
 
-def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False,
-                radix_bits: int | None = None):
+def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
   """x [R, L] float32 (L a power of two), eligible [R, L] bool, n [R] int32 ->
   [R, L] bool: the n[r] largest eligible entries of row r, ties to the lower index (n[r] must
-  not exceed the eligible count). radix_bits: see `_take_best` (None: the default)."""
+  not exceed the eligible count)."""
   r, length = x.shape
   row = pl.BlockSpec((None, length), lambda i: (i, 0))
   out = pl.pallas_call(
-      functools.partial(_select_kernel, radix_bits=radix_bits),
+      _select_kernel,
       grid=(r,),
       in_specs=[row, row, pl.BlockSpec((1,), lambda i: (i,))],
       out_specs=row,
