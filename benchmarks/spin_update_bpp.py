@@ -33,7 +33,7 @@ def main(argv=None):
     st = {**st, "VB": jax.random.normal(key, st["VB"].shape, st["VB"].dtype),
           "warm": jnp.ones_like(st["warm"])}
     width = spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb)
-    masks, sel, _ = spin.select_compact_batched(st, lens - 1, lens, cfg, key, width)
+    masks, sel, _, _ = spin.select_compact_batched(st, lens - 1, lens, cfg, key, width)
     z = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
                   jax.random.normal(key, (a.batch, width * 64), jnp.float32), -jnp.inf)
     group = spin._fused_group(width * 64, cfg, None)

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels._util import counter_hash, mix32
+
 NEG_INF = float("-inf")
 POOLINGS = ("max", "top4", "mean")
 REDUCTIONS = ("A0", "A1", "A2")
@@ -234,14 +236,41 @@ def _budget(n_blocks, config: SpinConfig):
   return cap - n_explore, n_explore
 
 
-def _priorities(state, pos, length, config: SpinConfig, key):
-  """Exploration priorities [nb] float32 of the configured policy (higher: explored first)."""
+def key_seed(key):
+  """A uint32 seed from a PRNG key (raw uint32 or typed): its key data hashed together."""
+  words = jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
+  s = jnp.uint32(0x243F6A88)
+  for i in range(words.shape[0]):
+    s = mix32(s ^ words[i])
+  return s
+
+
+def request_seeds(key, n: int):
+  """[n] uint32 seeds, one per request (or verifier row), from one key: counter hashes, not
+  key splits, so they cost no extra kernel in a jitted step."""
+  return counter_hash(key_seed(key), jnp.arange(n, dtype=jnp.uint32))
+
+
+def random_keys16(seed, nb: int):
+  """[nb] uint32 random 16-bit keys of blocks 0..nb-1 under a uint32 seed (the random
+  exploration order). The GPU selection kernel computes the same keys in registers."""
+  return counter_hash(seed, jnp.arange(nb, dtype=jnp.uint32)) >> 16
+
+
+def _uniform16(seed, nb: int):
+  """[nb] float32 in [0, 1) on a grid of 2**-16 (exact in float32), from `random_keys16`."""
+  return random_keys16(seed, nb).astype(jnp.float32) * (1.0 / 65536)
+
+
+def _priorities(state, pos, length, config: SpinConfig, seed):
+  """Exploration priorities [nb] float32 of the configured policy (higher: explored first).
+  seed: uint32 (`request_seeds`). Random priorities take 2**16 values: two blocks tie with
+  probability 2**-16 and a tie goes to the lower block, so a ranking needs 16 bits, not 32."""
   nb = state["VB"].shape[-1]
   if config.explore == "random":
-    return jax.random.uniform(key, (nb,))
+    return _uniform16(seed, nb)
   if config.explore == "block-age":
-    return (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * jax.random.uniform(
-        key, (nb,))
+    return (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * _uniform16(seed, nb)
   if config.explore == "staleness":
     s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
                      if config.reduction == "A0" else config)
@@ -258,7 +287,13 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
   Cold state (first step after a reset): every block. Otherwise the forced blocks (sink and
   newest), the best predicted blocks, and floor(gamma * m_t) explored blocks, m_t in total
   (sec. 3.2.1). A0 instead keeps every block holding one of the top-K predicted slots.
+  key: a PRNG key (exploration).
   """
+  return _select_blocks(state, pos, length, config, key_seed(key))
+
+
+def _select_blocks(state, pos, length, config: SpinConfig, seed):
+  """`select_blocks` with a uint32 seed instead of a key."""
   b = config.block_size
   nb = state["VB"].shape[-1]
   jb = jnp.arange(nb)
@@ -275,16 +310,18 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
   else:
     exploit = top_mask(block_scores(state, pos, length, config), valid & ~forced, n_exploit)
   rest = valid & ~forced & ~exploit
-  explore = top_mask(_priorities(state, pos, length, config, key), rest, n_explore)
+  explore = top_mask(_priorities(state, pos, length, config, seed), rest, n_explore)
   mask = forced | exploit | explore
   return jnp.where(state["warm"], mask, valid)
 
 
 def select_blocks_batched(state, pos, lengths, config: SpinConfig, key):
   """`select_blocks` for B requests: state with a leading batch axis, pos/lengths [B], one key
-  -> masks [B, num_blocks] bool (the step and the benchmarks share this)."""
-  keys = jax.random.split(key, pos.shape[0])
-  return jax.vmap(select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, keys)
+  (request b explores with `request_seeds(key, B)[b]`) -> masks [B, num_blocks] bool (the
+  step and the benchmarks share this)."""
+  seeds = request_seeds(key, pos.shape[0])
+  return jax.vmap(_select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config,
+                                                              seeds)
 
 
 def _score_bits(config: SpinConfig) -> int:
@@ -298,32 +335,40 @@ def _score_bits(config: SpinConfig) -> int:
 def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
                            kernel: bool = False, interpret: bool = False):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
-  int32 selected ids ascending, -1 padded, counts [B] int32): `select_blocks_batched` then
-  `compact_blocks`, the same blocks for the same key. kernel=True (A1/A2; GPU, or its
-  interpreter with interpret=True): XLA computes only block scores and priorities, and one
-  Pallas program per request ranks, picks and compacts (`pallas_kernels.spin`)."""
+  int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
+  blocks selected, uncut): `select_blocks_batched` then `compact_blocks`, the same blocks for
+  the same key. kernel=True (A1/A2; GPU, or its interpreter with interpret=True): one Pallas
+  program per request ranks, picks and compacts (`pallas_kernels.spin`), random exploration
+  keys are made in it, and A1's max-pooled block scores come from one more kernel; XLA only
+  computes the per-request budgets (and other policies' priorities or pooling)."""
   if not kernel or config.reduction == "A0":
     masks = select_blocks_batched(state, pos, lengths, config, key)
-    return (masks, *compact_blocks(masks, width))
+    return (masks, *compact_blocks(masks, width), masks.sum(1).astype(jnp.int32))
   from pallas_kernels._util import next_pow2, pad_axis
-  from pallas_kernels.spin import select_compact_gpu
+  from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
   nb = state["VB"].shape[-1]
+  seeds = request_seeds(key, pos.shape[0])
 
-  def plan(st, p, length, k):
+  def plan(st, p, length):
     n_blocks = -(-length // config.block_size)
     n_exploit, n_explore = _budget(n_blocks, config)
-    counts = jnp.stack([n_blocks, n_exploit, n_explore, st["warm"].astype(jnp.int32)])
-    return (block_scores(st, p, length, config), _priorities(st, p, length, config, k),
-            counts.astype(jnp.int32))
+    return jnp.stack([n_blocks, n_exploit, n_explore, st["warm"].astype(jnp.int32)])
 
-  keys = jax.random.split(key, pos.shape[0])
-  s, prio, counts = jax.vmap(plan)(state, pos, lengths, keys)
+  counts = jax.vmap(plan)(state, pos, lengths).astype(jnp.int32)
+  if config.reduction == "A1" and config.pooling == "max":
+    s = block_scores_max_gpu(state["V"], state["D"], pos, lengths, page=config.block_size,
+                             interpret=interpret)
+  else:
+    s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
+  if config.explore == "random":
+    prio = seeds
+  else:
+    prio = jax.vmap(_priorities, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, seeds)
   lp = next_pow2(max(nb, 16))
-  masks, sel = select_compact_gpu(pad_axis(s, 1, lp, value=NEG_INF), pad_axis(prio, 1, lp),
-                                  counts, width, score_bits=_score_bits(config),
-                                  interpret=interpret)
-  masks = masks[:, :nb]
-  return masks, sel, jnp.minimum(masks.sum(1), width).astype(jnp.int32)
+  masks, sel, total = select_compact_gpu(
+      pad_axis(s, 1, lp, value=NEG_INF), prio if prio.ndim == 1 else pad_axis(prio, 1, lp),
+      counts, width, score_bits=_score_bits(config), interpret=interpret)
+  return masks[:, :nb], sel, jnp.minimum(total, width), total
 
 
 # ---------------------------------------------------------------------------------- update
@@ -454,8 +499,8 @@ def select_rows(state, lengths_rows, config: SpinConfig, key):
   Returns (shared mask [num_blocks], per-row masks [R, num_blocks]).
   """
   r = lengths_rows.shape[0]
-  keys = jax.random.split(key, r)
-  rows = jax.vmap(lambda l, k: select_blocks(state, l - 1, l, config, k))(lengths_rows, keys)
+  seeds = request_seeds(key, r)
+  rows = jax.vmap(lambda l, s: _select_blocks(state, l - 1, l, config, s))(lengths_rows, seeds)
   shared = rows.any(0) if config.mask_policy == "union" else rows[0] | _newest(rows, lengths_rows,
                                                                              config)
   return shared, rows
@@ -739,8 +784,8 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   plat = backend.kernel_platform()
   kernels = impl == "pallas" and plat.kind == "gpu"  # the SPIN kernels (compiled or interpreted)
   width = _aligned_width(max_selected_blocks(nb, config), nb)
-  masks, sel_w, counts_w = select_compact_batched(state, pos, lengths, config, key, width,
-                                                  kernel=kernels, interpret=plat.interpret)
+  masks, sel_w, counts_w, picked = select_compact_batched(
+      state, pos, lengths, config, key, width, kernel=kernels, interpret=plat.interpret)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
   def finish(z, sel):
@@ -784,8 +829,9 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
   else:
     vals, top_slots, new_state = (sparse if warm else dense)(None)
-  info = {"block_masks": masks, "realized_sparsity": jax.vmap(
-      lambda m, l: realized_sparsity(m, l, b))(masks, lengths)}
+  n_blocks = -(-lengths // b)  # realized sparsity from the selection's own count of blocks
+  info = {"block_masks": masks,
+          "realized_sparsity": 1.0 - picked / jnp.maximum(n_blocks, 1)}
   return vals, top_slots, new_state, info
 
 

@@ -26,3 +26,22 @@ def tpu_interpret_params():
   """TPU interpret mode (models DMAs and semaphores) for running TPU kernels on the CPU."""
   from jax.experimental.pallas import tpu as pltpu
   return pltpu.InterpretParams()
+
+
+_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads consecutive counters over the word
+
+
+def mix32(x):
+  """A uint32 -> uint32 avalanche hash (two xor-shift-multiply rounds). Only jnp integer ops,
+  so XLA and a Triton kernel compute the same bits."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def counter_hash(seed, idx):
+  """mix32(seed + idx * golden): uint32 pseudo-random words for counters idx (uint32 arrays,
+  broadcast) under a uint32 seed; counter-based, so any entry is computed on its own."""
+  return mix32(seed + idx * jnp.uint32(_GOLDEN))

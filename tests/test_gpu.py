@@ -213,7 +213,8 @@ def test_spin_update_kernel_gpu(state_dtype):
                                  err_msg=name)
 
 
-@pytest.mark.parametrize("reduction,state_dtype", [("A2", "bfloat16"), ("A1", "float32")])
+@pytest.mark.parametrize("reduction,state_dtype", [("A2", "bfloat16"), ("A1", "float32"),
+                                                   ("A1", "bfloat16")])
 def test_spin_select_kernel_gpu(reduction, state_dtype):
   """The compiled selection kernel picks and compacts what the XLA selection does (same key):
   2048 blocks, ragged lengths, a cold request."""
@@ -231,6 +232,22 @@ def test_spin_select_kernel_gpu(reduction, state_dtype):
               static_argnums=2)
   for g, r in zip(f(st, lengths, True), f(st, lengths, False)):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+
+
+def test_spin_block_score_kernel_gpu():
+  """The compiled A1 block-score kernel equals the XLA max pooling at 2048 blocks: full,
+  ragged, block-aligned, one-slot and empty contexts."""
+  from jaxsparse import spin
+  from pallas_kernels.spin import block_scores_max_gpu
+  rng = np.random.default_rng(47)
+  cap = 131072
+  lengths = jnp.asarray([cap, 100001, 4096, 1, 0], jnp.int32)
+  v = jnp.asarray(np.round(rng.standard_normal((5, cap)) * 4) / 4, jnp.bfloat16)
+  d = jnp.asarray(np.round(rng.standard_normal((5, cap)) * 4) / 4, jnp.bfloat16)
+  got = jax.jit(lambda v, d, l: block_scores_max_gpu(v, d, l - 1, l, page=64))(v, d, lengths)
+  want = jax.vmap(lambda v, d, l: spin._max_pooled_block_scores({"V": v, "D": d}, l - 1, l, 64))(
+      v, d, lengths)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_spin_block_state_kernel_gpu():

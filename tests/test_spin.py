@@ -36,6 +36,48 @@ def test_max_pooled_block_scores_match_slot_predictions(log_b, nb, seed, bf16, d
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@settings(max_examples=25, deadline=None)
+@given(log_b=st.integers(2, 6), nb=st.integers(1, 70), seed=st.integers(0, 2**31 - 1),
+       bf16=st.booleans(), data=st.data())
+def test_block_score_kernel_matches_xla(log_b, nb, seed, bf16, data):
+  """The GPU kernel for A1's max-pooled block scores (interpret mode) equals
+  `_max_pooled_block_scores` for each request: any query position (empty context, partly
+  filled newest block, full cache), block counts that are not a multiple of its tile, ties."""
+  from pallas_kernels.spin import block_scores_max_gpu
+  b = 2 ** log_b
+  cap = nb * b
+  lengths = np.array([data.draw(st.integers(0, cap)) for _ in range(3)] + [cap, 0], np.int32)
+  rng = np.random.default_rng(seed)
+  dt = jnp.bfloat16 if bf16 else jnp.float32
+  v = jnp.asarray(np.round(rng.standard_normal((5, cap)), 1), dt)
+  d = jnp.asarray(np.round(rng.standard_normal((5, cap)), 1), dt)
+  got = block_scores_max_gpu(v, d, jnp.asarray(lengths - 1), jnp.asarray(lengths), page=b,
+                             blocks_per_program=8, interpret=True)
+  for i, length in enumerate(lengths):
+    want = spin._max_pooled_block_scores({"V": v[i], "D": d[i]}, int(length) - 1, int(length), b)
+    np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want), err_msg=str(length))
+
+
+def test_random_exploration_is_uniform_and_seeded():
+  """Random exploration keys (16-bit counter hashes, made the same way in XLA and in the GPU
+  selection kernel): over 4000 requests each of 64 eligible blocks is explored about as often
+  as any other (chi-square far below its 0.1% point), requests of one key differ, and the
+  same key repeats its choice."""
+  n, nb, pick = 4000, 64, 8
+  seeds = spin.request_seeds(jax.random.PRNGKey(0), n)
+  prio = jax.vmap(lambda s: spin._uniform16(s, nb))(seeds)
+  chosen = jax.vmap(lambda p: spin.top_mask(p, jnp.ones(nb, bool), pick))(prio)
+  counts = np.asarray(chosen).sum(0)
+  expect = n * pick / nb
+  chi2 = float(((counts - expect) ** 2 / expect).sum())
+  assert chi2 < 104, chi2  # 63 degrees of freedom: the 0.1% point is ~103.4
+  assert len({tuple(np.flatnonzero(r)) for r in np.asarray(chosen)}) > 0.99 * n
+  again = spin.request_seeds(jax.random.PRNGKey(0), n)
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(seeds))
+  other = np.asarray(spin.request_seeds(jax.random.PRNGKey(1), n))
+  assert (other != np.asarray(seeds)).mean() > 0.99
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(sparsity=1.0), "sparsity"), (dict(sparsity=-0.1), "sparsity"),
     (dict(block_size=48), "block_size"), (dict(ema_decay=1.0), "ema_decay"),
@@ -302,8 +344,9 @@ def test_speculative_serving_step_and_commit(mask_policy, update_policy):
 
 @pytest.mark.parametrize("ties", [False, True])
 def test_select_mask_kernel_matches_argsort(ties):
-  """The GPU block-ranking kernel (exact search for the n-th key, one bit per step, no sort) picks the same blocks as the stable argsort, ties to the lower index, -0.0 equal to
-  +0.0, n = 0 and n = all eligible."""
+  """The GPU block-ranking kernel (exact search for the n-th key, one bit per step, no sort)
+  picks the same blocks as the stable argsort, ties to the lower index, -0.0 equal to +0.0,
+  n = 0 and n = all eligible."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(11 + ties)
   r, length = 5, 512
@@ -490,17 +533,21 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
     for name, g, r in zip(("masks", "sel", "counts"), got, want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=f"{name} {width}")
   assert int(want[2][2]) == 12  # the cold request (16 valid blocks) is cut to the width
-  from pallas_kernels.spin import select_compact_gpu
-  export_for(lambda s, p, c: select_compact_gpu(s, p, c, 1280, score_bits=16), "cuda",
-             jax.ShapeDtypeStruct((64, 2048), jnp.float32),
-             jax.ShapeDtypeStruct((64, 2048), jnp.float32),
-             jax.ShapeDtypeStruct((64, 4), jnp.int32))
+  from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
+  S = jax.ShapeDtypeStruct
+  for prio in (S((64, 2048), jnp.float32), S((64,), jnp.uint32)):  # priorities, random seeds
+    export_for(lambda s, p, c: select_compact_gpu(s, p, c, 1280, score_bits=16), "cuda",
+               S((64, 2048), jnp.float32), prio, S((64, 4), jnp.int32))
+  export_for(lambda v, d, p, l: block_scores_max_gpu(v, d, p, l, page=64), "cuda",
+             S((64, 131072), jnp.bfloat16), S((64, 131072), jnp.bfloat16),
+             S((64,), jnp.int32), S((64,), jnp.int32))
 
 
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "float32"])
 def test_block_state_update_kernel_matches_xla(state_dtype):
   """The update kernel under A2 (block states only, in place; interpret mode) equals
-  `update_block_states`, and the group maxima it emits for the top-K equal those of the scores (-inf groups included)."""
+  `update_block_states`, and the group maxima it emits for the top-K equal those of the
+  scores (-inf groups included)."""
   rng = np.random.default_rng(17)
   cfg = spin.SpinConfig(block_size=16, topk=16, sparsity=0.4, ema_decay=0.3, reduction="A2",
                         state_dtype=state_dtype)

@@ -27,7 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.topk.gpu import _scatter_width, _take_best
+from pallas_kernels._util import counter_hash
+from pallas_kernels.topk.gpu import _scatter_width, _take_best, take_best_keys
 
 NEG_INF = float("-inf")
 
@@ -194,11 +195,14 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
 # ------------------------------------------------------------------ selection and compaction
 
 
-def _select_kernel(s_ref, p_ref, n_ref, m_ref, sel_ref, *, width: int, score_bits: int):
+def _select_kernel(s_ref, p_ref, n_ref, m_ref, sel_ref, t_ref, *, width: int, score_bits: int,
+                   random: bool):
   """One request: n = (n_blocks, n_exploit, n_explore, warm). Forced blocks (first and
   newest), the n_exploit best other blocks by score, the n_explore best of the rest by
   priority (ties to the lower block), or every valid block when cold; then their ids in
-  ascending order at the front of the sel row (cumulative-sum positions), -1 after."""
+  ascending order at the front of the sel row (cumulative-sum positions), -1 after, and the
+  number selected in t. random: p_ref holds the request's uint32 seed and the priorities are
+  its 16-bit counter hashes (`jaxsparse.spin.random_keys16`), made here in registers."""
   s = s_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, s.shape, 0)
   n_blocks, n_exploit, n_explore, warm = n_ref[0], n_ref[1], n_ref[2], n_ref[3]
@@ -206,12 +210,18 @@ def _select_kernel(s_ref, p_ref, n_ref, m_ref, sel_ref, *, width: int, score_bit
   forced = valid & ((lane == 0) | (lane == n_blocks - 1))
   exploit = _take_best(s, valid & ~forced, n_exploit, bits=score_bits)
   rest = valid & ~forced & ~exploit
-  explore = _take_best(p_ref[...], rest, n_explore)
+  if random:
+    keys = counter_hash(p_ref[0], lane.astype(jnp.uint32)) >> 16
+    explore = take_best_keys(jnp.where(rest, keys, jnp.uint32(0)), rest, n_explore, 16)
+  else:
+    explore = _take_best(p_ref[...], rest, n_explore)
   mask = jnp.where(warm != 0, forced | exploit | explore, valid)
   m_ref[...] = mask.astype(jnp.int32)
   pos = jnp.cumsum(mask.astype(jnp.int32)) - 1
+  total = jnp.sum(mask.astype(jnp.int32))
+  t_ref[...] = total.reshape(1)
   keep = mask & (pos < width)
-  count = jnp.minimum(jnp.sum(mask.astype(jnp.int32)), width)
+  count = jnp.minimum(total, width)
   trash = sel_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
   plgpu.store(sel_ref.at[jnp.where(keep, pos, trash)], lane, mask=keep)
   tail = (lane >= count) & (lane < width)  # slots [count, width): disjoint from the above
@@ -221,24 +231,91 @@ def _select_kernel(s_ref, p_ref, n_ref, m_ref, sel_ref, *, width: int, score_bit
 
 def select_compact_gpu(score, prio, counts, width: int, *, score_bits: int = 32,
                        num_warps: int = 8, interpret: bool = False):
-  """score, prio [B, L] float32 (L a power of two >= the number of blocks), counts [B, 4] int32
-  (n_blocks, n_exploit, n_explore, warm) -> (mask [B, L] bool, sel [B, width] int32: the
-  selected block ids ascending, -1 padded; more than `width` selected are cut). n_exploit and
-  n_explore must not exceed the blocks eligible for them (as `select_blocks` computes them).
+  """score [B, L] float32 (L a power of two >= the number of blocks), prio [B, L] float32
+  exploration priorities or [B] uint32 seeds of random exploration (16-bit keys made in the
+  kernel), counts [B, 4] int32 (n_blocks, n_exploit, n_explore, warm) -> (mask [B, L] bool,
+  sel [B, width] int32: the selected block ids ascending, -1 padded (more than `width`
+  selected are cut), total [B] int32: the number selected, uncut). n_exploit and n_explore
+  must not exceed the blocks eligible for them (as `select_blocks` computes them).
   score_bits=16 when every score is a bfloat16 value (half the ranking steps)."""
   bsz, length = score.shape
   if length & (length - 1) or width > length:
     raise ValueError(f"score width {length} must be a power of two >= width={width}")
+  random = prio.ndim == 1
   sw = _scatter_width(length, interpret)
   row = pl.BlockSpec((None, length), lambda i: (i, 0))
-  m, sel = pl.pallas_call(
-      functools.partial(_select_kernel, width=width, score_bits=score_bits),
+  one = pl.BlockSpec((1,), lambda i: (i,))
+  m, sel, total = pl.pallas_call(
+      functools.partial(_select_kernel, width=width, score_bits=score_bits, random=random),
       grid=(bsz,),
-      in_specs=[row, row, pl.BlockSpec((None, 4), lambda i: (i, 0))],
-      out_specs=[row, pl.BlockSpec((None, sw), lambda i: (i, 0))],
+      in_specs=[row, one if random else row, pl.BlockSpec((None, 4), lambda i: (i, 0))],
+      out_specs=[row, pl.BlockSpec((None, sw), lambda i: (i, 0)), one],
       out_shape=[jax.ShapeDtypeStruct((bsz, length), jnp.int32),
-                 jax.ShapeDtypeStruct((bsz, sw), jnp.int32)],
+                 jax.ShapeDtypeStruct((bsz, sw), jnp.int32),
+                 jax.ShapeDtypeStruct((bsz,), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_select",
-  )(score.astype(jnp.float32), prio.astype(jnp.float32), counts.astype(jnp.int32))
-  return m != 0, sel[:, :width]
+  )(score.astype(jnp.float32), prio.astype(jnp.uint32 if random else jnp.float32),
+    counts.astype(jnp.int32))
+  return m != 0, sel[:, :width], total
+
+
+# ------------------------------------------------------------- A1 block scores (max pooling)
+
+
+def _block_score_kernel(pos_ref, len_ref, v_ref, d_ref, o_ref, *, page: int, blocks: int,
+                        nb: int, interpret: bool):
+  """`blocks` consecutive blocks j of one request: max(max of V over j's slots below the
+  length, max of D over j's offsets pos - j * page - page + 1 ... pos - j * page), -inf past
+  the context. The offsets are lanes >= r of D-block c - 1 - j and lanes < r of D-block
+  c - j (c, r = divmod(pos + 1, page)); each is loaded as a whole aligned 64-lane row, with
+  row-constant masks so the loads stay vectorised, and the lane split applied after."""
+  t = pl.program_id(1)
+  pos = pos_ref[0]
+  length = len_ref[0]
+  j = t * blocks + lax.broadcasted_iota(jnp.int32, (blocks, 1), 0)  # [T, 1]
+  lane = lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
+  c = (pos + 1) // page
+  r = (pos + 1) % page
+
+  def rows(row, ok):  # whole rows `row` of a [cap] ref, -inf where not ok
+    idx = row * page + lane
+    if interpret:  # the interpreter gathers every lane: keep masked ones in bounds
+      idx = jnp.where(ok, idx, 0)
+    return idx, ok
+
+  vi, vok = rows(j, j < nb)
+  v = plgpu.load(v_ref.at[vi], mask=vok, other=0.0).astype(jnp.float32)
+  v = jnp.max(jnp.where(vok & (vi < length), v, NEG_INF), axis=1)
+  si, sok = rows(c - 1 - j, (c - 1 - j >= 0) & (j < nb))
+  dsuf = plgpu.load(d_ref.at[si], mask=sok, other=0.0).astype(jnp.float32)
+  suf = jnp.max(jnp.where(sok & (lane >= r), dsuf, NEG_INF), axis=1)
+  pi, pok = rows(c - j, (c - j >= 0) & (c - j < nb) & (j < nb))
+  dpre = plgpu.load(d_ref.at[pi], mask=pok, other=0.0).astype(jnp.float32)
+  pre = jnp.max(jnp.where(pok & (lane < r), dpre, NEG_INF), axis=1)
+  o_ref[...] = jnp.maximum(v, jnp.maximum(suf, pre))
+
+
+def block_scores_max_gpu(v, d, pos, lengths, *, page: int, blocks_per_program: int = 32,
+                         num_warps: int = 4, interpret: bool = False):
+  """SPIN's max-pooled predicted block scores (reduction A1, pooling max) for B requests:
+  v, d [B, cap] float32 or bfloat16 (the V and D states, cap = nb * page), pos, lengths [B]
+  int32 -> [B, nb] float32, equal to `jaxsparse.spin._max_pooled_block_scores` per request.
+  One pass over V and D in whole aligned rows; no flipped copy of D."""
+  bsz, cap = v.shape
+  nb = cap // page
+  bpp = min(blocks_per_program, 1 << (nb - 1).bit_length())
+  grid_n = -(-nb // bpp)
+  row = pl.BlockSpec((None, cap), lambda b, t: (b, 0))
+  one = pl.BlockSpec((1,), lambda b, t: (b,))
+  out = pl.pallas_call(
+      functools.partial(_block_score_kernel, page=page, blocks=bpp, nb=nb,
+                        interpret=interpret),
+      grid=(bsz, grid_n),
+      in_specs=[one, one, row, row],
+      out_specs=pl.BlockSpec((None, bpp), lambda b, t: (b, t)),
+      out_shape=jax.ShapeDtypeStruct((bsz, grid_n * bpp), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_spin_block_scores",
+  )(pos.astype(jnp.int32), lengths.astype(jnp.int32), v, d)
+  return out[:, :nb]

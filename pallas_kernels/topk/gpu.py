@@ -305,16 +305,22 @@ def _ordered_key(x):
 
 
 def _take_best(x, elig, n, bits: int = 32):
-  """Mask of the n best eligible entries of a row held in registers, ties to the lower
-  position: the n-th largest key is found from the top one bit per step (exact, no sort:
-  each step counts the eligible keys at or above the candidate prefix). Entries above the
-  n-th key are all taken, entries equal to it in order up to the quota. bits=16 is exact when
-  every eligible value is a bfloat16 value (the low half of its float32 key is constant), and
-  halves the steps. (Settling 2 or 4 bits per step, with a [2**r, L] comparison and one
-  reduction, was slower on the H200: benchmarks/results/session10/spin_A1_radix*.json.)"""
+  """Mask of the n best eligible entries of a float row held in registers, ties to the lower
+  position (see `take_best_keys`). bits=16 is exact when every eligible value is a bfloat16
+  value (the low half of its float32 key is constant), and halves the steps. (Settling 2 or 4
+  bits per step, with a [2**r, L] comparison and one reduction, was slower on the H200:
+  benchmarks/results/session10/spin_A1_radix*.json.)"""
   key = _ordered_key(x)
   if bits < 32:
     key = key >> jnp.uint32(32 - bits)
+  return take_best_keys(key, elig, n, bits)
+
+
+def take_best_keys(key, elig, n, bits: int):
+  """Mask of the n eligible entries with the largest uint32 keys (< 2**bits), ties to the
+  lower position: the n-th largest key is found from the top one bit per step (exact, no
+  sort: each step counts the eligible keys at or above the candidate prefix). Entries above
+  it are all taken, entries equal to it in order up to the quota."""
   key = jnp.where(elig, key, jnp.uint32(0))
 
   def body(i, t):
