@@ -1,6 +1,8 @@
-"""SPIN's in-place update kernel: selected blocks per program (blocks_per_program) under A1
-(block states + V, D) and A2 (block states only), with the top-K group maxima emitted as the
-step does, at B requests x N slots, 40% target sparsity (selection of a warmed random state).
+"""SPIN's kernel tiles: the in-place update kernel's selected blocks per program
+(blocks_per_program) under A1 (block states + V, D) and A2 (block states only), with the top-K
+group maxima emitted as the step does, at B requests x N slots, 40% target sparsity (selection
+of a warmed random state); with --score-tiles, also A1's block-score kernel per
+blocks_per_program:num_warps, in kernel time (device trace; GPU only).
 
   python benchmarks/spin_update_bpp.py --out benchmarks/results/spin_update_bpp.json
 """
@@ -13,7 +15,7 @@ import jax.numpy as jnp
 
 from jaxsparse import spin
 from jaxsparse.bench import _timed
-from jaxsparse.benchtools import environment, print_table, write_json
+from jaxsparse.benchtools import environment, kernel_time, print_table, write_json
 
 
 def main(argv=None):
@@ -22,12 +24,15 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--slots", type=int, default=131072)
   p.add_argument("--bpp", default="4,8,16,32")
+  p.add_argument("--score-tiles", default="",
+                 help="comma list of blocks_per_program:num_warps for A1's block-score kernel")
+  p.add_argument("--skip-update", action="store_true", help="only the block-score tiles")
   a = p.parse_args(argv)
   key = jax.random.PRNGKey(0)
   nb = a.slots // 64
   lens = jnp.full((a.batch,), a.slots, jnp.int32)
   rows = []
-  for reduction in ("A2", "A1"):
+  for reduction in () if a.skip_update else ("A2", "A1"):
     cfg = spin.SpinConfig(block_size=64, topk=2048, sparsity=0.4, reduction=reduction)
     st = spin.init_state(a.slots, cfg, (a.batch,))
     st = {**st, "VB": jax.random.normal(key, st["VB"].shape, st["VB"].dtype),
@@ -44,7 +49,24 @@ def main(argv=None):
       sec, err = _timed(f, [(st, z, sel, lens)], carry=(0, None))
       rows.append(dict(op="spin_update", B=a.batch, N=a.slots, reduction=reduction, bpp=bpp,
                        group=group, us=sec * 1e6, error=err))
-  print_table(rows, ["B", "N", "reduction", "bpp", "group", "us", "error"])
+  if a.score_tiles:
+    from pallas_kernels.spin import block_scores_max_gpu
+    v, d = (jax.random.normal(jax.random.PRNGKey(i), (a.batch, a.slots), jnp.bfloat16)
+            for i in (1, 2))
+    lens = jnp.asarray(jax.random.randint(key, (a.batch,), a.slots // 2, a.slots + 1), jnp.int32)
+    for tile in a.score_tiles.split(","):
+      bpp, warps = (int(t) for t in tile.split(":"))
+      f = jax.jit(lambda v, d, l, bpp=bpp, warps=warps: block_scores_max_gpu(
+          v, d, l - 1, l, page=64, blocks_per_program=bpp, num_warps=warps))
+      try:
+        sec, _ = kernel_time(f, (v, d, lens))
+        err = ""
+      except Exception as e:  # noqa: BLE001 (a tile that does not compile is a row, not a stop)
+        sec, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      rows.append(dict(op="spin_block_scores", B=a.batch, N=a.slots, reduction="A1", bpp=bpp,
+                       num_warps=warps, us=sec * 1e6, gbps=4 * a.batch * a.slots / sec / 1e9,
+                       error=err))
+  print_table(rows, ["op", "B", "N", "reduction", "bpp", "num_warps", "group", "us", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows))
   print(f"wrote {a.out}")
 
