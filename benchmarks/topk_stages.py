@@ -25,9 +25,9 @@ from pallas_kernels.topk import gpu as kg
 
 
 def _label(c: TopkConfig) -> str:
-  """chunk:warps:bisect_iters:bitonic_run, as --configs takes it (files before session 10's
-  third call have chunk:warps:iters[:scan_block:bitonic_run])."""
-  return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}"
+  """chunk:warps:bisect_iters:bitonic_run:skip_groups, as --configs takes it (files before
+  session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
+  return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}"
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -159,12 +159,15 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
 
 
 def _parse(spec: str) -> TopkConfig:
-  """"chunk:warps:bisect_iters[:bitonic_run]" -> TopkConfig."""
+  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups]]" -> TopkConfig."""
   v = [int(t) for t in spec.split(":")]
-  if not 3 <= len(v) <= 4:
-    raise ValueError(f"--configs entry {spec!r}: chunk:warps:iters[:bitonic_run]")
-  names = ("chunk", "num_warps", "bisect_iters", "bitonic_run")
-  return TopkConfig(**dict(zip(names, v)))
+  if not 3 <= len(v) <= 5:
+    raise ValueError(f"--configs entry {spec!r}: chunk:warps:iters[:bitonic_run[:skip_groups]]")
+  names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups")
+  kw = dict(zip(names, v))
+  if "skip_groups" in kw:
+    kw["skip_groups"] = bool(kw["skip_groups"])
+  return TopkConfig(**kw)
 
 
 def main(argv=None):
@@ -173,7 +176,7 @@ def main(argv=None):
   p.add_argument("--shapes", default="64x131072,8x131072,1x131072,64x1048576")
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
-                 help="comma list of chunk:num_warps:bisect_iters[:bitonic_run] "
+                 help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups]] "
                       "TopkConfig variants to sweep (brief: filter passes and whole call "
                       "only); default: TopkConfig() in full")
   p.add_argument("--only", default="",

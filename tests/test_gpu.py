@@ -67,18 +67,19 @@ def test_topk_gpu(n, k, finish):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("run", [0, 256, 512, 1024])
-def test_topk_gpu_split_bitonic(run):
-  """TopkConfig(bitonic_run=r) compiled: sorted (one-pass atomic compaction, bitonic finish,
-  split into runs and merges when r > 0) and as a set (count, compaction in index order),
-  overflowing rows repaired."""
+@pytest.mark.parametrize("run,skip", [(0, True), (256, True), (512, True), (1024, True),
+                                      (512, False)])
+def test_topk_gpu_split_bitonic(run, skip):
+  """TopkConfig(bitonic_run=r, skip_groups=s) compiled: sorted (one-pass atomic compaction,
+  bitonic finish, split into runs and merges when r > 0) and as a set (count, compaction in
+  index order), overflowing rows repaired; the compactions reading only live groups or all."""
   from pallas_kernels.topk import TopkConfig
-  rng = np.random.default_rng(run)
+  rng = np.random.default_rng(run + skip)
   n, k = 131072, 2048
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
-  cfg = TopkConfig(bitonic_run=run)
+  cfg = TopkConfig(bitonic_run=run, skip_groups=skip)
   rv, ri = np_topk(x, k, lens)
   for srt in (True, False):
     v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",

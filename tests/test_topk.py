@@ -127,6 +127,8 @@ def test_compactions_and_finishes(run):
     np.testing.assert_array_equal(np.asarray(v), rv)
   with pytest.raises(ValueError, match="bitonic_run"):
     ktopk.TopkConfig(bitonic_run=-4)
+  with pytest.raises(ValueError, match="skip_groups"):
+    ktopk.TopkConfig(skip_groups=1)
   from pallas_kernels.topk import gpu as kg
   with pytest.raises(ValueError, match="run=8"):
     kg.bitonic_finish_split(jnp.zeros((1, 8)), jnp.zeros((1, 8), jnp.int32),
@@ -252,6 +254,36 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
       np.testing.assert_array_equal(np.asarray(i[r]), want_i)
 
 
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), spread=st.sampled_from([1, 3, 1000]),
+       n=st.integers(3000, 9000), k=st.sampled_from([64, 256]))
+def test_group_skipping_compaction_is_exact(seed, spread, n, k):
+  """The compaction passes that read only groups whose maximum reaches the threshold
+  (skip_groups, the default) give numpy's top-k, sorted and as a set, and so does reading
+  every group: heavy ties at the threshold, NaN, -0.0, ragged lengths, rows that are not a
+  whole number of chunks, and group maxima handed in for the unpadded row (as the fused decode
+  and SPIN paths pass them)."""
+  rng = np.random.default_rng(seed)
+  x = np.round(rng.standard_normal((4, n)) * spread).astype(np.float32)
+  x[1, ::7] = np.nan
+  x[2, ::3] = -0.0
+  lens = np.array([n, rng.integers(k, n), rng.integers(1, k), n], np.int32)
+  plat = KernelPlatform("gpu", True)
+  for cfg in (ktopk.TopkConfig(chunk=1024), ktopk.TopkConfig(chunk=1024, skip_groups=False)):
+    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+    v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, cfg, plat, ordered=False)
+    rv, ri = index_ordered(*np_topk(x, k, lens))
+    np.testing.assert_array_equal(np.asarray(i), ri)
+    np.testing.assert_array_equal(np.asarray(v), rv)
+  g = ktopk.group_size(n, k, ktopk.TopkConfig(chunk=1024), "gpu")
+  if n % g == 0:  # maxima from outside, NaN as -inf, past-length entries -inf (as emitted)
+    xm = np.where((np.arange(n) < lens[:, None]) & ~np.isnan(x), x, -np.inf)
+    gm = jnp.asarray(xm.reshape(4, n // g, g).max(-1))
+    out = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, ktopk.TopkConfig(chunk=1024),
+                          plat, gm)
+    _check(out, x, k, lens)
+
+
 def test_topk_lowers_for_tpu_and_gpu():
   S = jax.ShapeDtypeStruct
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
@@ -259,7 +291,9 @@ def test_topk_lowers_for_tpu_and_gpu():
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
   # TopkConfig() sorted (the bitonic finish) was exported above
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
-                       (ktopk.TopkConfig(bitonic_run=0), True)):
+                       (ktopk.TopkConfig(bitonic_run=0), True),
+                       (ktopk.TopkConfig(skip_groups=False), True),
+                       (ktopk.TopkConfig(skip_groups=False), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

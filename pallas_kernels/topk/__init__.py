@@ -119,6 +119,8 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     if gmax is None:
       gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
                             interpret=interp)
+    else:  # emitted for the unpadded row: the padding's groups are -inf
+      gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
     if config.threshold == "bisect":
       gp = pad_axis(gmax, 1, next_pow2(gmax.shape[1]), value=NEG_INF)
       thr = _gpu.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
@@ -127,16 +129,18 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     bitonic = ordered and config.finish == "bitonic"
     rank = ordered and (config.finish == "rank" or (
         config.finish == "auto" and r <= config.rank_max_rows and k >= config.rank_min_k))
+    skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
     if bitonic or rank:  # an order-free finish: count and compaction in one pass
       cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
-                                          num_warps=config.num_warps, interpret=interp)
+                                          num_warps=config.num_warps, interpret=interp,
+                                          gmax=skip)
     else:
       counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
-                          interpret=interp)
+                          interpret=interp, gmax=skip)
       offsets = jnp.cumsum(counts, axis=1) - counts
       total = counts.sum(axis=1)
       cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
-                            num_warps=config.num_warps, interpret=interp)
+                            num_warps=config.num_warps, interpret=interp, gmax=skip)
     # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
     # is read on the host, ~35 us on the H200, more than the filter passes together)
     cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,

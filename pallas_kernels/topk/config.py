@@ -40,6 +40,9 @@ class TopkConfig:
     in the last one. 512 (the default): the finish takes 17.4 us instead of 25.6 at
     64 x 128K x 2048 on the H200, and one row of 128K 12.3 instead of 23.7
     (benchmarks/results/session10/topk_variants_b*.json).
+  skip_groups: the compaction passes (GPU) read only the groups whose maximum reaches the
+    threshold (exact: no other group holds a candidate); with 2048 of 128K kept, about a
+    quarter of the groups. False: they read every score.
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -52,6 +55,7 @@ class TopkConfig:
   rank_min_k: int = 1024
   bitonic_warps: int = 16
   bitonic_run: int = 512
+  skip_groups: bool = True
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
@@ -60,6 +64,8 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
+    if not isinstance(self.skip_groups, bool):
+      raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")

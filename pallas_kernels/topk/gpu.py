@@ -25,9 +25,12 @@ from pallas_kernels._util import is_pow2, next_pow2
 NEG_INF = float("-inf")
 
 
-def _valid(x_ref, len_ref, chunk):
+def _valid(x_ref, len_ref, chunk, live=None):
+  """The chunk's scores as candidates see them: -inf past the length and for NaN, -0.0 as
+  +0.0; with `live` [chunk] bool, only live lanes are read (the rest are -inf)."""
   c = pl.program_id(1)
-  x = x_ref[...].astype(jnp.float32)
+  x = x_ref[...] if live is None else plgpu.load(x_ref, mask=live, other=NEG_INF)
+  x = x.astype(jnp.float32)
   idx = c * chunk + lax.broadcasted_iota(jnp.int32, (chunk,), 0)
   ok = (idx < len_ref[0]) & (x == x)  # NaN is never chosen
   x = jnp.where(x == 0, 0.0, x)  # -0.0 == +0.0: one value, so ties go by index
@@ -39,8 +42,21 @@ def _group_max_kernel(x_ref, len_ref, o_ref, *, chunk: int, group: int):
   o_ref[...] = x.reshape(chunk // group, group).max(axis=1)
 
 
-def _count_kernel(x_ref, len_ref, thr_ref, o_ref, *, chunk: int):
-  x, _ = _valid(x_ref, len_ref, chunk)
+def _live_lanes(g_ref, thr, chunk: int):
+  """[chunk] bool: lanes whose group (g_ref: the chunk's group maxima) can hold an entry >=
+  thr. Only those are read: a group whose maximum is below the threshold holds no candidate,
+  so skipping it is exact, and at 2048 of 128K entries kept most groups are skipped (their
+  memory is never fetched: masked-off lanes of a compiled load touch nothing). A NaN
+  maximum (not from this package's passes, which map NaN to -inf) keeps its group."""
+  g = g_ref[...]
+  ok = (g >= thr) | (g != g)
+  return jnp.broadcast_to(ok[:, None], (g.shape[0], chunk // g.shape[0])).reshape(chunk)
+
+
+def _count_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int):
+  *g_ref, o_ref = refs
+  x, _ = _valid(x_ref, len_ref, chunk, _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref
+                else None)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   o_ref[...] = jnp.sum(m.astype(jnp.int32)).reshape(1)
 
@@ -59,9 +75,10 @@ def _scatter_width(width: int, interpret: bool) -> int:
   return 2 * width if interpret else width
 
 
-def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: int,
-                    capacity: int):
-  x, idx = _valid(x_ref, len_ref, chunk)
+def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, *refs, chunk: int, capacity: int):
+  *g_ref, v_ref, i_ref = refs
+  x, idx = _valid(x_ref, len_ref, chunk, _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref
+                  else None)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
   keep = m & (pos < capacity)
@@ -72,14 +89,15 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: in
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
-def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_ref, *,
-                           chunk: int, capacity: int):
+def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int):
   """One (row, chunk): the chunk's candidates appended to the row's buffer at a range
   reserved with one atomic add on the row's counter (count and compaction in one pass; the
   chunk ranges land in whatever order the programs run, so only an order-free finish such as
-  `bitonic_finish` may consume the buffer)."""
-  del ctr_in
-  x, idx = _valid(x_ref, len_ref, chunk)
+  `bitonic_finish` may consume the buffer). refs: [group maxima,] counter in, counter out,
+  values, indices."""
+  *g_ref, _, ctr_ref, v_ref, i_ref = refs
+  x, idx = _valid(x_ref, len_ref, chunk, _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref
+                  else None)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   running = jnp.cumsum(m.astype(jnp.int32))
   total = jnp.sum(m.astype(jnp.int32))
@@ -93,28 +111,40 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, ctr_in, ctr_ref, v_ref, i_re
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
+def _gmax_specs(gmax, n: int, chunk: int):
+  """(extra inputs, their BlockSpecs) for the filter passes' group maxima: [] without them."""
+  if gmax is None:
+    return [], []
+  groups = gmax.shape[1] * chunk // n  # per chunk
+  if gmax.shape[1] % (n // chunk) or groups < 1 or chunk % groups:
+    raise ValueError(f"group maxima {gmax.shape} do not tile rows of {n} in chunks of {chunk}")
+  return [gmax], [pl.BlockSpec((None, groups), lambda r, c: (r, c))]
+
+
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool):
+                   interpret: bool, gmax=None):
   """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
   float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
   candidates (entries >= thr[r]) grouped by chunk, chunks in no fixed order; the slots past
-  them are NOT initialised. One pass (no count pass, no scan)."""
+  them are NOT initialised. One pass (no count pass, no scan). gmax [R, N / group] (optional):
+  the maxima of contiguous groups; then only groups whose maximum reaches thr are read."""
   r, n = x.shape
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   one = pl.BlockSpec((1,), lambda r, c: (r,))
+  extra, extra_specs = _gmax_specs(gmax, n, chunk)
   total, v, i = pl.pallas_call(
       functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity),
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + [one, one],
+      in_specs=_row_chunk_specs(chunk) + [one] + extra_specs + [one],
       out_specs=[one, row, row],
       out_shape=[jax.ShapeDtypeStruct((r,), jnp.int32),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
-      input_output_aliases={3: 0},
+      input_output_aliases={3 + len(extra): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
-  )(x, lengths, thr, jnp.zeros((r,), jnp.int32))
+  )(x, lengths, thr, *extra, jnp.zeros((r,), jnp.int32))
   return v, i, total
 
 
@@ -174,26 +204,28 @@ def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: 
   )(x, lengths)
 
 
-def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool):
-  """-> [R, N / chunk] int32 number of candidates per chunk."""
+def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=None):
+  """-> [R, N / chunk] int32 number of candidates per chunk (gmax: as `compact_atomic`)."""
   r, n = x.shape
+  extra, extra_specs = _gmax_specs(gmax, n, chunk)
   return pl.pallas_call(
       functools.partial(_count_kernel, chunk=chunk),
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))],
+      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))] + extra_specs,
       out_specs=pl.BlockSpec((None, 1), lambda r, c: (r, c)),
       out_shape=jax.ShapeDtypeStruct((r, n // chunk), jnp.int32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_count",
-  )(x, lengths, thr)
+  )(x, lengths, thr, *extra)
 
 
 def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
-            interpret: bool):
+            interpret: bool, gmax=None):
   """-> (values, indices) [R, W >= capacity] float32 / int32: row r's first min(count,
   capacity) slots hold its candidates in index order; the rest is NOT initialised (no fill
-  pass: consumers mask by the count)."""
+  pass: consumers mask by the count). gmax: as `compact_atomic`."""
   r, n = x.shape
+  extra, extra_specs = _gmax_specs(gmax, n, chunk)
   width = _scatter_width(capacity, interpret)
   out_shape = [jax.ShapeDtypeStruct((r, width), jnp.float32),
                jax.ShapeDtypeStruct((r, width), jnp.int32)]
@@ -202,12 +234,13 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
       functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,)),
-                                          pl.BlockSpec((None, 1), lambda r, c: (r, c))],
+                                          pl.BlockSpec((None, 1), lambda r, c: (r, c))]
+      + extra_specs,
       out_specs=[row, row],
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact",
-  )(x, lengths, thr, offsets)
+  )(x, lengths, thr, offsets, *extra)
   return v, i
 
 
