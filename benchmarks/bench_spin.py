@@ -12,6 +12,13 @@ from jaxsparse.benchtools import environment, print_table, write_json
 from pallas_kernels.topk import TopkConfig
 
 
+def _topk_config(a):
+  """Both steps' TopkConfig from --topk-finish / --skip-groups (None: the library default)."""
+  kw = {**({"finish": a.topk_finish} if a.topk_finish else {}),
+        **({"skip_groups": True} if a.skip_groups else {})}
+  return TopkConfig(**kw) if kw else None
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true")
@@ -26,6 +33,9 @@ def main(argv=None):
                       "(selection + compaction, EMA update, block-sparse scoring, top-K)")
   p.add_argument("--topk-finish", default="",
                  help="TopkConfig.finish for both steps' top-K (default: the library's)")
+  p.add_argument("--skip-groups", action="store_true",
+                 help="TopkConfig.skip_groups=True for both steps' top-K (compactions read only "
+                      "groups that reach the threshold)")
   p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"),
                  help="SPIN's block reduction (A2: the step updates only block states)")
   p.add_argument("--unsorted", action="store_true",
@@ -39,8 +49,8 @@ def main(argv=None):
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype,
-                            unsorted=a.unsorted, topk_config=TopkConfig(finish=a.topk_finish)
-                            if a.topk_finish else None, reduction=a.reduction)
+                            unsorted=a.unsorted, topk_config=_topk_config(a),
+                            reduction=a.reduction)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "kernel_us", "kernel_vs_full",
                      "select_us", "update_us",
                      "sparse_scores_us", "topk_width_us", "predict_update_us",

@@ -108,7 +108,7 @@ def test_compactions_and_finishes(run):
   """Both compaction kernels (the one-pass atomic one before the bitonic finish, single or
   split into runs, and the count-then-compact one before the index-order set), same results
   as numpy: ties by index, NaN, -0.0, ragged and empty rows, an overflowing (repaired) row,
-  and a chunk shorter than the default."""
+  and a chunk shorter than the default (reading only groups that reach the threshold)."""
   rng = np.random.default_rng(run)
   n, k = 30000, 256
   x = rng.standard_normal((5, n)).astype(np.float32)
@@ -118,7 +118,7 @@ def test_compactions_and_finishes(run):
   lens = np.array([n, n // 2 + 3, n, n, 0])
   plat = KernelPlatform("gpu", True)
   for cfg in (ktopk.TopkConfig(bitonic_run=run),
-              ktopk.TopkConfig(bitonic_run=run, chunk=512)):
+              ktopk.TopkConfig(bitonic_run=run, chunk=512, skip_groups=True)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
                            ordered=False)
@@ -259,8 +259,8 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
        n=st.integers(3000, 9000), k=st.sampled_from([64, 256]))
 def test_group_skipping_compaction_is_exact(seed, spread, n, k):
   """The compaction passes that read only groups whose maximum reaches the threshold
-  (skip_groups, the default) give numpy's top-k, sorted and as a set, and so does reading
-  every group: heavy ties at the threshold, NaN, -0.0, ragged lengths, rows that are not a
+  (skip_groups=True) give numpy's top-k, sorted and as a set, and so does reading every
+  group (the default): heavy ties at the threshold, NaN, -0.0, ragged lengths, rows that are not a
   whole number of chunks, and group maxima handed in for the unpadded row (as the fused decode
   and SPIN paths pass them)."""
   rng = np.random.default_rng(seed)
@@ -269,7 +269,7 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
   x[2, ::3] = -0.0
   lens = np.array([n, rng.integers(k, n), rng.integers(1, k), n], np.int32)
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(chunk=1024), ktopk.TopkConfig(chunk=1024, skip_groups=False)):
+  for cfg in (ktopk.TopkConfig(chunk=1024, skip_groups=True), ktopk.TopkConfig(chunk=1024)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, cfg, plat, ordered=False)
     rv, ri = index_ordered(*np_topk(x, k, lens))
@@ -279,8 +279,8 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
   if n % g == 0:  # maxima from outside, NaN as -inf, past-length entries -inf (as emitted)
     xm = np.where((np.arange(n) < lens[:, None]) & ~np.isnan(x), x, -np.inf)
     gm = jnp.asarray(xm.reshape(4, n // g, g).max(-1))
-    out = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, ktopk.TopkConfig(chunk=1024),
-                          plat, gm)
+    out = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k,
+                          ktopk.TopkConfig(chunk=1024, skip_groups=True), plat, gm)
     _check(out, x, k, lens)
 
 
@@ -292,8 +292,8 @@ def test_topk_lowers_for_tpu_and_gpu():
   # TopkConfig() sorted (the bitonic finish) was exported above
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
                        (ktopk.TopkConfig(bitonic_run=0), True),
-                       (ktopk.TopkConfig(skip_groups=False), True),
-                       (ktopk.TopkConfig(skip_groups=False), False)):
+                       (ktopk.TopkConfig(skip_groups=True), True),
+                       (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))

@@ -40,9 +40,10 @@ class TopkConfig:
     in the last one. 512 (the default): the finish takes 17.4 us instead of 25.6 at
     64 x 128K x 2048 on the H200, and one row of 128K 12.3 instead of 23.7
     (benchmarks/results/session10/topk_variants_b*.json).
-  skip_groups: the compaction passes (GPU) read only the groups whose maximum reaches the
-    threshold (exact: no other group holds a candidate); with 2048 of 128K kept, about a
-    quarter of the groups. False: they read every score.
+  skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
+    the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
+    quarter of the groups); False (the default until it is timed on the H200,
+    benchmarks/run_h200_next.sh), they read every score.
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -55,7 +56,7 @@ class TopkConfig:
   rank_min_k: int = 1024
   bitonic_warps: int = 16
   bitonic_run: int = 512
-  skip_groups: bool = True
+  skip_groups: bool = False
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
