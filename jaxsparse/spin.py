@@ -3,6 +3,7 @@
 Pure functions over a state pytree. Per request and layer SPIN keeps
   V [N_cap]  an EMA of observed indexer scores by absolute slot     (vertical pattern, sec. 3.2)
   D [N_cap]  an EMA of observed scores by relative offset q_t - i   (diagonal pattern)
+  VM [B_cap] the max of V over each block (kept by every update; read by A1's GPU block scores)
   age [B_cap] the step at which each block was last scored            (block-age exploration)
 and predicts slot scores `max(V[i], D[q_t - i])`, pools them per block, and scores only the
 m_t best blocks (Algorithm 1), plus the sink block, the newest block and a few explored blocks
@@ -96,13 +97,17 @@ class SpinConfig:
 def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
   """Fresh (reset) state for `capacity` slots; `batch` adds leading request dims.
 
-  The first step after a reset scores every block (`warm` is False until then).
+  The first step after a reset scores every block (`warm` is False until then). Keys: V, D
+  [..., capacity] and VB, DB, VM [..., capacity / block_size] in the state dtype, age
+  [..., capacity / block_size] int32, step int32 and warm bool [...]. VM is V's maximum over
+  each block; every update keeps it so (a state built by hand must set it to
+  `V.reshape(..., -1, block_size).max(-1)`).
   """
   if capacity % config.block_size:
     raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
   nb = capacity // config.block_size
   z = lambda n: jnp.zeros(batch + (n,), jnp.dtype(config.state_dtype))
-  return {"V": z(capacity), "D": z(capacity), "VB": z(nb), "DB": z(nb),
+  return {"V": z(capacity), "D": z(capacity), "VM": z(nb), "VB": z(nb), "DB": z(nb),
           "age": jnp.zeros(batch + (nb,), jnp.int32), "step": jnp.zeros(batch, jnp.int32),
           "warm": jnp.zeros(batch, bool)}
 
@@ -356,8 +361,8 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
 
   counts = jax.vmap(plan)(state, pos, lengths).astype(jnp.int32)
   if config.reduction == "A1" and config.pooling == "max":
-    s = block_scores_max_gpu(state["V"], state["D"], pos, lengths, page=config.block_size,
-                             interpret=interpret)
+    s = block_scores_max_gpu(state["VM"], state["V"], state["D"], pos, lengths,
+                             page=config.block_size, interpret=interpret)
   else:
     s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
   if config.explore == "random":
@@ -397,7 +402,8 @@ def update_dense(state, z, obs, pos, length, config: SpinConfig):
   d = jnp.where(obs_off, _ema(state["D"], z_off, a), state["D"])
   seen = obs.reshape(nb, b).any(-1)
   blk = jnp.where(obs, z, NEG_INF).reshape(nb, b).max(-1)  # A2: pooled observation per block
-  return {"V": v, "D": d, **_block_state_update(state, seen, blk, pos, config)}
+  return {"V": v, "D": d, "VM": v.reshape(nb, b).max(-1),
+          **_block_state_update(state, seen, blk, pos, config)}
 
 
 def _block_state_update(state, seen, blk, pos, config: SpinConfig):
@@ -456,7 +462,7 @@ def update_block_states(state, scores, sel, pos, lengths, config: SpinConfig):
   slot = sel[:, :, None] * b + jnp.arange(b)
   obs = (sel[:, :, None] >= 0) & (slot < lengths[:, None, None])
   blk_w = jnp.where(obs, scores.reshape(bsz, width, b).astype(jnp.float32), NEG_INF).max(-1)
-  return {"V": state["V"], "D": state["D"],
+  return {"V": state["V"], "D": state["D"], "VM": state["VM"],
           **_selected_block_states(state, sel, blk_w, pos, lengths, config)}
 
 

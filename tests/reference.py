@@ -112,6 +112,13 @@ def prefill_case(rng, t, h, d, n, *, fp8=False, max_pos=None):
   return q, k, w, pos, ks
 
 
+def with_block_max(state, block_size: int):
+  """The state with VM set to V's maximum over each block (what every SPIN update keeps), for
+  tests that write V by hand."""
+  v = state["V"]
+  return {**state, "VM": v.reshape(*v.shape[:-1], -1, block_size).max(-1)}
+
+
 def spin_state_case(rng, config, bsz, nb, lengths, *, warm=None):
   """A warm-looking SPIN state for B requests of nb blocks: V, D, VB, DB drawn on a coarse grid
   (ties, negatives, -0.0), block ages up to step 9, and the given lengths [B] (int32 array)."""
@@ -126,7 +133,9 @@ def spin_state_case(rng, config, bsz, nb, lengths, *, warm=None):
     return jnp.asarray(x, dt)
 
   warm = np.ones(bsz, bool) if warm is None else np.asarray(warm)
-  return {**st, "V": grid(cap), "D": grid(cap), "VB": grid(nb), "DB": grid(nb),
+  v = grid(cap)
+  return {**st, "V": v, "D": grid(cap), "VM": v.reshape(bsz, nb, -1).max(-1),
+          "VB": grid(nb), "DB": grid(nb),
           "age": jnp.asarray(rng.integers(0, 10, (bsz, nb)), jnp.int32),
           "step": jnp.full((bsz,), 10, jnp.int32), "warm": jnp.asarray(warm)}
 

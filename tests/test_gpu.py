@@ -10,7 +10,7 @@ import jaxsparse
 from jaxsparse.prep import quantize_fp8
 from tests.conftest import assert_scores_close
 from tests.reference import (index_ordered, np_indexer, np_topk, prefill_case, random_paged,
-                             spin_selection_case, spin_state_case)
+                             spin_selection_case, spin_state_case, with_block_max)
 
 pytestmark = pytest.mark.gpu
 
@@ -193,8 +193,8 @@ def test_spin_update_kernel_gpu(state_dtype):
   bsz, nb, width = 4, 40, 30
   cap = nb * 64
   st = spin.init_state(cap, cfg, (bsz,))
-  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype),
-        "D": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype)}
+  st = with_block_max({**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype),
+                        "D": jnp.asarray(rng.standard_normal((bsz, cap)), state_dtype)}, 64)
   lengths = jnp.asarray([cap, 2000, 700, 65], jnp.int32)
   sel = np.full((bsz, width), -1, np.int32)
   for b in range(bsz):
@@ -245,7 +245,9 @@ def test_spin_block_score_kernel_gpu():
   lengths = jnp.asarray([cap, 100001, 4096, 1, 0], jnp.int32)
   v = jnp.asarray(np.round(rng.standard_normal((5, cap)) * 4) / 4, jnp.bfloat16)
   d = jnp.asarray(np.round(rng.standard_normal((5, cap)) * 4) / 4, jnp.bfloat16)
-  got = jax.jit(lambda v, d, l: block_scores_max_gpu(v, d, l - 1, l, page=64))(v, d, lengths)
+  vm = v.reshape(5, -1, 64).max(-1)
+  got = jax.jit(lambda vm, v, d, l: block_scores_max_gpu(vm, v, d, l - 1, l, page=64))(
+      vm, v, d, lengths)
   want = jax.vmap(lambda v, d, l: spin._max_pooled_block_scores({"V": v, "D": d}, l - 1, l, 64))(
       v, d, lengths)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

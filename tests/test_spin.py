@@ -13,7 +13,7 @@ from jaxsparse.backend import KernelPlatform
 from pallas_kernels import indexer_decode
 from tests.conftest import export_for
 from tests.reference import (index_ordered, np_indexer, np_topk, random_paged,
-                             spin_selection_case, spin_state_case)
+                             spin_selection_case, spin_state_case, with_block_max)
 
 
 @settings(max_examples=40, deadline=None)
@@ -51,7 +51,8 @@ def test_block_score_kernel_matches_xla(log_b, nb, seed, bf16, data):
   dt = jnp.bfloat16 if bf16 else jnp.float32
   v = jnp.asarray(np.round(rng.standard_normal((5, cap)), 1), dt)
   d = jnp.asarray(np.round(rng.standard_normal((5, cap)), 1), dt)
-  got = block_scores_max_gpu(v, d, jnp.asarray(lengths - 1), jnp.asarray(lengths), page=b,
+  vm = v.reshape(5, nb, b).max(-1)
+  got = block_scores_max_gpu(vm, v, d, jnp.asarray(lengths - 1), jnp.asarray(lengths), page=b,
                              blocks_per_program=8, interpret=True)
   for i, length in enumerate(lengths):
     want = spin._max_pooled_block_scores({"V": v[i], "D": d[i]}, int(length) - 1, int(length), b)
@@ -103,7 +104,7 @@ def _warm_state(cap, cfg, rng):
   st["V"] = jnp.asarray(rng.standard_normal(cap), jnp.float32)
   st["D"] = jnp.asarray(rng.standard_normal(cap), jnp.float32) - 3
   st["warm"] = jnp.asarray(True)
-  return st
+  return with_block_max(st, cfg.block_size)
 
 
 @pytest.mark.parametrize("explore", ["random", "staleness", "block-age", "none"])
@@ -245,11 +246,23 @@ def test_decode_step_no_recompile_and_matches_reference(reduction):
   table = jnp.asarray(np.stack([rng.permutation(60)[:16] for _ in range(3)]), jnp.int32)
   cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4, reduction=reduction)
   st = spin.init_state(16 * 64, cfg, (3,))
+  sx = st
   lens = jnp.asarray([900, 700, 300], jnp.int32)
   sizes = []
   for it in range(4):
     v, i, st, info = spin.decode_step(st, q, kc, table, lens + it, w, cfg,
                                       jax.random.PRNGKey(it), implementation="pallas")
+    # the kernels (interpret mode) and XLA pick the same blocks and keep the same state, and
+    # VM stays V's block maxima (A1's block-score kernel reads it)
+    _, _, sx, info_x = spin.decode_step(sx, q, kc, table, lens + it, w, cfg,
+                                        jax.random.PRNGKey(it), implementation="xla")
+    np.testing.assert_array_equal(np.asarray(info["block_masks"]),
+                                  np.asarray(info_x["block_masks"]))
+    for name in st:
+      np.testing.assert_allclose(np.asarray(st[name], np.float32), np.asarray(sx[name], np.float32),
+                                 rtol=1e-5, atol=1e-5, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(st["VM"]),
+                                  np.asarray(st["V"]).reshape(3, 16, 64).max(-1))
     sizes.append(spin._decode_step._cache_size())
   assert len(set(sizes)) == 1  # growing lengths never recompile
   z = np_indexer.paged(q[:, None], kc, table, lens + 3, w[:, None])[:, 0]
@@ -322,6 +335,7 @@ def test_speculative_serving_step_and_commit(mask_policy, update_policy):
   st = spin.init_state(15 * 64, cfg, (2,))
   st["warm"] = jnp.ones((2,), bool)
   st["V"] = jnp.asarray(rng.standard_normal((2, 960)), jnp.float32)
+  st = with_block_max(st, 64)
   outs = {}
   for impl in ("xla", "pallas"):
     v, s, pending, info = spin.decode_step_rows(st, q, kc, table, lens, w, cfg,
@@ -416,10 +430,10 @@ def test_update_kernel_matches_xla_update(state_dtype):
   cap = nb * 64
   st = spin.init_state(cap, cfg, (bsz,))
   assert st["V"].dtype == dt
-  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), dt),
-        "D": jnp.asarray(rng.standard_normal((bsz, cap)), dt),
-        "VB": jnp.asarray(rng.standard_normal((bsz, nb)), dt),
-        "step": jnp.asarray([3, 5, 7], jnp.int32)}
+  st = with_block_max({**st, "V": jnp.asarray(rng.standard_normal((bsz, cap)), dt),
+                        "D": jnp.asarray(rng.standard_normal((bsz, cap)), dt),
+                        "VB": jnp.asarray(rng.standard_normal((bsz, nb)), dt),
+                        "step": jnp.asarray([3, 5, 7], jnp.int32)}, 64)
   lengths = jnp.asarray([cap, 700, 130], jnp.int32)
   pos = lengths - 1
   sel = np.full((bsz, width), -1, np.int32)
@@ -440,7 +454,7 @@ def test_update_kernel_matches_xla_update(state_dtype):
                                  np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
                                  err_msg=name)
   from pallas_kernels.spin import update_states_gpu
-  names = ("V", "D", "VB", "DB", "age", "step")
+  names = ("V", "D", "VM", "VB", "DB", "age", "step")
   export_for(lambda z, s, p, l, *a: update_states_gpu(dict(zip(names, a)), z, s, p, l,
                                                       decay=0.5, page=64, group=4), "cuda",
              *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (z, sel, pos, lengths,
@@ -471,8 +485,8 @@ def test_a2_step_updates_only_block_states():
   b, nb, bsz, width = 16, 12, 3, 8
   cfg = spin.SpinConfig(block_size=b, topk=16, sparsity=0.4, reduction="A2")
   st = spin.init_state(nb * b, cfg, (bsz,))
-  st = {**st, "V": jnp.asarray(rng.standard_normal((bsz, nb * b)), st["V"].dtype),
-        "DB": jnp.asarray(rng.standard_normal((bsz, nb)), st["DB"].dtype)}
+  st = with_block_max({**st, "V": jnp.asarray(rng.standard_normal((bsz, nb * b)), st["V"].dtype),
+                        "DB": jnp.asarray(rng.standard_normal((bsz, nb)), st["DB"].dtype)}, b)
   sel = np.full((bsz, width), -1, np.int32)
   sel[0, :5] = [0, 2, 3, 7, 11]
   sel[1, :2] = [0, 1]
@@ -538,8 +552,9 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
   for prio in (S((64, 2048), jnp.float32), S((64,), jnp.uint32)):  # priorities, random seeds
     export_for(lambda s, p, c: select_compact_gpu(s, p, c, 1280, score_bits=16), "cuda",
                S((64, 2048), jnp.float32), prio, S((64, 4), jnp.int32))
-  export_for(lambda v, d, p, l: block_scores_max_gpu(v, d, p, l, page=64), "cuda",
-             S((64, 131072), jnp.bfloat16), S((64, 131072), jnp.bfloat16),
+  export_for(lambda vm, v, d, p, l: block_scores_max_gpu(vm, v, d, p, l, page=64), "cuda",
+             S((64, 2048), jnp.bfloat16), S((64, 131072), jnp.bfloat16),
+             S((64, 131072), jnp.bfloat16),
              S((64,), jnp.int32), S((64,), jnp.int32))
 
 

@@ -68,35 +68,39 @@ def _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_
 
 def _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, *, page: int, blocks: int,
                 decay: float, group: int, slots: bool, scatter: bool):
-  """Split the kernel's remaining refs (aliased inputs, then outputs: [V, D,] VB, DB, age
-  [, group maxima]) and run `_block_part`; -> the output refs V, D (None without slots), VB,
-  DB, age."""
-  outs = refs[5 if slots else 3:]  # skip the aliased inputs
-  v_ref, d_ref = outs[:2] if slots else (None, None)
-  vb_ref, db_ref, age_ref, *gm_refs = outs[2:] if slots else outs
+  """Split the kernel's remaining refs (aliased inputs, then outputs: [V, D, VM,] VB, DB, age
+  [, group maxima]) and run `_block_part`; -> the output refs V, D, VM (None without slots),
+  VB, DB, age."""
+  outs = refs[6 if slots else 3:]  # skip the aliased inputs
+  v_ref, d_ref, vm_ref = outs[:3] if slots else (None, None, None)
+  vb_ref, db_ref, age_ref, *gm_refs = outs[3:] if slots else outs
   _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
               page=page, blocks=blocks, decay=decay, group=group, scatter=scatter)
-  return v_ref, d_ref, vb_ref, db_ref, age_ref
+  return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref
 
 
 def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
           decay: float, group: int, slots: bool):
   """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile
   (every load issued at once)."""
-  v_ref, d_ref, *_ = _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, page=page,
-                                 blocks=blocks, decay=decay, group=group, slots=slots,
-                                 scatter=True)
+  v_ref, d_ref, vm_ref, *_ = _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs,
+                                         page=page, blocks=blocks, decay=decay, group=group,
+                                         slots=slots, scatter=True)
   if not slots:
     return
   pos = pos_ref[0]
   j = sel_ref[...]  # [blocks]
   i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
-  obs = (j[:, None] >= 0) & (i < len_ref[0])
+  row = jnp.broadcast_to(j[:, None] >= 0, (blocks, page))  # constant along each block
+  obs = row & (i < len_ref[0])
   z = jnp.where(obs, z_ref[...].reshape(blocks, page), 0.0)
-  # i unclamped (padding rows point before the array, masked): a select would hide the
-  # per-block contiguity from Triton and turn the vector loads into scalar ones
-  v = plgpu.load(v_ref.at[i], mask=obs, other=0.0)
-  plgpu.store(v_ref.at[i], _ema(v, z, decay), mask=obs)
+  # whole rows of V under a row-constant mask, i unclamped (padding rows point before the
+  # array, masked): Triton keeps both as vector accesses (a per-lane mask or a select on i
+  # would make them scalar). Unobserved lanes are written back unchanged.
+  v = plgpu.load(v_ref.at[i], mask=row, other=0.0)
+  v = jnp.where(obs, _ema(v, z, decay), v)
+  plgpu.store(v_ref.at[i], v, mask=row)
+  plgpu.store(vm_ref.at[j], jnp.max(v, axis=1), mask=j >= 0)  # the blocks' new maxima
   o = jnp.where(obs, pos - i, 0)
   d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
   plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
@@ -106,7 +110,7 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
           decay: float, group: int, slots: bool):
   """Interpret mode: one block at a time (a masked scatter there is a read-modify-write of
   every lane, so masked lanes get distinct wrapped slots, per block)."""
-  v_ref, d_ref, vb_ref, db_ref, age_ref = _block_refs(
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref = _block_refs(
       sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, page=page, blocks=blocks, decay=decay,
       group=group, slots=slots, scatter=False)
   pos = pos_ref[0]
@@ -130,7 +134,9 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
       if slots:
         z = jnp.where(obs, z, 0.0)
         v = v_ref[pl.ds(j * page, page)]
-        v_ref[pl.ds(j * page, page)] = jnp.where(obs, _ema(v, z, decay), v)
+        v = jnp.where(obs, _ema(v, z, decay), v)
+        v_ref[pl.ds(j * page, page)] = v
+        vm_ref[pl.ds(j, 1)] = jnp.max(v).reshape(1)
         o = pos - i  # unobserved lanes (past the query) wrap to distinct slots and are masked
         o = jnp.where(o >= 0, o, o + cap)
         d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
@@ -147,14 +153,17 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   """SPIN's EMA update in place, from the scores of the selected blocks only.
 
   state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] int32, step [B] int32, and
-  with slots=True V, D [B, cap] (cap = nb * page); z [B, W * page] float32 scores of the
-  selected blocks in order; sel [B, W] int32 block ids (-1: padding, last); pos, lengths [B]
+  with slots=True V, D [B, cap] (cap = nb * page) and VM [B, nb] (V's block maxima); z
+  [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32 block ids (-1: padding, last); pos, lengths [B]
   int32. For every selected block j its request has seen (j * page < length), with m_j its
   max observed score:
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step,
   and with slots=True, for each observed slot i of it (i < length):
-    V[i] <- a V[i] + (1 - a) z_i,  D[pos - i] <- a D[pos - i] + (1 - a) z_i.
-  Nothing else is read or written (the arrays are aliased to the outputs). group > 0 also
+    V[i] <- a V[i] + (1 - a) z_i,  D[pos - i] <- a D[pos - i] + (1 - a) z_i,
+  and VM[j] <- the max of V over block j's slots after the update.
+  V is read and rewritten in whole rows of the selected blocks (unobserved slots unchanged, so
+  the accesses stay vector ones); nothing else is read or written (the arrays are aliased to
+  the outputs). group > 0 also
   returns the [B, W * page / group] maxima of consecutive groups of z (NaN as -inf): the
   top-K's first pass, fused into this read of z.
   -> (dict of the updated arrays, group maxima or None)."""
@@ -166,7 +175,7 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   if padded != width:
     sel = jnp.pad(sel, ((0, 0), (0, padded - width)), constant_values=-1)
     z = jnp.pad(z, ((0, 0), (0, (padded - width) * page)), constant_values=NEG_INF)
-  names = (("V", "D") if slots else ()) + ("VB", "DB", "age")
+  names = (("V", "D", "VM") if slots else ()) + ("VB", "DB", "age")
   arrays = [state[n] if n != "age" else state[n].astype(jnp.int32) for n in names]
   rows = [pl.BlockSpec((None, a.shape[1]), lambda b, c: (b, 0)) for a in arrays]
   one = pl.BlockSpec((1,), lambda b, c: (b,))
@@ -263,47 +272,56 @@ def select_compact_gpu(score, prio, counts, width: int, *, score_bits: int = 32,
 # ------------------------------------------------------------- A1 block scores (max pooling)
 
 
-def _block_score_kernel(pos_ref, len_ref, v_ref, d_ref, o_ref, *, page: int, blocks: int,
-                        nb: int, interpret: bool):
+def _block_score_kernel(pos_ref, len_ref, vm_ref, v_ref, d_ref, o_ref, *, page: int,
+                        blocks: int, nb: int, interpret: bool):
   """`blocks` consecutive blocks j of one request: max(max of V over j's slots below the
   length, max of D over j's offsets pos - j * page - page + 1 ... pos - j * page), -inf past
-  the context. The offsets are lanes >= r of D-block c - 1 - j and lanes < r of D-block
-  c - j (c, r = divmod(pos + 1, page)); each is loaded as a whole aligned 64-lane row, with
+  the context. V's part is VM[j] for whole blocks and is taken from V's row only for the
+  newest (partial) block. The offsets are lanes >= r of D-block c - 1 - j and lanes < r of
+  D-block c - j (c, r = divmod(pos + 1, page)); each is loaded as a whole aligned row, with
   row-constant masks so the loads stay vectorised, and the lane split applied after."""
   t = pl.program_id(1)
   pos = pos_ref[0]
   length = len_ref[0]
-  j = t * blocks + lax.broadcasted_iota(jnp.int32, (blocks, 1), 0)  # [T, 1]
+  jv = t * blocks + lax.broadcasted_iota(jnp.int32, (blocks,), 0)
+  j = jv[:, None]  # [T, 1]
   lane = lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
   c = (pos + 1) // page
   r = (pos + 1) % page
+  newest = (length + page - 1) // page - 1  # -1 for an empty context
 
-  def rows(row, ok):  # whole rows `row` of a [cap] ref, -inf where not ok
+  def rows(row, ok):  # indices of whole rows `row` of a [cap] ref, where ok
     idx = row * page + lane
     if interpret:  # the interpreter gathers every lane: keep masked ones in bounds
       idx = jnp.where(ok, idx, 0)
     return idx, ok
 
-  vi, vok = rows(j, j < nb)
+  vm = plgpu.load(vm_ref.at[jnp.where(jv < nb, jv, 0) if interpret else jv], mask=jv < nb,
+                  other=0.0).astype(jnp.float32)
+  vi, vok = rows(j, jnp.broadcast_to(j == newest, (blocks, page)))
   v = plgpu.load(v_ref.at[vi], mask=vok, other=0.0).astype(jnp.float32)
-  v = jnp.max(jnp.where(vok & (vi < length), v, NEG_INF), axis=1)
-  si, sok = rows(c - 1 - j, (c - 1 - j >= 0) & (j < nb))
+  vnew = jnp.max(jnp.where(vok & (vi < length), v, NEG_INF), axis=1)
+  v = jnp.where(jv == newest, vnew, jnp.where(jv < newest, vm, NEG_INF))
+  si, sok = rows(c - 1 - j, jnp.broadcast_to((c - 1 - j >= 0) & (j < nb), (blocks, page)))
   dsuf = plgpu.load(d_ref.at[si], mask=sok, other=0.0).astype(jnp.float32)
   suf = jnp.max(jnp.where(sok & (lane >= r), dsuf, NEG_INF), axis=1)
-  pi, pok = rows(c - j, (c - j >= 0) & (c - j < nb) & (j < nb))
+  pi, pok = rows(c - j, jnp.broadcast_to((c - j >= 0) & (c - j < nb) & (j < nb),
+                                         (blocks, page)))
   dpre = plgpu.load(d_ref.at[pi], mask=pok, other=0.0).astype(jnp.float32)
   pre = jnp.max(jnp.where(pok & (lane < r), dpre, NEG_INF), axis=1)
   o_ref[...] = jnp.maximum(v, jnp.maximum(suf, pre))
 
 
-def block_scores_max_gpu(v, d, pos, lengths, *, page: int, blocks_per_program: int = 64,
+def block_scores_max_gpu(vm, v, d, pos, lengths, *, page: int, blocks_per_program: int = 64,
                          num_warps: int = 4, interpret: bool = False):
   """SPIN's max-pooled predicted block scores (reduction A1, pooling max) for B requests:
-  v, d [B, cap] float32 or bfloat16 (the V and D states, cap = nb * page), pos, lengths [B]
-  int32 -> [B, nb] float32, equal to `jaxsparse.spin._max_pooled_block_scores` per request.
-  One pass over V and D in whole aligned rows; no flipped copy of D. blocks_per_program 64 at
-  4 warps: 12.2 us at 64 x 128K on the H200 (32 MB, 2.6 TB/s), 13.0 at 32, 14.2 at 16
-  (benchmarks/results/session10/spin_tiles.json)."""
+  vm [B, nb], v, d [B, cap] float32 or bfloat16 (the VM, V and D states, cap = nb * page;
+  vm must be V's block maxima), pos, lengths [B] int32 -> [B, nb] float32, equal to
+  `jaxsparse.spin._max_pooled_block_scores` per request. One pass over D in whole aligned
+  rows (no flipped copy), V's block maxima from vm, and V itself only in the newest block.
+  blocks_per_program 64 at 4 warps: when the kernel still read all of V, it took 12.2 us at
+  64 x 128K on the H200 (32 MB, 2.6 TB/s), 13.0 at 32, 14.2 at 16
+  (benchmarks/results/session10/spin_tiles.json); reading D alone is not yet timed."""
   bsz, cap = v.shape
   nb = cap // page
   bpp = min(blocks_per_program, 1 << (nb - 1).bit_length())
@@ -314,10 +332,10 @@ def block_scores_max_gpu(v, d, pos, lengths, *, page: int, blocks_per_program: i
       functools.partial(_block_score_kernel, page=page, blocks=bpp, nb=nb,
                         interpret=interpret),
       grid=(bsz, grid_n),
-      in_specs=[one, one, row, row],
+      in_specs=[one, one, pl.BlockSpec((None, nb), lambda b, t: (b, 0)), row, row],
       out_specs=pl.BlockSpec((None, bpp), lambda b, t: (b, t)),
       out_shape=jax.ShapeDtypeStruct((bsz, grid_n * bpp), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_block_scores",
-  )(pos.astype(jnp.int32), lengths.astype(jnp.int32), v, d)
+  )(pos.astype(jnp.int32), lengths.astype(jnp.int32), vm, v, d)
   return out[:, :nb]
