@@ -10,7 +10,7 @@
 # 3. the SPIN A1 step against the full step at 64 x {128K, 512K}, 40% (kernel time donated),
 #    both steps' top-K with group skipping on, then off (the default).
 source benchmarks/h200_env.sh
-timeout 100 python3 -m pytest -q -x tests/test_gpu.py -k "split_bitonic or spin" \
+timeout 110 python3 -m pytest -q -x tests/test_gpu.py -k "split_bitonic or spin or threshold" \
   > "$L/gpu_tests.log" 2>&1
 tail -1 "$L/gpu_tests.log"
 timeout 130 python3 benchmarks/topk_stages.py --shapes 64x131072,64x1048576 --kernels \

@@ -129,6 +129,12 @@ def test_topk_group_max_and_threshold_gpu(group):
   assert (counts[[0, 1, 3]] >= 100).all() and thr[2] == -np.inf
   kth = -np.sort(-np.asarray(gm), axis=1)[:, 99]
   assert (thr[[0, 3]] <= kth[[0, 3]]).all() and (thr[[0, 3]] > kth[[0, 3]] - 1e-3).all()
+  # widths that are not powers of two (power-of-two pieces) equal the -inf padded width
+  part = gm[:, :gm.shape[1] * 5 // 8]
+  padded = jnp.pad(part, ((0, 0), (0, gm.shape[1] - part.shape[1])), constant_values=-np.inf)
+  np.testing.assert_array_equal(
+      np.asarray(kgpu.threshold(part, 100, iters=14, num_warps=8, interpret=False)),
+      np.asarray(kgpu.threshold(padded, 100, iters=14, num_warps=8, interpret=False)))
 
 
 def test_fp8_queries_gpu():

@@ -284,6 +284,26 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
     _check(out, x, k, lens)
 
 
+@pytest.mark.parametrize("g", [8192, 5120, 300, 4095])
+def test_threshold_on_widths_that_are_not_powers_of_two(g):
+  """The bisection threshold over G group maxima kept as power-of-two pieces (G = 5120: SPIN's
+  compacted 80K slots in groups of 16) equals the one over the maxima padded with -inf to a
+  power of two, empty groups and all; it lowers for cuda without a padded copy."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(g)
+  m = rng.standard_normal((3, g)).astype(np.float32)
+  m[1, ::3] = -np.inf
+  m[2, 40:] = -np.inf  # fewer finite maxima than k: no threshold (-inf)
+  run = lambda x: np.asarray(kg.threshold(jnp.asarray(x), 64, iters=14, num_warps=8,
+                                          interpret=True))
+  want = run(np.pad(m, ((0, 0), (0, next_pow2(g) - g)), constant_values=-np.inf))
+  np.testing.assert_array_equal(run(m), want)
+  assert want[2] == -np.inf and np.isfinite(want[:2]).all()
+  if g == 5120:
+    export_for(lambda x: kg.threshold(x, 2048, iters=14, num_warps=8, interpret=False), "cuda",
+               jax.ShapeDtypeStruct((64, g), jnp.float32))
+
+
 def test_topk_lowers_for_tpu_and_gpu():
   S = jax.ShapeDtypeStruct
   for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):

@@ -122,8 +122,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     else:  # emitted for the unpadded row: the padding's groups are -inf
       gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
     if config.threshold == "bisect":
-      gp = pad_axis(gmax, 1, next_pow2(gmax.shape[1]), value=NEG_INF)
-      thr = _gpu.threshold(gp, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
+      thr = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
     else:
       thr = lax.top_k(gmax, k)[0][:, k - 1]
     bitonic = ordered and config.finish == "bitonic"

@@ -148,23 +148,37 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   return v, i, total
 
 
+def _pow2_pieces(g: int) -> list[tuple[int, int]]:
+  """(offset, size) of the power-of-two pieces that tile [0, g), largest first."""
+  out, off = [], 0
+  for b in reversed(range(g.bit_length())):
+    if g >> b & 1:
+      out.append((off, 1 << b))
+      off += 1 << b
+  return out
+
+
 def _threshold_kernel(m_ref, o_ref, *, k: int, iters: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
   Bisection on the value keeps the invariant count(m >= lo) >= k, so `lo` is always a valid
   threshold (k groups, each holding an entry >= lo); `iters` steps bring it within
-  (max - min) / 2**iters of the k-th largest maximum. The row stays in registers.
+  (max - min) / 2**iters of the k-th largest maximum. The row stays in registers, as
+  power-of-two pieces when G is not one (no padded copy of the maxima).
   """
-  m = m_ref[...]
-  fin = m > NEG_INF
-  nfin = jnp.sum(fin.astype(jnp.int32))
-  hi = jnp.max(m)
-  lo = jnp.min(jnp.where(fin, m, jnp.inf))
+  ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
+
+  def total(f):
+    return functools.reduce(lambda a, b: a + b, [jnp.sum(f(m).astype(jnp.int32)) for m in ms])
+
+  nfin = total(lambda m: m > NEG_INF)
+  hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
+  lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(m > NEG_INF, m, jnp.inf)) for m in ms])
 
   def body(i, c):
     lo, hi = c
     mid = lo + (hi - lo) * 0.5
-    ok = jnp.sum((m >= mid).astype(jnp.int32)) >= k
+    ok = total(lambda m: m >= mid) >= k
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
   lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
@@ -172,8 +186,12 @@ def _threshold_kernel(m_ref, o_ref, *, k: int, iters: int):
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool):
-  """gmax [R, G] (G a power of two) -> [R] float32 valid thresholds (see _threshold_kernel)."""
+  """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
+  power of two; up to 4 power-of-two pieces are kept apart, more are padded to one."""
   r, g = gmax.shape
+  if len(_pow2_pieces(g)) > 4:
+    gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(g) - g)), constant_values=NEG_INF)
+    g = gmax.shape[1]
   return pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters),
       grid=(r,),
