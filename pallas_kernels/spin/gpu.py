@@ -1,21 +1,25 @@
-"""SPIN's GPU kernels (Pallas, Triton backend): block selection + compaction, and the EMA
-updates in place.
+"""SPIN's GPU kernels (Pallas, Triton backend): A1's max-pooled block scores, block
+selection + compaction, and the EMA updates in place.
+
+Block scores (`block_scores_max_gpu`): per block, V's block maximum (state VM), the two
+aligned D rows holding its offsets, and V itself only in the newest block.
 
 Selection (`select_compact_gpu`, one program per request): forced, exploited and explored
-blocks as `jaxsparse.spin.select_blocks` picks them, and their ids compacted in ascending order
-for the block-sparse scoring kernel, in one launch (XLA needs two ranking kernels, mask
-algebra and a scatter for the same).
+blocks as `jaxsparse.spin.select_blocks` picks them (random exploration keys made in
+registers), and their ids compacted in ascending order for the block-sparse scoring kernel,
+in one launch (XLA needs two ranking kernels, mask algebra and a scatter for the same).
 
-EMA update (`update_states_gpu`): block states (and, for reductions A0/A1, the slot states V
-and D) updated in place.
+EMA update (`update_states_gpu`): block states (and, for reductions A0/A1, the slot states V,
+D and VM) updated in place.
 
 Per request, only the selected blocks were scored, so only their slots change:
   V[i]       <- a * V[i] + (1 - a) * z[i]         for observed slots i (i < length)
   D[pos - i] <- a * D[pos - i] + (1 - a) * z[i]   (D is indexed by offset from the query)
 The kernel reads the block-sparse scoring output as it is laid out (selected blocks in order,
-`page` scores each) and touches V and D only where a slot was observed; V and D are aliased
-to the outputs, so nothing else is read or written (the XLA version rewrites all N slots of
-both arrays and first scatters the scores back onto N slots).
+`page` scores each) and touches only the selected blocks' rows of V (and VM) and their
+observed offsets of D; the arrays are aliased to the outputs, so nothing else is read or
+written (the XLA version rewrites all N slots of both arrays and first scatters the scores
+back onto N slots).
 """
 from __future__ import annotations
 
@@ -153,19 +157,18 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   """SPIN's EMA update in place, from the scores of the selected blocks only.
 
   state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] int32, step [B] int32, and
-  with slots=True V, D [B, cap] (cap = nb * page) and VM [B, nb] (V's block maxima); z
-  [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32 block ids (-1: padding, last); pos, lengths [B]
-  int32. For every selected block j its request has seen (j * page < length), with m_j its
-  max observed score:
+  with slots=True V, D [B, cap] (cap = nb * page) and VM [B, nb] (V's block maxima);
+  z [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32 block ids
+  (-1: padding, last); pos, lengths [B] int32. For every selected block j its request has seen
+  (j * page < length), with m_j its max observed score:
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step,
   and with slots=True, for each observed slot i of it (i < length):
     V[i] <- a V[i] + (1 - a) z_i,  D[pos - i] <- a D[pos - i] + (1 - a) z_i,
   and VM[j] <- the max of V over block j's slots after the update.
   V is read and rewritten in whole rows of the selected blocks (unobserved slots unchanged, so
   the accesses stay vector ones); nothing else is read or written (the arrays are aliased to
-  the outputs). group > 0 also
-  returns the [B, W * page / group] maxima of consecutive groups of z (NaN as -inf): the
-  top-K's first pass, fused into this read of z.
+  the outputs). group > 0 also returns the [B, W * page / group] maxima of consecutive groups
+  of z (NaN as -inf): the top-K's first pass, fused into this read of z.
   -> (dict of the updated arrays, group maxima or None)."""
   bsz, width = sel.shape
   bpp = blocks_per_program
