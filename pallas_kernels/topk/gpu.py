@@ -53,10 +53,16 @@ def _live_lanes(g_ref, thr, chunk: int):
   return jnp.broadcast_to(ok[:, None], (g.shape[0], chunk // g.shape[0])).reshape(chunk)
 
 
+def _filtered(x_ref, len_ref, thr_ref, g_ref: list, chunk: int):
+  """`_valid` for the passes after the threshold; g_ref: [] or [the chunk's group maxima],
+  with which only groups that can hold a candidate are read."""
+  live = _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref else None
+  return _valid(x_ref, len_ref, chunk, live)
+
+
 def _count_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int):
   *g_ref, o_ref = refs
-  x, _ = _valid(x_ref, len_ref, chunk, _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref
-                else None)
+  x, _ = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   o_ref[...] = jnp.sum(m.astype(jnp.int32)).reshape(1)
 
@@ -77,8 +83,7 @@ def _scatter_width(width: int, interpret: bool) -> int:
 
 def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, *refs, chunk: int, capacity: int):
   *g_ref, v_ref, i_ref = refs
-  x, idx = _valid(x_ref, len_ref, chunk, _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref
-                  else None)
+  x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
   keep = m & (pos < capacity)
@@ -96,8 +101,7 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity:
   `bitonic_finish` may consume the buffer). refs: [group maxima,] counter in, counter out,
   values, indices."""
   *g_ref, _, ctr_ref, v_ref, i_ref = refs
-  x, idx = _valid(x_ref, len_ref, chunk, _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref
-                  else None)
+  x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   running = jnp.cumsum(m.astype(jnp.int32))
   total = jnp.sum(m.astype(jnp.int32))
