@@ -323,7 +323,7 @@ def block_scores_max_gpu(vm, v, d, pos, lengths, *, page: int, blocks_per_progra
   `jaxsparse.spin._max_pooled_block_scores` per request. One pass over D in whole aligned
   rows (no flipped copy), V's block maxima from vm, and V itself only in the newest block.
   blocks_per_program 64 at 4 warps: when the kernel still read all of V, it took 12.2 us at
-  64 x 128K on the H200 (32 MB, 2.6 TB/s), 13.0 at 32, 14.2 at 16
+  64 x 128K on the H200 (34 MB, 2.75 TB/s), 13.0 at 32, 14.2 at 16
   (benchmarks/results/session10/spin_tiles.json); reading D alone is not yet timed."""
   bsz, cap = v.shape
   nb = cap // page
