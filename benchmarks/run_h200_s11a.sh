@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device call (written in session 10, whose device time ran out before it; < 8 min).
+# Session 11, call 1 (written in session 10 as run_h200_next.sh, whose device time ran out; < 8 min).
 # Predictions: benchmarks/NOTES.md, session 10 ("Call 6" and "Prepared for the next device
 # session").
 # 0. compiled GPU tests: the top-K with and without group skipping, and SPIN's kernels with
