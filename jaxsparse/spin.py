@@ -436,7 +436,7 @@ def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, grou
                               page=config.block_size, slots=config.reduction != "A2",
                               group=group, blocks_per_program=blocks_per_program,
                               interpret=interpret)
-  return {**state, **upd, "step": state["step"] + 1, "warm": jnp.ones_like(state["warm"])}, gm
+  return {**state, **upd, "warm": jnp.ones_like(state["warm"])}, gm  # the kernel wrote step
 
 
 def _selected_block_states(state, sel, blk_w, pos, lengths, config: SpinConfig):
@@ -808,19 +808,22 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     if gm is None:
       vals, idx = selection.topk(z, config.topk, implementation=implementation,
                                  config=topk_config, sorted=ordered)
-    else:
+      # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
+      blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
+      top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
+    else:  # the same mapping, done by the top-K's last kernel
       from pallas_kernels import topk as ktopk
-      vals, idx = ktopk.topk_rows(z, jnp.full((bsz,), z.shape[1], jnp.int32), config.topk,
-                                  topk_config or ktopk.TopkConfig(), plat, gm, ordered=ordered)
-    # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
-    blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
-    top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
+      vals, top = ktopk.topk_rows(z, np.full((bsz,), z.shape[1], np.int32), config.topk,
+                                  topk_config or ktopk.TopkConfig(), plat, gm, ordered=ordered,
+                                  block_map=(sel, b))
     return vals, top, new
 
   def sparse(_):
     z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel_w,
                           counts_w, k_scale, impl, decode_config, b)
-    return finish(z[:, 0], sel_w)
+    vals, top, new = finish(z[:, 0], sel_w)
+    # a sparse step runs only on warm requests: `warm` passes through (no fill kernel)
+    return vals, top, {**new, "warm": state["warm"]}
 
   def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":

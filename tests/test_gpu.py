@@ -89,6 +89,14 @@ def test_topk_gpu_split_bitonic(run, skip):
     np.testing.assert_array_equal(np.asarray(v), wv)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_topk_gpu_block_map(ordered):
+  """Compiled: indices mapped to slots through SPIN's block ids in the merge kernel."""
+  from jaxsparse.backend import KernelPlatform
+  from tests import test_topk
+  test_topk.test_block_map_returns_slots(KernelPlatform("gpu", False), ordered)
+
+
 def test_indexer_topk_fused_gpu():
   rng = np.random.default_rng(3)
   q, kc, table, lens, w, ks = random_paged(rng, 4, 1, 64, 128, 131072, 2100, "bfloat16")

@@ -136,6 +136,33 @@ def test_compactions_and_finishes(run):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
+@pytest.mark.parametrize("ordered", [True, False])
+def test_block_map_returns_slots(platform, ordered):
+  """block_map=(sel, page): indices come back as slots sel[p // page] * page + p % page, -1 for
+  the tail and for positions in padding blocks (-1 ids); on GPU with the default split
+  bitonic finish the merge kernel maps them (interpret), elsewhere XLA does."""
+  rng = np.random.default_rng(11 + ordered)
+  page, width, k = 64, 40, 300
+  sel = np.stack([np.sort(rng.choice(200, width, replace=False)) for _ in range(3)])
+  sel[1, 30:] = -1  # padding blocks
+  sel = sel.astype(np.int32)
+  x = rng.standard_normal((3, width * page)).astype(np.float32)
+  x[1, 30 * page:] = -np.inf  # padding blocks hold no scores (as the block-sparse kernel)
+  x[2, ::3] = np.round(x[2, ::3])  # ties
+  lens = np.array([width * page, width * page, 100], np.int32)
+  v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, ktopk.TopkConfig(), platform,
+                         ordered=ordered, block_map=(jnp.asarray(sel), page))
+  rv, ri = np_topk(x, k, lens)
+  if not ordered:
+    rv, ri = index_ordered(rv, ri)
+  blk = np.take_along_axis(sel, np.maximum(ri, 0) // page, axis=1)
+  slots = np.where((ri >= 0) & (blk >= 0), blk * page + np.maximum(ri, 0) % page, -1)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+  np.testing.assert_array_equal(np.asarray(i), slots)
+  assert (np.asarray(i)[2, 100:] == -1).all() and (np.asarray(i)[0] >= 0).all()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
 @pytest.mark.parametrize("n,k", [(20000, 64), (65536, 512), (3000, 2048), (100, 300)])
 def test_unsorted_set_in_index_order(platform, n, k):
   """ordered=False: the same k entries as the sorted top-k (ties by index), in ascending index

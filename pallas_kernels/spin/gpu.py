@@ -72,12 +72,14 @@ def _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_
 
 def _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, *, page: int, blocks: int,
                 decay: float, group: int, slots: bool, scatter: bool):
-  """Split the kernel's remaining refs (aliased inputs, then outputs: [V, D, VM,] VB, DB, age
-  [, group maxima]) and run `_block_part`; -> the output refs V, D, VM (None without slots),
-  VB, DB, age."""
+  """Split the kernel's remaining refs (aliased inputs, then outputs: [V, D, VM,] VB, DB, age,
+  step [, group maxima]), write the request's next step counter, and run `_block_part`; ->
+  the output refs V, D, VM (None without slots), VB, DB, age."""
   outs = refs[6 if slots else 3:]  # skip the aliased inputs
   v_ref, d_ref, vm_ref = outs[:3] if slots else (None, None, None)
-  vb_ref, db_ref, age_ref, *gm_refs = outs[3:] if slots else outs
+  vb_ref, db_ref, age_ref, stepo_ref, *gm_refs = outs[3:] if slots else outs
+  # every program of the request writes the same value (saves XLA a kernel for step + 1)
+  stepo_ref[...] = step_ref[...] + 1
   _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
               page=page, blocks=blocks, decay=decay, group=group, scatter=scatter)
   return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref
@@ -164,12 +166,12 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step,
   and with slots=True, for each observed slot i of it (i < length):
     V[i] <- a V[i] + (1 - a) z_i,  D[pos - i] <- a D[pos - i] + (1 - a) z_i,
-  and VM[j] <- the max of V over block j's slots after the update.
+  and VM[j] <- the max of V over block j's slots after the update; step <- step + 1.
   V is read and rewritten in whole rows of the selected blocks (unobserved slots unchanged, so
   the accesses stay vector ones); nothing else is read or written (the arrays are aliased to
   the outputs). group > 0 also returns the [B, W * page / group] maxima of consecutive groups
   of z (NaN as -inf): the top-K's first pass, fused into this read of z.
-  -> (dict of the updated arrays, group maxima or None)."""
+  -> (dict of the updated arrays and step, group maxima or None)."""
   bsz, width = sel.shape
   bpp = blocks_per_program
   if group and (page % group or group & (group - 1)):
@@ -183,6 +185,8 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   rows = [pl.BlockSpec((None, a.shape[1]), lambda b, c: (b, 0)) for a in arrays]
   one = pl.BlockSpec((1,), lambda b, c: (b,))
   out_specs, out_shape = list(rows), [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+  out_specs.append(one)  # step + 1
+  out_shape.append(jax.ShapeDtypeStruct((bsz,), jnp.int32))
   if group:
     out_specs.append(pl.BlockSpec((None, bpp * page // group), lambda b, c: (b, c)))
     out_shape.append(jax.ShapeDtypeStruct((bsz, padded * page // group), jnp.float32))
@@ -200,8 +204,8 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
       interpret=interpret, name="jaxsparse_spin_update",
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     state["step"].astype(jnp.int32), z.astype(jnp.float32), *arrays)
-  gm = out[len(arrays)][:, :width * page // group] if group else None
-  return dict(zip(names, out[:len(arrays)])), gm
+  gm = out[len(arrays) + 1][:, :width * page // group] if group else None
+  return {**dict(zip(names, out[:len(arrays)])), "step": out[len(arrays)]}, gm
 
 
 # ------------------------------------------------------------------ selection and compaction

@@ -85,7 +85,7 @@ def index_order(v, i):
 
 
 def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, gmax=None, *,
-              ordered: bool = True):
+              ordered: bool = True, block_map=None):
   """x [R, N] float32/bfloat16, lengths [R] int32 -> (values [R, k] float32, indices [R, k]).
 
   ordered: True -> values descending (ties: lower index first); False -> the same k entries
@@ -93,22 +93,31 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
     GPU path skip the final sort.
   gmax: optional [R, N / g] maxima of consecutive groups of g = group_size(...) entries, as
   emitted by the fused decode scoring kernel (GPU); computed here when None.
+  block_map: optional (sel [R, W] int32, page) when x holds the scores of W blocks of `page`
+    slots each, block sel[r, j] at positions j * page ... (SPIN's block-sparse scores; -1: a
+    padding block): the indices returned are then slots sel[p // page] * page + p % page
+    (-1 for the tail). The GPU's split bitonic finish maps them in its merge kernel.
   """
-  return _topk_rows(x, lengths, k, config, platform, ordered, gmax)
+  sel, page = block_map if block_map is not None else (None, 0)
+  return _topk_rows(x, lengths, k, config, platform, ordered, gmax, page, sel)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
-def _topk_rows(x, lengths, k, config, platform, ordered, gmax):
-  out = _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax)
-  return out[:2] if ordered or out[2] else index_order(*out[:2])
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 7))
+def _topk_rows(x, lengths, k, config, platform, ordered, gmax, page, sel):
+  v, i, in_order, mapped = _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered,
+                                                    gmax, (sel, page) if page else None)
+  if page and not mapped:  # slot of position p = sel[p // page] * page + p % page
+    blk = jnp.take_along_axis(sel, jnp.maximum(i, 0) // page, axis=1)
+    i = jnp.where((i >= 0) & (blk >= 0), blk * page + jnp.maximum(i, 0) % page, -1)
+  return (v, i) if ordered or in_order else index_order(v, i)
 
 
-def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
-  """-> (values, indices, in_index_order)."""
+def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, block_map=None):
+  """-> (values, indices, in_index_order, indices already mapped through block_map)."""
   r, n = x.shape
   g = group_size(n, k, config, platform.kind)
   if g == 0 or n <= k:
-    return *full_sort(x, lengths, k), False
+    return *full_sort(x, lengths, k), False, False
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
   chunk = g * _tpu.LANES if platform.kind == "tpu" else max(min(config.chunk, next_pow2(n)), g)
   n_pad = -(-n // chunk) * chunk
@@ -121,8 +130,10 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
                             interpret=interp)
     else:  # emitted for the unpadded row: the padding's groups are -inf
       gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
+    ctr = None  # the compaction's zeroed row counters, from the threshold kernel
     if config.threshold == "bisect":
-      thr = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8, interpret=interp)
+      thr, ctr = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
+                                interpret=interp, counter=True)
     else:
       thr = lax.top_k(gmax, k)[0][:, k - 1]
     bitonic = ordered and config.finish == "bitonic"
@@ -132,7 +143,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     if bitonic or rank:  # an order-free finish: count and compaction in one pass
       cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                           num_warps=config.num_warps, interpret=interp,
-                                          gmax=skip)
+                                          gmax=skip, counter=ctr)
     else:
       counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                           interpret=interp, gmax=skip)
@@ -142,24 +153,24 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
                             num_warps=config.num_warps, interpret=interp, gmax=skip)
     # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
     # is read on the host, ~35 us on the H200, more than the filter passes together)
-    cv, ci = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
-                         chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
-                         interpret=interp)
     # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
-    live = jnp.where(total > capacity, k, total).astype(jnp.int32)
+    cv, ci, live = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
+                               chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
+                               interpret=interp)
     if not ordered:
-      return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True
+      return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
     if bitonic and 0 < config.bitonic_run < capacity:
       return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
-                                        num_warps=config.bitonic_warps, interpret=interp), False
+                                        num_warps=config.bitonic_warps, interpret=interp,
+                                        block_map=block_map), False, block_map is not None
     if bitonic:
       return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
-                                  interpret=interp), False
+                                  interpret=interp), False, False
     if rank:
-      return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False
+      return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False, False
     cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
     v, p = lax.top_k(cvm, k)
-    return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False
+    return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False
   else:
     gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
     thr = lax.top_k(gm, k)[0][:, k - 1]
@@ -176,4 +187,5 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax):
     v, p = lax.top_k(cv, k)
     return finish(v, jnp.take_along_axis(ci, p, axis=1))
 
-  return *lax.cond(jnp.all(total <= capacity), filtered, lambda: full_sort(x, lengths, k)), False
+  return *lax.cond(jnp.all(total <= capacity), filtered,
+                   lambda: full_sort(x, lengths, k)), False, False

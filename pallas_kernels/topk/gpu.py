@@ -126,12 +126,14 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None):
+                   interpret: bool, gmax=None, counter=None):
   """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
   float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
   candidates (entries >= thr[r]) grouped by chunk, chunks in no fixed order; the slots past
   them are NOT initialised. One pass (no count pass, no scan). gmax [R, N / group] (optional):
-  the maxima of contiguous groups; then only groups whose maximum reaches thr are read."""
+  the maxima of contiguous groups; then only groups whose maximum reaches thr are read.
+  counter: [R] int32 zeros to count in (updated in place; `threshold(..., counter=True)`
+  makes them), else a fresh zero array."""
   r, n = x.shape
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
@@ -148,7 +150,7 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
       input_output_aliases={3 + len(extra): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
-  )(x, lengths, thr, *extra, jnp.zeros((r,), jnp.int32))
+  )(x, lengths, thr, *extra, jnp.zeros((r,), jnp.int32) if counter is None else counter)
   return v, i, total
 
 
@@ -162,7 +164,7 @@ def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   return out
 
 
-def _threshold_kernel(m_ref, o_ref, *, k: int, iters: int):
+def _threshold_kernel(m_ref, o_ref, *c_ref, k: int, iters: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
   Bisection on the value keeps the invariant count(m >= lo) >= k, so `lo` is always a valid
@@ -187,24 +189,32 @@ def _threshold_kernel(m_ref, o_ref, *, k: int, iters: int):
 
   lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
   o_ref[...] = jnp.where(nfin >= k, lo, NEG_INF).reshape(1)
+  if c_ref:  # the compaction's zeroed row counter (saves XLA a fill kernel before it)
+    c_ref[0][...] = jnp.zeros((1,), jnp.int32)
 
 
-def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool):
+def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
+              counter: bool = False):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
-  power of two; up to 4 power-of-two pieces are kept apart, more are padded to one."""
+  power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
+  counter=True -> (thresholds, [R] int32 zeros): the zeroed row counters `compact_atomic`
+  reserves its ranges with, written by this kernel instead of a separate XLA fill."""
   r, g = gmax.shape
   if len(_pow2_pieces(g)) > 4:
     gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(g) - g)), constant_values=NEG_INF)
     g = gmax.shape[1]
-  return pl.pallas_call(
+  one = pl.BlockSpec((1,), lambda i: (i,))
+  out = pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
-      out_specs=pl.BlockSpec((1,), lambda i: (i,)),
-      out_shape=jax.ShapeDtypeStruct((r,), jnp.float32),
+      out_specs=[one, one] if counter else [one],
+      out_shape=[jax.ShapeDtypeStruct((r,), jnp.float32)]
+      + ([jax.ShapeDtypeStruct((r,), jnp.int32)] if counter else []),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_threshold",
   )(gmax)
+  return tuple(out) if counter else out[0]
 
 
 def _row_chunk_specs(chunk):
@@ -266,8 +276,8 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
   return v, i
 
 
-def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, *, n: int, chunk: int,
-                   capacity: int, k: int):
+def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, *, n: int,
+                   chunk: int, capacity: int, k: int):
   """Rows whose candidates overflowed the buffer (tot > capacity) get their exact top-k set
   written into it instead, in index order; every other row returns at once.
 
@@ -278,6 +288,8 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, *, n: int,
   no device-to-host predicate, which on GPU costs more than all the filter passes together.
   """
   del v_in, i_in
+  # live slots of the row for the finish: the count, or k for a repaired row
+  live_ref[...] = jnp.where(tot_ref[0] > capacity, k, tot_ref[0]).reshape(1)
   length = len_ref[0]
   nchunks = n // chunk
   iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
@@ -330,7 +342,9 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, *, n: int,
 
 def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_warps: int,
            interpret: bool):
-  """Exact candidates for overflowing rows (see _repair_kernel); v, i: compact's buffers."""
+  """Exact candidates for overflowing rows (see _repair_kernel); v, i: compact's buffers.
+  -> (v, i, live [R] int32): the live slots per row, the count, or k for a repaired row (its
+  first k slots, -inf padded)."""
   r, n = x.shape
   width = v.shape[1]
   if width % chunk or width < k:
@@ -342,9 +356,10 @@ def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_wa
       functools.partial(_repair_kernel, n=n, chunk=chunk, capacity=capacity, k=k),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0)), one, one, row, row],
-      out_specs=[row, row],
+      out_specs=[row, row, one],
       out_shape=[jax.ShapeDtypeStruct(v.shape, jnp.float32),
-                 jax.ShapeDtypeStruct(i.shape, jnp.int32)],
+                 jax.ShapeDtypeStruct(i.shape, jnp.int32),
+                 jax.ShapeDtypeStruct((r,), jnp.int32)],
       input_output_aliases={3: 0, 4: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_repair",
@@ -592,12 +607,18 @@ def _sort_keys(v_ref, i_ref, live, offset=0):
   return jnp.where(ok, _ordered_key(v), jnp.uint32(0)), jnp.where(ok, i_ref[...], dead_idx)
 
 
-def _write_sorted(key, idx, vo_ref, io_ref):
-  """Sorted keys (at least as many as the output holds) -> the output's values / indices."""
+def _write_sorted(key, idx, vo_ref, io_ref, sel_ref=None, page: int = 0):
+  """Sorted keys (at least as many as the output holds) -> the output's values / indices.
+  sel_ref (a row of block ids, -1: none) and page: an index p is written as the slot
+  sel[p // page] * page + p % page instead (-1 where that block id is -1)."""
   while key.shape[0] > vo_ref.shape[0]:  # keep the first half (the output is a power of two)
     key, idx = (jnp.split(x.reshape(1, -1), 2, axis=1)[0].reshape(-1) for x in (key, idx))
   ok = key != 0
   vo_ref[...] = jnp.where(ok, _from_ordered_key(key), NEG_INF)
+  if sel_ref is not None:
+    blk = plgpu.load(sel_ref.at[jnp.where(ok, idx // page, 0)], mask=ok, other=-1)
+    ok = ok & (blk >= 0)
+    idx = blk * page + idx % page
   io_ref[...] = jnp.where(ok, idx, -1)
 
 
@@ -616,11 +637,13 @@ def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref):
   ko_ref[...], io_ref[...] = _bitonic_sort(key, idx, offset=offset)
 
 
-def _bitonic_merge_kernel(k_ref, i_ref, vo_ref, io_ref, *, run: int):
+def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int):
   """Step 2, one row per program: the network's remaining merges over runs sorted by step 1,
-  dropping the lower half of the last merge as soon as the output no longer needs it."""
+  dropping the lower half of the last merge as soon as the output no longer needs it.
+  refs: [block ids of the row (page > 0: indices are mapped to slots),] values, indices."""
+  *sel_ref, vo_ref, io_ref = refs
   key, idx = _bitonic_sort(k_ref[...], i_ref[...], first_size=2 * run, keep=vo_ref.shape[0])
-  _write_sorted(key, idx, vo_ref, io_ref)
+  _write_sorted(key, idx, vo_ref, io_ref, *sel_ref, page=page)
 
 
 def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
@@ -638,14 +661,18 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 
 
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
-                         run_warps: int = 4, interpret: bool = False):
+                         run_warps: int = 4, interpret: bool = False, block_map=None):
   """`bitonic_finish` as two kernels, the same network: (rows, cap / run) programs each sort a
   run of `run` candidate slots (the first log2(run) merge sizes, in parallel over the GPU),
   then one program per row does the remaining merges, log2(cap / run) of them, on cap
   entries shrinking to next_pow2(k) in the last. The chain keeps its log2(cap) (log2(cap) +
   1) / 2 dependent steps (cap 4096, run 512: 45 in the run kernel, 33 in the merge kernel),
   so it can only win if a step of a small run program is shorter than one over the whole
-  row. Same outputs as `bitonic_finish`."""
+  row. Same outputs as `bitonic_finish`.
+
+  block_map=(sel [R, W] int32, page): the candidates' indices are positions in a row of W
+  blocks of `page` scores (SPIN's block-sparse scores); the merge kernel then writes each
+  one's slot sel[p // page] * page + p % page (-1 for a -1 block) instead of p."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
@@ -664,14 +691,21 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
   row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
+  extra, extra_specs, page = [], [], 0
+  if block_map is not None:
+    sel, page = block_map
+    if sel.shape[0] != r or not page:
+      raise ValueError(f"block_map ids {sel.shape} must have {r} rows and page={page} > 0")
+    extra, extra_specs = [sel.astype(jnp.int32)], [pl.BlockSpec((None, sel.shape[1]),
+                                                                lambda i: (i, 0))]
   v, i = pl.pallas_call(
-      functools.partial(_bitonic_merge_kernel, run=run),
+      functools.partial(_bitonic_merge_kernel, run=run, page=page),
       grid=(r,),
-      in_specs=[row_in, row_in],
+      in_specs=[row_in, row_in] + extra_specs,
       out_specs=[row_out, row_out],
       out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_bitonic_merge",
-  )(keys, idx)
+  )(keys, idx, *extra)
   return v[:, :k], i[:, :k]
