@@ -28,6 +28,8 @@ def main(argv=None):
                  help="also time the top-k as a set: jaxsparse and torch.topk with sorted=False")
   p.add_argument("--batches", default="", help="comma list of B (default: shapes.TOPK_BATCHES)")
   p.add_argument("--n", default="", help="comma list of row lengths (default: shapes.TOPK_N)")
+  p.add_argument("--kernels", action="store_true",
+                 help="also record kernel time (device trace) of lax.top_k and jaxsparse")
   a = p.parse_args(argv)
   batches = tuple(int(v) for v in a.batches.split(",")) if a.batches else shapes.TOPK_BATCHES
   n_list = tuple(int(v) for v in a.n.split(",")) if a.n else shapes.TOPK_N
@@ -41,10 +43,11 @@ def main(argv=None):
     fused = bench.bench_decode_topk((1,), (8192,), 64, heads=8, head_dim=64, reps=2, calls=3)
   else:
     rows = bench.bench_topk(batches, n_list, ks, configs=cfgs,
-                            approx=not a.no_approx, unsorted=a.unsorted)
+                            approx=not a.no_approx, unsorted=a.unsorted, kernels=a.kernels)
     fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
-  print_table(rows, ["B", "N", "K", "impl", "config", "us", "tbps", "vs_lax_top_k", "vs_torch", "error"])
+  print_table(rows, ["B", "N", "K", "impl", "config", "us", "kernel_us", "tbps", "vs_lax_top_k",
+                     "vs_torch", "error"])
   print_table(fused, ["B", "N", "K", "impl", "us", "vs_jnp", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows, fused=fused))
   print(f"wrote {a.out}")

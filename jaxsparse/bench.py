@@ -222,14 +222,16 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
 
 
 def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), approx=True,
-               torch_topk=True, configs=(None,), seed=0, reps=5, calls=20, unsorted=False):
+               torch_topk=True, configs=(None,), seed=0, reps=5, calls=20, unsorted=False,
+               kernels=False):
   """Exact top-k of random float32 rows: lax.top_k, approx_max_k, torch.topk and jaxsparse.
 
   unsorted: also time the top-k as a set (jaxsparse sorted=False: index order; torch.topk
   sorted=False: unspecified order), the form sparse attention consumes.
 
   JAX timings go through `_timed` (JAXSPARSE_IN_GRAPH=1 removes host dispatch); torch.topk is
-  timed with CUDA events.
+  timed with CUDA events. kernels=True also records `kernel_us` (the device trace's kernel
+  time per call) for lax.top_k and jaxsparse.
   """
   dev = _Rand(seed)
   rows = []
@@ -242,14 +244,15 @@ def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), ap
     nbytes = bsz * n * 4
     sets = [(dev.normal((bsz, n), jnp.float32),)
             for _ in range(_sets(nbytes))]
-    def add(impl, timed, cfg=""):
+    def add(impl, timed, cfg="", fn=None):
       sec, err = timed
+      extra = {"kernel_us": _kernel_us(fn, sets[0])} if kernels and fn is not None else {}
       _emit(rows, dict(op="topk", B=bsz, N=n, K=k, impl=impl, config=cfg, error=err,
-                       us=sec * 1e6, tbps=nbytes / sec / 1e12))
+                       us=sec * 1e6, tbps=nbytes / sec / 1e12, **extra))
 
     if "xla" in implementations:
-      add("lax.top_k", _timed(jax.jit(lambda x: jax.lax.top_k(x, k)), sets, reps=reps,
-                              calls=calls))
+      f = jax.jit(lambda x: jax.lax.top_k(x, k))
+      add("lax.top_k", _timed(f, sets, reps=reps, calls=calls), fn=f)
     if approx:
       add("lax.approx_max_k", _timed(jax.jit(lambda x: jax.lax.approx_max_k(x, k)), sets,
                                      reps=reps, calls=calls))
@@ -261,7 +264,7 @@ def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), ap
     if "pallas" in implementations:
       for cfg in configs:
         f = jax.jit(lambda x, cfg=cfg: _topk.topk(x, k, implementation="pallas", config=cfg))
-        add("jaxsparse", _timed(f, sets, reps=reps, calls=calls), _cfg_str(cfg))
+        add("jaxsparse", _timed(f, sets, reps=reps, calls=calls), _cfg_str(cfg), fn=f)
         if unsorted:
           f = jax.jit(lambda x, cfg=cfg: _topk.topk(x, k, implementation="pallas", sorted=False,
                                                     config=cfg))

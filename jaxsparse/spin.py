@@ -821,9 +821,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   def sparse(_):
     z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel_w,
                           counts_w, k_scale, impl, decode_config, b)
-    vals, top, new = finish(z[:, 0], sel_w)
-    # a sparse step runs only on warm requests: `warm` passes through (no fill kernel)
-    return vals, top, {**new, "warm": state["warm"]}
+    return finish(z[:, 0], sel_w)
 
   def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":

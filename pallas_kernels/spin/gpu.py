@@ -78,8 +78,11 @@ def _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, *, page: int, 
   outs = refs[6 if slots else 3:]  # skip the aliased inputs
   v_ref, d_ref, vm_ref = outs[:3] if slots else (None, None, None)
   vb_ref, db_ref, age_ref, stepo_ref, *gm_refs = outs[3:] if slots else outs
-  # every program of the request writes the same value (saves XLA a kernel for step + 1)
-  stepo_ref[...] = step_ref[...] + 1
+  # the request's first program writes it (saves XLA a kernel for step + 1; every program
+  # writing the same word cost the H200 ~2 us, `spin_A1_glue_s11b.json`)
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    stepo_ref[...] = step_ref[...] + 1
   _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
               page=page, blocks=blocks, decay=decay, group=group, scatter=scatter)
   return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref
