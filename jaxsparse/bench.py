@@ -244,9 +244,9 @@ def bench_topk(batches, n_list, k_list, *, implementations=("xla", "pallas"), ap
     nbytes = bsz * n * 4
     sets = [(dev.normal((bsz, n), jnp.float32),)
             for _ in range(_sets(nbytes))]
-    def add(impl, timed, cfg="", fn=None):
+    def add(impl, timed, cfg="", fn=None, args=sets[0]):
       sec, err = timed
-      extra = {"kernel_us": _kernel_us(fn, sets[0])} if kernels and fn is not None else {}
+      extra = {"kernel_us": _kernel_us(fn, args)} if kernels and fn is not None else {}
       _emit(rows, dict(op="topk", B=bsz, N=n, K=k, impl=impl, config=cfg, error=err,
                        us=sec * 1e6, tbps=nbytes / sec / 1e12, **extra))
 
