@@ -42,8 +42,10 @@ class TopkConfig:
     (benchmarks/results/session10/topk_variants_b*.json).
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
-    quarter of the groups); False (the default until it is timed on the H200,
-    benchmarks/run_h200_next.sh), they read every score.
+    quarter of the groups); False (the default), they read every score. On the H200 it
+    gains nothing at 64 x 128K (compaction 25.4 us with it, 24.7 without) and 3% at 64 x 1M
+    (179.7 / 185.8): the compaction is latency-bound, not byte-bound
+    (benchmarks/results/session11/topk_skip_s11a.json).
   """
   chunk: int = 2048
   capacity_factor: int = 2
