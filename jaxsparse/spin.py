@@ -805,14 +805,12 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     else:
       new = upd(state, z, sel, pos, lengths, config)
     # top-K over the scored slots only (the compacted width, not N), then map to slots
+    from pallas_kernels import topk as ktopk
     if gm is None:
       vals, idx = selection.topk(z, config.topk, implementation=implementation,
                                  config=topk_config, sorted=ordered)
-      # slot of output position p = sel[p // b] * b + p % b (no [B, W * b] slot array needed)
-      blk = jnp.take_along_axis(sel, jnp.maximum(idx, 0) // b, axis=1)
-      top = jnp.where((idx >= 0) & (blk >= 0), blk * b + jnp.maximum(idx, 0) % b, -1)
+      top = ktopk.block_slots(sel, idx, b)
     else:  # the same mapping, done by the top-K's last kernel
-      from pallas_kernels import topk as ktopk
       vals, top = ktopk.topk_rows(z, np.full((bsz,), z.shape[1], np.int32), config.topk,
                                   topk_config or ktopk.TopkConfig(), plat, gm, ordered=ordered,
                                   block_map=(sel, b))

@@ -329,9 +329,9 @@ def block_scores_max_gpu(vm, v, d, pos, lengths, *, page: int, blocks_per_progra
   vm must be V's block maxima), pos, lengths [B] int32 -> [B, nb] float32, equal to
   `jaxsparse.spin._max_pooled_block_scores` per request. One pass over D in whole aligned
   rows (no flipped copy), V's block maxima from vm, and V itself only in the newest block.
-  blocks_per_program 64 at 4 warps: when the kernel still read all of V, it took 12.2 us at
-  64 x 128K on the H200 (34 MB, 2.75 TB/s), 13.0 at 32, 14.2 at 16
-  (benchmarks/results/session10/spin_tiles.json); reading D alone is not yet timed."""
+  blocks_per_program 64 at 4 warps: 11.6 us at 64 x 128K on the H200 (12.3 at 32 blocks,
+  11.6 at 128 with 8 warps; benchmarks/results/session11/spin_tiles_vm_s11a.json); it is
+  not bandwidth-bound (~17 MB read), and reading all of V took 12.2 before VM."""
   bsz, cap = v.shape
   nb = cap // page
   bpp = min(blocks_per_program, 1 << (nb - 1).bit_length())

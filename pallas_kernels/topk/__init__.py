@@ -36,7 +36,7 @@ from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
 from pallas_kernels.topk import tpu as _tpu
 
-__all__ = ["TopkConfig", "topk_rows", "group_size"]
+__all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots"]
 
 NEG_INF = float("-inf")
 
@@ -106,10 +106,18 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
 def _topk_rows(x, lengths, k, config, platform, ordered, gmax, page, sel):
   v, i, in_order, mapped = _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered,
                                                     gmax, (sel, page) if page else None)
-  if page and not mapped:  # slot of position p = sel[p // page] * page + p % page
-    blk = jnp.take_along_axis(sel, jnp.maximum(i, 0) // page, axis=1)
-    i = jnp.where((i >= 0) & (blk >= 0), blk * page + jnp.maximum(i, 0) % page, -1)
+  if page and not mapped:
+    i = block_slots(sel, i, page)
   return (v, i) if ordered or in_order else index_order(v, i)
+
+
+def block_slots(sel, p, page: int):
+  """Positions p [R, K] int32 in rows of W blocks of `page` scores, block sel[r, j] at
+  positions j * page ... (sel [R, W] int32, -1: a padding block) -> slots sel[p // page] *
+  page + p % page, -1 where p < 0 or the block id is -1 (no [R, W * page] slot array)."""
+  q = jnp.maximum(p, 0)
+  blk = jnp.take_along_axis(sel, q // page, axis=1)
+  return jnp.where((p >= 0) & (blk >= 0), blk * page + q % page, -1)
 
 
 def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, block_map=None):
