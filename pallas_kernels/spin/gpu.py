@@ -42,86 +42,84 @@ def _ema(old, new, decay):
   return (decay * old.astype(jnp.float32) + (1 - decay) * new).astype(old.dtype)
 
 
-def _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs, *,
-                page: int, blocks: int, decay: float, group: int, scatter: bool):
-  """The program's selected blocks: writes the top-K group maxima of its scores (when asked),
-  and with scatter=True updates VB, DB and ages of the blocks its request has seen:
-    VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step
-  (m_j: the block's max observed score). Masked-off lanes of a compiled scatter touch no
-  memory; interpret mode rewrites every lane's slot, so it passes scatter=False and updates
-  block by block in `_loop`."""
-  j = sel_ref[...]
-  length = len_ref[0]
-  z = z_ref[...]
+def _group_maxima(z, gm_refs, *, group: int):
+  """The top-K's first pass, fused into the update's read of z: the maxima of consecutive
+  groups of the program's scores z (NaN as -inf, as the top-K's own group-max pass)."""
   if gm_refs:
-    zc = jnp.where(z == z, z, NEG_INF)  # NaN is no score (as the top-K's own group-max pass)
-    gm_refs[0][...] = zc.reshape(blocks * page // group, group).max(axis=1)
-  if not scatter:
-    return
-  i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
-  obs = (j[:, None] >= 0) & (i < length)
-  blk = jnp.max(jnp.where(obs, z.reshape(blocks, page), NEG_INF), axis=1)
-  seen = (j >= 0) & (j * page < length)
-  vb = plgpu.load(vb_ref.at[j], mask=seen, other=0.0)
-  plgpu.store(vb_ref.at[j], _ema(vb, blk, decay), mask=seen)
-  o = pos_ref[0] // page - j  # DB is indexed by block offset from the query's block
-  db = plgpu.load(db_ref.at[o], mask=seen, other=0.0)
-  plgpu.store(db_ref.at[o], _ema(db, blk, decay), mask=seen)
-  plgpu.store(age_ref.at[j], jnp.full((blocks,), step_ref[0], jnp.int32), mask=seen)
+    zc = jnp.where(z == z, z, NEG_INF)
+    gm_refs[0][...] = zc.reshape(z.size // group, group).max(axis=1)
 
 
-def _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, *, page: int, blocks: int,
-                decay: float, group: int, slots: bool, scatter: bool):
-  """Split the kernel's remaining refs (aliased inputs, then outputs: [V, D, VM,] VB, DB, age,
-  step [, group maxima]), write the request's next step counter, and run `_block_part`; ->
-  the output refs V, D, VM (None without slots), VB, DB, age."""
+def _split_refs(refs, slots: bool):
+  """The kernel's refs after the inputs (aliased inputs, then outputs: [V, D, VM,] VB, DB,
+  age, step [, group maxima]) -> (V, D, VM (None without slots), VB, DB, age, step, gm list)."""
   outs = refs[6 if slots else 3:]  # skip the aliased inputs
   v_ref, d_ref, vm_ref = outs[:3] if slots else (None, None, None)
   vb_ref, db_ref, age_ref, stepo_ref, *gm_refs = outs[3:] if slots else outs
-  # the request's first program writes it (saves XLA a kernel for step + 1; every program
-  # writing the same word cost the H200 ~2 us, `spin_A1_glue_s11b.json`)
+  return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, stepo_ref, gm_refs
+
+
+def _next_step(step, stepo_ref):
+  """step + 1 (step: the request's int32 counter) from the request's first program only (saves
+  XLA a kernel for step + 1; every program writing the same word cost the H200 ~2 us,
+  `spin_A1_glue_s11b.json`)."""
   @pl.when(pl.program_id(1) == 0)
   def _():
-    stepo_ref[...] = step_ref[...] + 1
-  _block_part(sel_ref, pos_ref, len_ref, step_ref, z_ref, vb_ref, db_ref, age_ref, gm_refs,
-              page=page, blocks=blocks, decay=decay, group=group, scatter=scatter)
-  return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref
+    stepo_ref[...] = jnp.full((1,), step + 1, jnp.int32)
 
 
 def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
           decay: float, group: int, slots: bool):
-  """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile
-  (every load issued at once)."""
-  v_ref, d_ref, vm_ref, *_ = _block_refs(sel_ref, pos_ref, len_ref, step_ref, z_ref, refs,
-                                         page=page, blocks=blocks, decay=decay, group=group,
-                                         slots=slots, scatter=True)
-  if not slots:
-    return
+  """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile.
+  Every load is issued before the first store: the compiled code keeps loads and stores in
+  program order (the refs may alias as far as it knows), so a store between two loads costs
+  a second memory round trip per program.
+    VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step
+  (m_j: block j's max observed score), and with slots the V, VM and D updates."""
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, stepo_ref, gm_refs = _split_refs(refs, slots)
   pos = pos_ref[0]
+  length = len_ref[0]
+  step = step_ref[0]
   j = sel_ref[...]  # [blocks]
+  zf = z_ref[...]
+  z = zf.reshape(blocks, page)
   i = j[:, None] * page + lax.broadcasted_iota(jnp.int32, (blocks, page), 1)
   row = jnp.broadcast_to(j[:, None] >= 0, (blocks, page))  # constant along each block
-  obs = row & (i < len_ref[0])
-  z = jnp.where(obs, z_ref[...].reshape(blocks, page), 0.0)
-  # whole rows of V under a row-constant mask, i unclamped (padding rows point before the
-  # array, masked): Triton keeps both as vector accesses (a per-lane mask or a select on i
-  # would make them scalar). Unobserved lanes are written back unchanged.
-  v = plgpu.load(v_ref.at[i], mask=row, other=0.0)
-  v = jnp.where(obs, _ema(v, z, decay), v)
-  plgpu.store(v_ref.at[i], v, mask=row)
-  plgpu.store(vm_ref.at[j], jnp.max(v, axis=1), mask=j >= 0)  # the blocks' new maxima
-  o = jnp.where(obs, pos - i, 0)
-  d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
-  plgpu.store(d_ref.at[o], _ema(d, z, decay), mask=obs)
+  obs = row & (i < length)
+  seen = (j >= 0) & (j * page < length)
+  ob = pos // page - j  # DB is indexed by block offset from the query's block
+  # ---- loads
+  vb = plgpu.load(vb_ref.at[j], mask=seen, other=0.0)
+  db = plgpu.load(db_ref.at[ob], mask=seen, other=0.0)
+  if slots:
+    # whole rows of V under a row-constant mask, i unclamped (padding rows point before the
+    # array, masked): Triton keeps both as vector accesses (a per-lane mask or a select on i
+    # would make them scalar). Unobserved lanes are written back unchanged.
+    v = plgpu.load(v_ref.at[i], mask=row, other=0.0)
+    o = jnp.where(obs, pos - i, 0)
+    d = plgpu.load(d_ref.at[o], mask=obs, other=0.0)
+  # ---- compute and stores
+  _group_maxima(zf, gm_refs, group=group)
+  blk = jnp.max(jnp.where(obs, z, NEG_INF), axis=1)
+  plgpu.store(vb_ref.at[j], _ema(vb, blk, decay), mask=seen)
+  plgpu.store(db_ref.at[ob], _ema(db, blk, decay), mask=seen)
+  plgpu.store(age_ref.at[j], jnp.full((blocks,), step, jnp.int32), mask=seen)
+  if slots:
+    zo = jnp.where(obs, z, 0.0)
+    v = jnp.where(obs, _ema(v, zo, decay), v)
+    plgpu.store(v_ref.at[i], v, mask=row)
+    plgpu.store(vm_ref.at[j], jnp.max(v, axis=1), mask=j >= 0)  # the blocks' new maxima
+    plgpu.store(d_ref.at[o], _ema(d, zo, decay), mask=obs)
+  _next_step(step, stepo_ref)
 
 
 def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
           decay: float, group: int, slots: bool):
   """Interpret mode: one block at a time (a masked scatter there is a read-modify-write of
   every lane, so masked lanes get distinct wrapped slots, per block)."""
-  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref = _block_refs(
-      sel_ref, pos_ref, len_ref, step_ref, z_ref, refs, page=page, blocks=blocks, decay=decay,
-      group=group, slots=slots, scatter=False)
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, stepo_ref, gm_refs = _split_refs(refs, slots)
+  _next_step(step_ref[0], stepo_ref)
+  _group_maxima(z_ref[...], gm_refs, group=group)
   pos = pos_ref[0]
   length = len_ref[0]
   cap = v_ref.shape[0] if slots else 0
