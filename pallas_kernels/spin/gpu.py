@@ -285,9 +285,11 @@ def _block_score_kernel(pos_ref, len_ref, vm_ref, v_ref, d_ref, o_ref, *, page: 
   """`blocks` consecutive blocks j of one request: max(max of V over j's slots below the
   length, max of D over j's offsets pos - j * page - page + 1 ... pos - j * page), -inf past
   the context. V's part is VM[j] for whole blocks and is taken from V's row only for the
-  newest (partial) block. The offsets are lanes >= r of D-block c - 1 - j and lanes < r of
-  D-block c - j (c, r = divmod(pos + 1, page)); each is loaded as a whole aligned row, with
-  row-constant masks so the loads stay vectorised, and the lane split applied after."""
+  newest (partial) block. With c, r = divmod(pos + 1, page), block j's offsets are lanes >= r
+  of D row c - 1 - j (its suffix) and lanes < r of D row c - j (its prefix), which is the
+  previous block's suffix row: each D row is loaded once (whole aligned rows under
+  row-constant masks, so the loads stay vectorised), split into its two lane ranges, and the
+  prefix maxima shifted one block along; only the first block's prefix row is loaded apart."""
   t = pl.program_id(1)
   pos = pos_ref[0]
   length = len_ref[0]
@@ -299,7 +301,7 @@ def _block_score_kernel(pos_ref, len_ref, vm_ref, v_ref, d_ref, o_ref, *, page: 
   newest = (length + page - 1) // page - 1  # -1 for an empty context
 
   def rows(row, ok):  # indices of whole rows `row` of a [cap] ref, where ok
-    idx = row * page + lane
+    idx = row * page + lax.broadcasted_iota(jnp.int32, ok.shape, ok.ndim - 1)
     if interpret:  # the interpreter gathers every lane: keep masked ones in bounds
       idx = jnp.where(ok, idx, 0)
     return idx, ok
@@ -308,15 +310,24 @@ def _block_score_kernel(pos_ref, len_ref, vm_ref, v_ref, d_ref, o_ref, *, page: 
                   other=0.0).astype(jnp.float32)
   vi, vok = rows(j, jnp.broadcast_to(j == newest, (blocks, page)))
   v = plgpu.load(v_ref.at[vi], mask=vok, other=0.0).astype(jnp.float32)
+  # D rows c - 1 - j (the blocks' suffix rows), and row c - t * blocks (the first block's
+  # prefix row); a row is read only where it exists
+  si, sok = rows(c - 1 - j, jnp.broadcast_to((c - 1 - j >= 0) & (j < nb), (blocks, page)))
+  drow = plgpu.load(d_ref.at[si], mask=sok, other=0.0).astype(jnp.float32)
+  first = c - t * blocks
+  lane1 = lax.broadcasted_iota(jnp.int32, (page,), 0)
+  fi, fok = rows(first, jnp.broadcast_to((first >= 0) & (first < nb), (page,)))
+  dfirst = plgpu.load(d_ref.at[fi], mask=fok, other=0.0).astype(jnp.float32)
+  # ---- compute
   vnew = jnp.max(jnp.where(vok & (vi < length), v, NEG_INF), axis=1)
   v = jnp.where(jv == newest, vnew, jnp.where(jv < newest, vm, NEG_INF))
-  si, sok = rows(c - 1 - j, jnp.broadcast_to((c - 1 - j >= 0) & (j < nb), (blocks, page)))
-  dsuf = plgpu.load(d_ref.at[si], mask=sok, other=0.0).astype(jnp.float32)
-  suf = jnp.max(jnp.where(sok & (lane >= r), dsuf, NEG_INF), axis=1)
-  pi, pok = rows(c - j, jnp.broadcast_to((c - j >= 0) & (c - j < nb) & (j < nb),
-                                         (blocks, page)))
-  dpre = plgpu.load(d_ref.at[pi], mask=pok, other=0.0).astype(jnp.float32)
-  pre = jnp.max(jnp.where(pok & (lane < r), dpre, NEG_INF), axis=1)
+  suf = jnp.max(jnp.where(sok & (lane >= r), drow, NEG_INF), axis=1)
+  pre_next = jnp.max(jnp.where(sok & (lane < r), drow, NEG_INF), axis=1)  # block j + 1's prefix
+  pre0 = jnp.max(jnp.where(fok & (lane1 < r), dfirst, NEG_INF))
+  k = lax.broadcasted_iota(jnp.int32, (blocks, blocks), 0)
+  m = lax.broadcasted_iota(jnp.int32, (blocks, blocks), 1)
+  pre = jnp.max(jnp.where(m == k - 1, pre_next[None, :], NEG_INF), axis=1)  # shift by one
+  pre = jnp.where(jv == t * blocks, pre0, pre)
   o_ref[...] = jnp.maximum(v, jnp.maximum(suf, pre))
 
 
