@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels._util import counter_hash, mix32
+from pallas_kernels._util import counter_hash, words_seed
 
 NEG_INF = float("-inf")
 POOLINGS = ("max", "top4", "mean")
@@ -99,16 +99,20 @@ def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
 
   The first step after a reset scores every block (`warm` is False until then). Keys: V, D
   [..., capacity] and VB, DB, VM [..., capacity / block_size] in the state dtype, age
-  [..., capacity / block_size] int32, step int32 and warm bool [...]. VM is V's maximum over
+  [..., capacity / block_size] uint32, step int32 and warm bool [...]. VM is V's maximum over
   each block; every update keeps it so (a state built by hand must set it to
-  `V.reshape(..., -1, block_size).max(-1)`).
+  `V.reshape(..., -1, block_size).max(-1)`). age is uint32, not int32, so that a jitted step
+  that donates its state never finds it the same shape and dtype as the int32 top-K indices
+  [B, K]: at K = capacity / block_size (2048 at 128K slots) jax would alias the donated age to
+  those indices and XLA would copy age every step (a 2.85 us `memcpy32_post` at 64 x 128K on
+  the H200, benchmarks/results/session12). An int32 age built by hand works as well.
   """
   if capacity % config.block_size:
     raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
   nb = capacity // config.block_size
   z = lambda n: jnp.zeros(batch + (n,), jnp.dtype(config.state_dtype))
   return {"V": z(capacity), "D": z(capacity), "VM": z(nb), "VB": z(nb), "DB": z(nb),
-          "age": jnp.zeros(batch + (nb,), jnp.int32), "step": jnp.zeros(batch, jnp.int32),
+          "age": jnp.zeros(batch + (nb,), jnp.uint32), "step": jnp.zeros(batch, jnp.int32),
           "warm": jnp.zeros(batch, bool)}
 
 
@@ -243,11 +247,13 @@ def _budget(n_blocks, config: SpinConfig):
 
 def key_seed(key):
   """A uint32 seed from a PRNG key (raw uint32 or typed): its key data hashed together."""
-  words = jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
-  s = jnp.uint32(0x243F6A88)
-  for i in range(words.shape[0]):
-    s = mix32(s ^ words[i])
-  return s
+  words = key_words(key)
+  return words_seed(lambda i: words[i], words.shape[0])
+
+
+def key_words(key):
+  """A PRNG key's data as a flat uint32 array (no computation for a raw uint32 key)."""
+  return jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
 
 
 def request_seeds(key, n: int):
@@ -267,6 +273,11 @@ def _uniform16(seed, nb: int):
   return random_keys16(seed, nb).astype(jnp.float32) * (1.0 / 65536)
 
 
+def _staleness(state):
+  """Steps since each block was last observed: step - age, float32 [..., nb]."""
+  return (state["step"].astype(jnp.int32) - state["age"].astype(jnp.int32)).astype(jnp.float32)
+
+
 def _priorities(state, pos, length, config: SpinConfig, seed):
   """Exploration priorities [nb] float32 of the configured policy (higher: explored first).
   seed: uint32 (`request_seeds`). Random priorities take 2**16 values: two blocks tie with
@@ -275,12 +286,12 @@ def _priorities(state, pos, length, config: SpinConfig, seed):
   if config.explore == "random":
     return _uniform16(seed, nb)
   if config.explore == "block-age":
-    return (state["step"] - state["age"]).astype(jnp.float32) + 1e-3 * _uniform16(seed, nb)
+    return _staleness(state) + 1e-3 * _uniform16(seed, nb)
   if config.explore == "staleness":
     s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
                      if config.reduction == "A0" else config)
     valid = jnp.arange(nb) < -(-length // config.block_size)
-    stale = (state["step"] - state["age"]).astype(jnp.float32)
+    stale = _staleness(state)
     lo = jnp.min(jnp.where(valid, s, jnp.inf))
     return stale * (jnp.where(valid, s, lo) - lo + 1e-6)
   return jnp.zeros((nb,))
@@ -338,42 +349,50 @@ def _score_bits(config: SpinConfig) -> int:
 
 
 def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
-                           kernel: bool = False, interpret: bool = False):
+                           kernel: bool = False, interpret: bool = False, block_table=None,
+                           num_pages: int = 0):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
-  blocks selected, uncut): `select_blocks_batched` then `compact_blocks`, the same blocks for
-  the same key. kernel=True (A1/A2; GPU, or its interpreter with interpret=True): one Pallas
-  program per request ranks, picks and compacts (`pallas_kernels.spin`), random exploration
-  keys are made in it, and A1's max-pooled block scores come from one more kernel; XLA only
-  computes the per-request budgets (and other policies' priorities or pooling)."""
+  blocks selected, uncut [, pages [B, width] int32]): `select_blocks_batched` then
+  `compact_blocks`, the same blocks for the same key. kernel=True (A1/A2; GPU, or its
+  interpreter with interpret=True): one Pallas program per request computes its budget, ranks,
+  picks and compacts (`pallas_kernels.spin`), random exploration keys are made in it from the
+  key's words, and A1's max-pooled block scores come from one more kernel; XLA computes only
+  other policies' priorities or pooling. block_table [B, nb] with num_pages (kernel=True
+  only) adds the selected blocks' pages, clipped to [0, num_pages), in sel's order.
+  pos None: lengths - 1 (computed in the kernels where they read it)."""
+  kpos = pos
+  if pos is None:
+    pos = lengths - 1
   if not kernel or config.reduction == "A0":
     masks = select_blocks_batched(state, pos, lengths, config, key)
-    return (masks, *compact_blocks(masks, width), masks.sum(1).astype(jnp.int32))
+    out = (masks, *compact_blocks(masks, width), masks.sum(1).astype(jnp.int32))
+    if num_pages:
+      sel = out[1]
+      pages = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+      out += (jnp.where(sel >= 0, jnp.clip(pages, 0, num_pages - 1), 0),)
+    return out
   from pallas_kernels._util import next_pow2, pad_axis
   from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
   nb = state["VB"].shape[-1]
-  seeds = request_seeds(key, pos.shape[0])
-
-  def plan(st, p, length):
-    n_blocks = -(-length // config.block_size)
-    n_exploit, n_explore = _budget(n_blocks, config)
-    return jnp.stack([n_blocks, n_exploit, n_explore, st["warm"].astype(jnp.int32)])
-
-  counts = jax.vmap(plan)(state, pos, lengths).astype(jnp.int32)
   if config.reduction == "A1" and config.pooling == "max":
-    s = block_scores_max_gpu(state["VM"], state["V"], state["D"], pos, lengths,
+    s = block_scores_max_gpu(state["VM"], state["V"], state["D"], kpos, lengths,
                              page=config.block_size, interpret=interpret)
   else:
     s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
   if config.explore == "random":
-    prio = seeds
+    prio = key_words(key)
   else:
+    seeds = request_seeds(key, pos.shape[0])
     prio = jax.vmap(_priorities, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, seeds)
   lp = next_pow2(max(nb, 16))
-  masks, sel, total = select_compact_gpu(
+  out = select_compact_gpu(
       pad_axis(s, 1, lp, value=NEG_INF), prio if prio.ndim == 1 else pad_axis(prio, 1, lp),
-      counts, width, score_bits=_score_bits(config), interpret=interpret)
-  return masks[:, :nb], sel, jnp.minimum(total, width), total
+      lengths, state["warm"], width, budget=lambda n: _budget(n, config),
+      block=config.block_size, score_bits=_score_bits(config), block_table=block_table,
+      num_pages=num_pages, interpret=interpret)
+  masks, sel, total = out[:3]
+  return (masks[:, :nb], sel, jnp.minimum(total, width), total, *out[3:])
 
 
 # ---------------------------------------------------------------------------------- update
@@ -415,7 +434,7 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
   blk_off, seen_off = by_offset(jnp.where(seen, blk, 0.0), pos // b), by_offset(seen, pos // b,
                                                                              False)
   db = jnp.where(seen_off, _ema(state["DB"], blk_off, a), state["DB"])
-  age = jnp.where(seen, state["step"], state["age"])
+  age = jnp.where(seen, state["step"].astype(state["age"].dtype), state["age"])
   return {"VB": vb, "DB": db, "age": age, "step": state["step"] + 1,
           "warm": jnp.ones_like(state["warm"])}
 
@@ -425,7 +444,8 @@ def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, grou
   """The step's EMA update by the GPU kernel, in place: only the selected blocks' states (and,
   except under A2, their slots' V and D) are read or written. Equals `update_blocks` per
   request (A0/A1) or `update_block_states` (A2). scores [B, W * b] of the selected blocks
-  sel [B, W], pos/lengths [B]. -> (new state, [B, W * b / group] group maxima of the scores
+  sel [B, W], pos/lengths [B] (pos None: lengths - 1, computed in the kernel). -> (new state,
+  [B, W * b / group] group maxima of the scores
   for the top-K when group > 0, else None). blocks_per_program: selected blocks per kernel
   program; None picks the fastest of 4, 8, 16, 32 at B=64 x 128K on the H200 (16 under A2,
   8 otherwise: benchmarks/results/session6/spin_update_bpp.json)."""
@@ -436,7 +456,7 @@ def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, grou
                               page=config.block_size, slots=config.reduction != "A2",
                               group=group, blocks_per_program=blocks_per_program,
                               interpret=interpret)
-  return {**state, **upd, "warm": jnp.ones_like(state["warm"])}, gm  # the kernel wrote step
+  return {**state, **upd}, gm  # the kernel wrote step and warm
 
 
 def _selected_block_states(state, sel, blk_w, pos, lengths, config: SpinConfig):
@@ -756,16 +776,17 @@ def compact_blocks(mask, width: int):
 
 
 def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, impl,
-                   decode_config, block):
+                   decode_config, block, pages=None):
   """Block-sparse scores of the selected blocks: q [B, R, H, D] -> (z [B, R, M * b], slots
-  [B, M * b] (-1: padding)), through the Pallas kernel or the XLA reference."""
+  [B, M * b] (-1: padding)), through the Pallas kernel or the XLA reference. pages: the
+  selected blocks' cache pages when the selection kernel gathered them (Pallas only)."""
   from jaxsparse import backend
   from jaxsparse.indexer import paged_indexer_scores_xla, row_lengths
   if impl == "pallas":
     from pallas_kernels import indexer_decode
     return indexer_decode.block_sparse_scores(
         q, k_cache, block_table, lengths, w, sel, counts, k_scale=k_scale, config=decode_config,
-        platform=backend.kernel_platform())
+        platform=backend.kernel_platform(), pages=pages)
   bsz, width = sel.shape
   table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
   z = paged_indexer_scores_xla(q, k_cache, table, jnp.full_like(lengths, width * block), w,
@@ -790,14 +811,17 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   plat = backend.kernel_platform()
   kernels = impl == "pallas" and plat.kind == "gpu"  # the SPIN kernels (compiled or interpreted)
   width = _aligned_width(max_selected_blocks(nb, config), nb)
-  masks, sel_w, counts_w, picked = select_compact_batched(
-      state, pos, lengths, config, key, width, kernel=kernels, interpret=plat.interpret)
+  # the selection kernel also gathers the selected blocks' pages for the scoring kernel
+  masks, sel_w, counts_w, picked, *pages = select_compact_batched(
+      state, None if kernels else pos, lengths, config, key, width, kernel=kernels,
+      interpret=plat.interpret,
+      block_table=block_table if kernels else None, num_pages=k_cache.shape[0] if kernels else 0)
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
   def finish(z, sel):
     gm = None
     if kernels:  # in place, only the scored blocks; the same read of z emits the top-K's maxima
-      new, gm = update_batched(state, z, sel, pos, lengths, config,
+      new, gm = update_batched(state, z, sel, None, lengths, config,
                                group=_fused_group(z.shape[1], config, topk_config),
                                interpret=plat.interpret)
     elif config.reduction == "A2":  # block states only: V and D are never read under A2
@@ -818,7 +842,8 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 
   def sparse(_):
     z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel_w,
-                          counts_w, k_scale, impl, decode_config, b)
+                          counts_w, k_scale, impl, decode_config, b,
+                          pages[0] if pages else None)
     return finish(z[:, 0], sel_w)
 
   def dense(_):  # the first step after a reset scores every block

@@ -41,6 +41,15 @@ def mix32(x):
   return x ^ (x >> 16)
 
 
+def words_seed(word, n: int):
+  """A uint32 seed from n uint32 words (word(i) -> the i-th, e.g. a PRNG key's data), each
+  mixed in turn; jnp ops only, so XLA and a Triton kernel compute the same bits."""
+  s = jnp.uint32(0x243F6A88)
+  for i in range(n):
+    s = mix32(s ^ word(i))
+  return s
+
+
 def counter_hash(seed, idx):
   """mix32(seed + idx * golden): uint32 pseudo-random words for counters idx (uint32 arrays,
   broadcast) under a uint32 seed; counter-based, so any entry is computed on its own."""

@@ -540,18 +540,29 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
   lengths = jnp.asarray([nb * 16, 300, 250, 17, 16], jnp.int32)
   st = spin_state_case(rng, cfg, 5, nb, lengths, warm=[True, True, False, True, True])
   key = jax.random.PRNGKey(3)
+  # a block table with out-of-range pages: the kernel clips them as the scoring wrapper did
+  table = jnp.asarray(rng.integers(-3, 60, (5, nb)), jnp.int32)
   for width in (spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb), 12):
-    want = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width)
+    want = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width,
+                                       block_table=table, num_pages=50)
     got = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
-                                      interpret=True)
-    for name, g, r in zip(("masks", "sel", "counts"), got, want):
+                                      interpret=True, block_table=table, num_pages=50)
+    for name, g, r in zip(("masks", "sel", "counts", "selected", "pages"), got, want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=f"{name} {width}")
+    sel = np.asarray(want[1])
+    np.testing.assert_array_equal(  # pages are the selected blocks' table entries, clipped
+        np.asarray(want[4]),
+        np.where(sel >= 0, np.take_along_axis(np.clip(np.asarray(table), 0, 49),
+                                              np.maximum(sel, 0), 1), 0))
   assert int(want[2][2]) == 12  # the cold request (16 valid blocks) is cut to the width
   from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
   S = jax.ShapeDtypeStruct
-  for prio in (S((64, 2048), jnp.float32), S((64,), jnp.uint32)):  # priorities, random seeds
-    export_for(lambda s, p, c: select_compact_gpu(s, p, c, 1280, score_bits=16), "cuda",
-               S((64, 2048), jnp.float32), prio, S((64, 4), jnp.int32))
+  for prio in (S((64, 2048), jnp.float32), S((2,), jnp.uint32)):  # priorities, key words
+    export_for(lambda s, p, ln, wm, t: select_compact_gpu(
+        s, p, ln, wm, 1280, budget=lambda n: spin._budget(n, cfg), block=64, score_bits=16,
+        block_table=t, num_pages=4096), "cuda",
+        S((64, 2048), jnp.float32), prio, S((64,), jnp.int32), S((64,), jnp.bool_),
+        S((64, 2048), jnp.int32))
   export_for(lambda vm, v, d, p, l: block_scores_max_gpu(vm, v, d, p, l, page=64), "cuda",
              S((64, 2048), jnp.bfloat16), S((64, 131072), jnp.bfloat16),
              S((64, 131072), jnp.bfloat16),

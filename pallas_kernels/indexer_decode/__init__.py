@@ -30,16 +30,21 @@ def decode_scores(q, k_cache, block_table, lengths, w, *, k_scale=None, config=N
 
 
 def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts, *,
-                        k_scale=None, config=None, platform: KernelPlatform):
+                        k_scale=None, config=None, platform: KernelPlatform, pages=None):
   """Score only selected blocks (SPIN). sel_blocks [B, M] int32 logical block ids, the first
   counts[b] valid (ascending), -1 after; -> (z [B, R, M * 64] float32 in selection order,
-  slots [B, M * 64] int32, -1 for padding)."""
+  slots [B, M * 64] int32, -1 for padding). pages [B, M] int32: the selected blocks' cache
+  pages already gathered from block_table and clipped to [0, num_blocks) (SPIN's selection
+  kernel writes them), sel_blocks then already -1 past counts: no XLA gather."""
   config = config or DecodeConfig()
   page = k_cache.shape[1]
-  sel = jnp.where(jnp.arange(sel_blocks.shape[1])[None] < counts[:, None], sel_blocks, -1)
-  table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+  if pages is None:
+    sel = jnp.where(jnp.arange(sel_blocks.shape[1])[None] < counts[:, None], sel_blocks, -1)
+    table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
+  else:
+    sel, table = sel_blocks, pages
   z = _decode(q, k_cache, table, lengths, w, k_scale, config, platform, 0, sel,
-              counts.astype(jnp.int32))
+              counts.astype(jnp.int32), clipped=pages is not None)
   slots = (sel[:, :, None] * page + jnp.arange(page)[None, None]).reshape(sel.shape[0], -1)
   slots = jnp.where(jnp.repeat(sel, page, axis=1) >= 0, slots, -1)
   return z, slots
@@ -72,9 +77,9 @@ def _use_mosaic(q, k_cache, max_blocks: int, config: DecodeConfig,
           and pair in MOSAIC_AUTO)
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7, 8))
+@functools.partial(jax.jit, static_argnums=(6, 7, 8), static_argnames=("clipped",))
 def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max,
-            logical=None, counts=None):
+            logical=None, counts=None, *, clipped: bool = False):
   from jaxsparse.indexer import row_lengths
   bsz, rows, heads, d = q.shape
   max_blocks = block_table.shape[1]
@@ -87,7 +92,8 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
     z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
                                 pages=config.mosaic_pages_for(bsz, max_blocks),
                                 steps=config.mosaic_steps,
-                                logical=logical, interpret=platform.interpret)
+                                logical=logical, clipped=clipped,
+                                interpret=platform.interpret)
     return z[:, None]
   if platform.kind == "gpu":
     r2 = next_pow2(rows)

@@ -41,7 +41,8 @@ def tiling_fits(pages: int, steps: int, heads: int, head_dim: int) -> bool:
 
 
 def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
-                       steps: int = 4, logical=None, interpret: bool = False):
+                       steps: int = 4, logical=None, clipped: bool = False,
+                       interpret: bool = False):
   """q [B, H, D], k_cache [num_blocks, 64, D] (both bfloat16 or both float8_e4m3fn),
   block_table [B, max_blocks] int32, lengths [B] int32, w [B, H] float32, k_scale
   [num_blocks, 64] float32 or None -> [B, max_blocks * 64] float32 (-inf past each length).
@@ -52,6 +53,7 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   selected pages and logical[b, j] is the block id of table entry j (-1: padding, which must
   come last); output entry j * 64 + i holds slot logical[b, j] * 64 + i (-inf for padding and
   slots at or past the length). Runs whose first entry is padding load nothing.
+  clipped: every table entry is already in [0, num_blocks) (skips XLA's clip).
   interpret: run in the Mosaic GPU interpreter (CPU; for tests)."""
   bsz, h, d = q.shape
   num_blocks, page, _ = k_cache.shape
@@ -74,7 +76,9 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   padded = -(-max_blocks // tw) * tw
   runs = padded // pages
   table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, padded - max_blocks)))
-  table = jnp.clip(table, 0, num_blocks - 1).reshape(bsz, padded // tw, tw)
+  if not clipped:
+    table = jnp.clip(table, 0, num_blocks - 1)
+  table = table.reshape(bsz, padded // tw, tw)
   lens = jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW))
   sparse = logical is not None
   if sparse:

@@ -31,8 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._util import counter_hash
-from pallas_kernels.topk.gpu import _scatter_width, _take_best, take_best_keys
+from pallas_kernels._util import counter_hash, words_seed
+from pallas_kernels.topk.gpu import _take_best, take_best_keys
 
 NEG_INF = float("-inf")
 
@@ -52,32 +52,36 @@ def _group_maxima(z, gm_refs, *, group: int):
 
 def _split_refs(refs, slots: bool):
   """The kernel's refs after the inputs (aliased inputs, then outputs: [V, D, VM,] VB, DB,
-  age, step [, group maxima]) -> (V, D, VM (None without slots), VB, DB, age, step, gm list)."""
+  age, step, warm [, group maxima]) -> (V, D, VM (None without slots), VB, DB, age, (step,
+  warm), gm list)."""
   outs = refs[6 if slots else 3:]  # skip the aliased inputs
   v_ref, d_ref, vm_ref = outs[:3] if slots else (None, None, None)
-  vb_ref, db_ref, age_ref, stepo_ref, *gm_refs = outs[3:] if slots else outs
-  return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, stepo_ref, gm_refs
+  vb_ref, db_ref, age_ref, stepo_ref, warm_ref, *gm_refs = outs[3:] if slots else outs
+  return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, (stepo_ref, warm_ref), gm_refs
 
 
-def _next_step(step, stepo_ref):
-  """step + 1 (step: the request's int32 counter) from the request's first program only (saves
-  XLA a kernel for step + 1; every program writing the same word cost the H200 ~2 us,
-  `spin_A1_glue_s11b.json`)."""
+def _next_step(step, out_refs):
+  """step + 1 (step: the request's int32 counter) and warm = True, from the request's first
+  program only (saves XLA two small kernels; every program writing the same word cost the
+  H200 ~2 us, `spin_A1_glue_s11b.json`)."""
+  stepo_ref, warm_ref = out_refs
+
   @pl.when(pl.program_id(1) == 0)
   def _():
     stepo_ref[...] = jnp.full((1,), step + 1, jnp.int32)
+    warm_ref[...] = jnp.full((1,), True, jnp.bool_)
 
 
 def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
-          decay: float, group: int, slots: bool):
+          decay: float, group: int, slots: bool, pos_shift: int):
   """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile.
   Every load is issued before the first store: the compiled code keeps loads and stores in
   program order (the refs may alias as far as it knows), so a store between two loads costs
   a second memory round trip per program.
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step
   (m_j: block j's max observed score), and with slots the V, VM and D updates."""
-  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, stepo_ref, gm_refs = _split_refs(refs, slots)
-  pos = pos_ref[0]
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, out_refs, gm_refs = _split_refs(refs, slots)
+  pos = pos_ref[0] - pos_shift
   length = len_ref[0]
   step = step_ref[0]
   j = sel_ref[...]  # [blocks]
@@ -103,24 +107,24 @@ def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
   blk = jnp.max(jnp.where(obs, z, NEG_INF), axis=1)
   plgpu.store(vb_ref.at[j], _ema(vb, blk, decay), mask=seen)
   plgpu.store(db_ref.at[ob], _ema(db, blk, decay), mask=seen)
-  plgpu.store(age_ref.at[j], jnp.full((blocks,), step, jnp.int32), mask=seen)
+  plgpu.store(age_ref.at[j], jnp.full((blocks,), step, age_ref.dtype), mask=seen)
   if slots:
     zo = jnp.where(obs, z, 0.0)
     v = jnp.where(obs, _ema(v, zo, decay), v)
     plgpu.store(v_ref.at[i], v, mask=row)
     plgpu.store(vm_ref.at[j], jnp.max(v, axis=1), mask=j >= 0)  # the blocks' new maxima
     plgpu.store(d_ref.at[o], _ema(d, zo, decay), mask=obs)
-  _next_step(step, stepo_ref)
+  _next_step(step, out_refs)
 
 
 def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
-          decay: float, group: int, slots: bool):
+          decay: float, group: int, slots: bool, pos_shift: int):
   """Interpret mode: one block at a time (a masked scatter there is a read-modify-write of
   every lane, so masked lanes get distinct wrapped slots, per block)."""
-  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, stepo_ref, gm_refs = _split_refs(refs, slots)
-  _next_step(step_ref[0], stepo_ref)
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, out_refs, gm_refs = _split_refs(refs, slots)
+  _next_step(step_ref[0], out_refs)
   _group_maxima(z_ref[...], gm_refs, group=group)
-  pos = pos_ref[0]
+  pos = pos_ref[0] - pos_shift
   length = len_ref[0]
   cap = v_ref.shape[0] if slots else 0
   lane = lax.broadcasted_iota(jnp.int32, (page,), 0)
@@ -137,7 +141,7 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
       vb_ref[pl.ds(j, 1)] = _ema(vb_ref[pl.ds(j, 1)], m, decay)
       ob = pos // page - j
       db_ref[pl.ds(ob, 1)] = _ema(db_ref[pl.ds(ob, 1)], m, decay)
-      age_ref[pl.ds(j, 1)] = step_ref[...]
+      age_ref[pl.ds(j, 1)] = step_ref[...].astype(age_ref.dtype)
       if slots:
         z = jnp.where(obs, z, 0.0)
         v = v_ref[pl.ds(j * page, page)]
@@ -159,21 +163,25 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
                       interpret: bool = False):
   """SPIN's EMA update in place, from the scores of the selected blocks only.
 
-  state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] int32, step [B] int32, and
+  state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] uint32 (or int32), step [B] int32, and
   with slots=True V, D [B, cap] (cap = nb * page) and VM [B, nb] (V's block maxima);
   z [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32 block ids
-  (-1: padding, last); pos, lengths [B] int32. For every selected block j its request has seen
+  (-1: padding, last); pos (None: lengths - 1, computed in the kernel), lengths [B] int32.
+  For every selected block j its request has seen
   (j * page < length), with m_j its max observed score:
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step,
   and with slots=True, for each observed slot i of it (i < length):
     V[i] <- a V[i] + (1 - a) z_i,  D[pos - i] <- a D[pos - i] + (1 - a) z_i,
-  and VM[j] <- the max of V over block j's slots after the update; step <- step + 1.
+  and VM[j] <- the max of V over block j's slots after the update; step <- step + 1 and
+  warm <- True.
   V is read and rewritten in whole rows of the selected blocks (unobserved slots unchanged, so
   the accesses stay vector ones); nothing else is read or written (the arrays are aliased to
   the outputs). group > 0 also returns the [B, W * page / group] maxima of consecutive groups
   of z (NaN as -inf): the top-K's first pass, fused into this read of z.
-  -> (dict of the updated arrays and step, group maxima or None)."""
+  -> (dict of the updated arrays, step and warm, group maxima or None)."""
   bsz, width = sel.shape
+  pos_shift = 1 if pos is None else 0
+  pos = lengths if pos is None else pos
   bpp = blocks_per_program
   if group and (page % group or group & (group - 1)):
     raise ValueError(f"group={group} must be a power of two dividing page={page}")
@@ -182,19 +190,19 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
     sel = jnp.pad(sel, ((0, 0), (0, padded - width)), constant_values=-1)
     z = jnp.pad(z, ((0, 0), (0, (padded - width) * page)), constant_values=NEG_INF)
   names = (("V", "D", "VM") if slots else ()) + ("VB", "DB", "age")
-  arrays = [state[n] if n != "age" else state[n].astype(jnp.int32) for n in names]
+  arrays = [state[n] for n in names]
   rows = [pl.BlockSpec((None, a.shape[1]), lambda b, c: (b, 0)) for a in arrays]
   one = pl.BlockSpec((1,), lambda b, c: (b,))
   out_specs, out_shape = list(rows), [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
-  out_specs.append(one)  # step + 1
-  out_shape.append(jax.ShapeDtypeStruct((bsz,), jnp.int32))
+  out_specs += [one, one]  # step + 1, warm
+  out_shape += [jax.ShapeDtypeStruct((bsz,), jnp.int32), jax.ShapeDtypeStruct((bsz,), bool)]
   if group:
     out_specs.append(pl.BlockSpec((None, bpp * page // group), lambda b, c: (b, c)))
     out_shape.append(jax.ShapeDtypeStruct((bsz, padded * page // group), jnp.float32))
   body = _loop if interpret else _tile
   out = pl.pallas_call(
       functools.partial(body, page=page, blocks=bpp, decay=float(decay), group=group,
-                        slots=slots),
+                        slots=slots, pos_shift=pos_shift),
       grid=(bsz, padded // bpp),
       in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one, one,
                 pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), *rows],
@@ -205,34 +213,44 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
       interpret=interpret, name="jaxsparse_spin_update",
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     state["step"].astype(jnp.int32), z.astype(jnp.float32), *arrays)
-  gm = out[len(arrays) + 1][:, :width * page // group] if group else None
-  return {**dict(zip(names, out[:len(arrays)])), "step": out[len(arrays)]}, gm
+  n = len(arrays)
+  gm = out[n + 2][:, :width * page // group] if group else None
+  return {**dict(zip(names, out[:n])), "step": out[n], "warm": out[n + 1]}, gm
 
 
 # ------------------------------------------------------------------ selection and compaction
 
 
-def _select_kernel(s_ref, p_ref, n_ref, m_ref, sel_ref, t_ref, *, width: int, score_bits: int,
-                   random: bool):
-  """One request: n = (n_blocks, n_exploit, n_explore, warm). Forced blocks (first and
-  newest), the n_exploit best other blocks by score, the n_explore best of the rest by
-  priority (ties to the lower block), or every valid block when cold; then their ids in
-  ascending order at the front of the sel row (cumulative-sum positions), -1 after, and the
-  number selected in t. random: p_ref holds the request's uint32 seed and the priorities are
-  its 16-bit counter hashes (`jaxsparse.spin.random_keys16`), made here in registers."""
+def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bits: int,
+                   random: bool, budget, block: int, num_pages: int):
+  """One request of `length` slots (n_blocks = ceil(length / block)): its budget
+  (n_exploit, n_explore) = budget(n_blocks); forced blocks (first and newest), the n_exploit
+  best other blocks by score, the n_explore best of the rest by priority (ties to the lower
+  block), or every valid block when cold; then their ids in ascending order at the front of
+  the sel row (cumulative-sum positions), -1 after, and the number selected in t. random: p_ref
+  holds the PRNG key's uint32 words, the request's seed is `jaxsparse.spin.request_seeds` of
+  them and the priorities its 16-bit counter hashes (`random_keys16`), all made here in
+  registers. With a block-table row, also the selected blocks' pages (clipped to
+  [0, num_pages), 0 for padding) in the same order: the block-sparse scoring kernel's table."""
+  t_row = refs[0] if num_pages else None
+  m_ref, sel_ref, t_ref, *pg_ref = refs[1:] if num_pages else refs
   s = s_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, s.shape, 0)
-  n_blocks, n_exploit, n_explore, warm = n_ref[0], n_ref[1], n_ref[2], n_ref[3]
+  length = len_ref[0]
+  n_blocks = (length + block - 1) // block
+  n_exploit, n_explore = budget(n_blocks)
   valid = lane < n_blocks
   forced = valid & ((lane == 0) | (lane == n_blocks - 1))
   exploit = _take_best(s, valid & ~forced, n_exploit, bits=score_bits)
   rest = valid & ~forced & ~exploit
   if random:
-    keys = counter_hash(p_ref[0], lane.astype(jnp.uint32)) >> 16
+    seed = counter_hash(words_seed(lambda i: p_ref[i], p_ref.shape[0]),
+                        pl.program_id(0).astype(jnp.uint32))
+    keys = counter_hash(seed, lane.astype(jnp.uint32)) >> 16
     explore = take_best_keys(jnp.where(rest, keys, jnp.uint32(0)), rest, n_explore, 16)
   else:
     explore = _take_best(p_ref[...], rest, n_explore)
-  mask = jnp.where(warm != 0, forced | exploit | explore, valid)
+  mask = jnp.where(warm_ref[0], forced | exploit | explore, valid)
   m_ref[...] = mask.astype(jnp.int32)
   pos = jnp.cumsum(mask.astype(jnp.int32)) - 1
   total = jnp.sum(mask.astype(jnp.int32))
@@ -240,48 +258,70 @@ def _select_kernel(s_ref, p_ref, n_ref, m_ref, sel_ref, t_ref, *, width: int, sc
   keep = mask & (pos < width)
   count = jnp.minimum(total, width)
   trash = sel_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
-  plgpu.store(sel_ref.at[jnp.where(keep, pos, trash)], lane, mask=keep)
+  at = jnp.where(keep, pos, trash)
+  plgpu.store(sel_ref.at[at], lane, mask=keep)
   tail = (lane >= count) & (lane < width)  # slots [count, width): disjoint from the above
-  plgpu.store(sel_ref.at[jnp.where(tail, lane, trash)], jnp.full(s.shape, -1, jnp.int32),
-              mask=tail)
+  tat = jnp.where(tail, lane, trash)
+  plgpu.store(sel_ref.at[tat], jnp.full(s.shape, -1, jnp.int32), mask=tail)
+  if num_pages:
+    nt = t_row.shape[0]
+    page = plgpu.load(t_row.at[jnp.where(lane < nt, lane, 0)], mask=lane < nt, other=0)
+    plgpu.store(pg_ref[0].at[at], jnp.clip(page, 0, num_pages - 1), mask=keep)
+    plgpu.store(pg_ref[0].at[tat], jnp.zeros(s.shape, jnp.int32), mask=tail)
 
 
-def select_compact_gpu(score, prio, counts, width: int, *, score_bits: int = 32,
+def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block: int,
+                       score_bits: int = 32, block_table=None, num_pages: int = 0,
                        num_warps: int = 8, interpret: bool = False):
-  """score [B, L] float32 (L a power of two >= the number of blocks), prio [B, L] float32
-  exploration priorities or [B] uint32 seeds of random exploration (16-bit keys made in the
-  kernel), counts [B, 4] int32 (n_blocks, n_exploit, n_explore, warm) -> (mask [B, L] bool,
-  sel [B, width] int32: the selected block ids ascending, -1 padded (more than `width`
-  selected are cut), total [B] int32: the number selected, uncut). n_exploit and n_explore
-  must not exceed the blocks eligible for them (as `select_blocks` computes them).
+  """score [B, L] float32 (L a power of two >= the number of blocks); prio [B, L] float32
+  exploration priorities, or a [n] uint32 PRNG key's words for random exploration (16-bit keys
+  made in the kernel); lengths [B] int32 slots per request, warm [B] bool; budget: a function
+  n_blocks -> (n_exploit, n_explore) of jnp ops (`jaxsparse.spin._budget`, evaluated in the
+  kernel; n_exploit and n_explore must not exceed the blocks eligible for them); block: slots
+  per block -> (mask [B, L] bool, sel [B, width] int32: the selected block ids ascending, -1
+  padded (more than `width` selected are cut), total [B] int32: the number selected, uncut
+  [, pages [B, width] int32]). block_table [B, nt] int32 with num_pages > 0 also returns the
+  selected blocks' pages, clipped to [0, num_pages), 0 for padding.
   score_bits=16 when every score is a bfloat16 value (half the ranking steps)."""
   bsz, length = score.shape
   if length & (length - 1) or width > length:
     raise ValueError(f"score width {length} must be a power of two >= width={width}")
+  if (block_table is None) != (num_pages == 0):
+    raise ValueError("block_table and num_pages > 0 go together")
   random = prio.ndim == 1
-  sw = _scatter_width(length, interpret)
+  sw = 2 * length if interpret else width  # see _scatter_width
   row = pl.BlockSpec((None, length), lambda i: (i, 0))
   one = pl.BlockSpec((1,), lambda i: (i,))
-  m, sel, total = pl.pallas_call(
-      functools.partial(_select_kernel, width=width, score_bits=score_bits, random=random),
-      grid=(bsz,),
-      in_specs=[row, one if random else row, pl.BlockSpec((None, 4), lambda i: (i, 0))],
-      out_specs=[row, pl.BlockSpec((None, sw), lambda i: (i, 0)), one],
-      out_shape=[jax.ShapeDtypeStruct((bsz, length), jnp.int32),
-                 jax.ShapeDtypeStruct((bsz, sw), jnp.int32),
-                 jax.ShapeDtypeStruct((bsz,), jnp.int32)],
+  out_row = pl.BlockSpec((None, sw), lambda i: (i, 0))
+  in_specs = [row, pl.BlockSpec(prio.shape, lambda i: (0,)) if random else row, one, one]
+  args = [score.astype(jnp.float32), prio.astype(jnp.uint32 if random else jnp.float32),
+          lengths.astype(jnp.int32), warm.astype(bool)]
+  out_specs = [row, out_row, one]
+  out_shape = [jax.ShapeDtypeStruct((bsz, length), jnp.int32),
+               jax.ShapeDtypeStruct((bsz, sw), jnp.int32),
+               jax.ShapeDtypeStruct((bsz,), jnp.int32)]
+  if num_pages:
+    in_specs.append(pl.BlockSpec((None, block_table.shape[1]), lambda i: (i, 0)))
+    args.append(block_table.astype(jnp.int32))
+    out_specs.append(out_row)
+    out_shape.append(jax.ShapeDtypeStruct((bsz, sw), jnp.int32))
+  out = pl.pallas_call(
+      functools.partial(_select_kernel, width=width, score_bits=score_bits, random=random,
+                        budget=budget, block=block, num_pages=num_pages),
+      grid=(bsz,), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_select",
-  )(score.astype(jnp.float32), prio.astype(jnp.uint32 if random else jnp.float32),
-    counts.astype(jnp.int32))
-  return m != 0, sel[:, :width], total
+  )(*args)
+  m, sel, total = out[:3]
+  res = (m != 0, sel[:, :width], total)
+  return res + (out[3][:, :width],) if num_pages else res
 
 
 # ------------------------------------------------------------- A1 block scores (max pooling)
 
 
 def _block_score_kernel(pos_ref, len_ref, vm_ref, v_ref, d_ref, o_ref, *, page: int,
-                        blocks: int, nb: int, interpret: bool):
+                        blocks: int, nb: int, interpret: bool, pos_shift: int):
   """`blocks` consecutive blocks j of one request: max(max of V over j's slots below the
   length, max of D over j's offsets pos - j * page - page + 1 ... pos - j * page), -inf past
   the context. V's part is VM[j] for whole blocks and is taken from V's row only for the
@@ -291,7 +331,7 @@ def _block_score_kernel(pos_ref, len_ref, vm_ref, v_ref, d_ref, o_ref, *, page: 
   row-constant masks, so the loads stay vectorised), split into its two lane ranges, and the
   prefix maxima shifted one block along; only the first block's prefix row is loaded apart."""
   t = pl.program_id(1)
-  pos = pos_ref[0]
+  pos = pos_ref[0] - pos_shift
   length = len_ref[0]
   jv = t * blocks + lax.broadcasted_iota(jnp.int32, (blocks,), 0)
   j = jv[:, None]  # [T, 1]
@@ -335,7 +375,8 @@ def block_scores_max_gpu(vm, v, d, pos, lengths, *, page: int, blocks_per_progra
                          num_warps: int = 4, interpret: bool = False):
   """SPIN's max-pooled predicted block scores (reduction A1, pooling max) for B requests:
   vm [B, nb], v, d [B, cap] float32 or bfloat16 (the VM, V and D states, cap = nb * page;
-  vm must be V's block maxima), pos, lengths [B] int32 -> [B, nb] float32, equal to
+  vm must be V's block maxima), pos (None: lengths - 1, computed in the kernel), lengths [B]
+  int32 -> [B, nb] float32, equal to
   `jaxsparse.spin._max_pooled_block_scores` per request. One pass over D in whole aligned
   rows (no flipped copy), V's block maxima from vm, and V itself only in the newest block.
   blocks_per_program 64 at 4 warps: 11.6 us at 64 x 128K on the H200 (12.3 at 32 blocks,
@@ -349,12 +390,12 @@ def block_scores_max_gpu(vm, v, d, pos, lengths, *, page: int, blocks_per_progra
   one = pl.BlockSpec((1,), lambda b, t: (b,))
   out = pl.pallas_call(
       functools.partial(_block_score_kernel, page=page, blocks=bpp, nb=nb,
-                        interpret=interpret),
+                        interpret=interpret, pos_shift=1 if pos is None else 0),
       grid=(bsz, grid_n),
       in_specs=[one, one, pl.BlockSpec((None, nb), lambda b, t: (b, 0)), row, row],
       out_specs=pl.BlockSpec((None, bpp), lambda b, t: (b, t)),
       out_shape=jax.ShapeDtypeStruct((bsz, grid_n * bpp), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_block_scores",
-  )(pos.astype(jnp.int32), lengths.astype(jnp.int32), vm, v, d)
+  )((lengths if pos is None else pos).astype(jnp.int32), lengths.astype(jnp.int32), vm, v, d)
   return out[:, :nb]
