@@ -242,10 +242,13 @@ def test_spin_select_kernel_gpu(reduction, state_dtype):
   st = spin_state_case(rng, cfg, 5, nb, lengths, warm=[True, True, True, True, False])
   width = spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb)
   key = jax.random.PRNGKey(7)
-  f = jax.jit(lambda st, l, kernel: spin.select_compact_batched(st, l - 1, l, cfg, key, width,
-                                                                 kernel=kernel),
-              static_argnums=2)
-  for g, r in zip(f(st, lengths, True), f(st, lengths, False)):
+  table = jnp.asarray(rng.integers(-5, 9000, (5, nb)), jnp.int32)  # some out of range
+  f = jax.jit(lambda st, l, kernel: spin.select_compact_batched(
+      st, None if kernel else l - 1, l, cfg, key, width, kernel=kernel, block_table=table,
+      num_pages=8192), static_argnums=2)
+  got, want = f(st, lengths, True), f(st, lengths, False)
+  assert len(got) == len(want) == 5  # masks, sel, counts, selected, pages
+  for g, r in zip(got, want):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
 
 
