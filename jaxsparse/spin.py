@@ -353,13 +353,15 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
                            num_pages: int = 0):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
-  blocks selected, uncut [, pages [B, width] int32]): `select_blocks_batched` then
+  blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32]):
+  `select_blocks_batched` then
   `compact_blocks`, the same blocks for the same key. kernel=True (A1/A2; GPU, or its
   interpreter with interpret=True): one Pallas program per request computes its budget, ranks,
   picks and compacts (`pallas_kernels.spin`), random exploration keys are made in it from the
   key's words, and A1's max-pooled block scores come from one more kernel; XLA computes only
   other policies' priorities or pooling. block_table [B, nb] with num_pages (kernel=True
-  only) adds the selected blocks' pages, clipped to [0, num_pages), in sel's order.
+  only) adds the selected blocks' pages, clipped to [0, num_pages), in sel's order, and the
+  lengths repeated over rows of 32 (the inputs of the Mosaic block-sparse scoring kernel).
   pos None: lengths - 1 (computed in the kernels where they read it)."""
   kpos = pos
   if pos is None:
@@ -370,7 +372,8 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
     if num_pages:
       sel = out[1]
       pages = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
-      out += (jnp.where(sel >= 0, jnp.clip(pages, 0, num_pages - 1), 0),)
+      out += (jnp.where(sel >= 0, jnp.clip(pages, 0, num_pages - 1), 0),
+              jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (lengths.shape[0], 32)))
     return out
   from pallas_kernels._util import next_pow2, pad_axis
   from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
@@ -779,7 +782,8 @@ def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, im
                    decode_config, block, pages=None):
   """Block-sparse scores of the selected blocks: q [B, R, H, D] -> (z [B, R, M * b], slots
   [B, M * b] (-1: padding)), through the Pallas kernel or the XLA reference. pages: the
-  selected blocks' cache pages when the selection kernel gathered them (Pallas only)."""
+  selected blocks' (cache pages, length rows) when the selection kernel wrote them (Pallas
+  only)."""
   from jaxsparse import backend
   from jaxsparse.indexer import paged_indexer_scores_xla, row_lengths
   if impl == "pallas":
@@ -843,7 +847,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   def sparse(_):
     z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel_w,
                           counts_w, k_scale, impl, decode_config, b,
-                          pages[0] if pages else None)
+                          tuple(pages) if pages else None)
     return finish(z[:, 0], sel_w)
 
   def dense(_):  # the first step after a reset scores every block

@@ -247,7 +247,7 @@ def test_spin_select_kernel_gpu(reduction, state_dtype):
       st, None if kernel else l - 1, l, cfg, key, width, kernel=kernel, block_table=table,
       num_pages=8192), static_argnums=2)
   got, want = f(st, lengths, True), f(st, lengths, False)
-  assert len(got) == len(want) == 5  # masks, sel, counts, selected, pages
+  assert len(got) == len(want) == 6  # masks, sel, counts, selected, pages, length rows
   for g, r in zip(got, want):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
 

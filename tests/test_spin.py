@@ -547,7 +547,9 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
                                        block_table=table, num_pages=50)
     got = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
                                       interpret=True, block_table=table, num_pages=50)
-    for name, g, r in zip(("masks", "sel", "counts", "selected", "pages"), got, want):
+    assert len(got) == len(want) == 6
+    for name, g, r in zip(("masks", "sel", "counts", "selected", "pages", "length rows"), got,
+                          want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=f"{name} {width}")
     sel = np.asarray(want[1])
     np.testing.assert_array_equal(  # pages are the selected blocks' table entries, clipped

@@ -33,18 +33,20 @@ def block_sparse_scores(q, k_cache, block_table, lengths, w, sel_blocks, counts,
                         k_scale=None, config=None, platform: KernelPlatform, pages=None):
   """Score only selected blocks (SPIN). sel_blocks [B, M] int32 logical block ids, the first
   counts[b] valid (ascending), -1 after; -> (z [B, R, M * 64] float32 in selection order,
-  slots [B, M * 64] int32, -1 for padding). pages [B, M] int32: the selected blocks' cache
-  pages already gathered from block_table and clipped to [0, num_blocks) (SPIN's selection
-  kernel writes them), sel_blocks then already -1 past counts: no XLA gather."""
+  slots [B, M * 64] int32, -1 for padding). pages: (table [B, M] int32, the selected blocks'
+  cache pages already gathered from block_table and clipped to [0, num_blocks); length rows
+  [B, 32] int32, lengths repeated), both written by SPIN's selection kernel, sel_blocks then
+  already -1 past counts: no XLA gather or broadcast."""
   config = config or DecodeConfig()
   page = k_cache.shape[1]
   if pages is None:
     sel = jnp.where(jnp.arange(sel_blocks.shape[1])[None] < counts[:, None], sel_blocks, -1)
     table = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
   else:
-    sel, table = sel_blocks, pages
+    sel, (table, len_rows) = sel_blocks, pages
   z = _decode(q, k_cache, table, lengths, w, k_scale, config, platform, 0, sel,
-              counts.astype(jnp.int32), clipped=pages is not None)
+              counts.astype(jnp.int32), None if pages is None else len_rows,
+              clipped=pages is not None)
   slots = (sel[:, :, None] * page + jnp.arange(page)[None, None]).reshape(sel.shape[0], -1)
   slots = jnp.where(jnp.repeat(sel, page, axis=1) >= 0, slots, -1)
   return z, slots
@@ -79,7 +81,7 @@ def _use_mosaic(q, k_cache, max_blocks: int, config: DecodeConfig,
 
 @functools.partial(jax.jit, static_argnums=(6, 7, 8), static_argnames=("clipped",))
 def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max,
-            logical=None, counts=None, *, clipped: bool = False):
+            logical=None, counts=None, len_rows=None, *, clipped: bool = False):
   from jaxsparse.indexer import row_lengths
   bsz, rows, heads, d = q.shape
   max_blocks = block_table.shape[1]
@@ -92,7 +94,7 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
     z = mgpu.decode_scores_mgpu(q[:, 0], k_cache, block_table, lens[:, 0], w[:, 0], k_scale,
                                 pages=config.mosaic_pages_for(bsz, max_blocks),
                                 steps=config.mosaic_steps,
-                                logical=logical, clipped=clipped,
+                                logical=logical, clipped=clipped, len_rows=len_rows,
                                 interpret=platform.interpret)
     return z[:, None]
   if platform.kind == "gpu":

@@ -41,7 +41,7 @@ def tiling_fits(pages: int, steps: int, heads: int, head_dim: int) -> bool:
 
 
 def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pages: int = 32,
-                       steps: int = 4, logical=None, clipped: bool = False,
+                       steps: int = 4, logical=None, clipped: bool = False, len_rows=None,
                        interpret: bool = False):
   """q [B, H, D], k_cache [num_blocks, 64, D] (both bfloat16 or both float8_e4m3fn),
   block_table [B, max_blocks] int32, lengths [B] int32, w [B, H] float32, k_scale
@@ -53,7 +53,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   selected pages and logical[b, j] is the block id of table entry j (-1: padding, which must
   come last); output entry j * 64 + i holds slot logical[b, j] * 64 + i (-inf for padding and
   slots at or past the length). Runs whose first entry is padding load nothing.
-  clipped: every table entry is already in [0, num_blocks) (skips XLA's clip).
+  clipped: every table entry is already in [0, num_blocks) (skips XLA's clip). len_rows
+  [B, 32] int32: the lengths already repeated over rows (skips XLA's broadcast).
   interpret: run in the Mosaic GPU interpreter (CPU; for tests)."""
   bsz, h, d = q.shape
   num_blocks, page, _ = k_cache.shape
@@ -79,7 +80,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   if not clipped:
     table = jnp.clip(table, 0, num_blocks - 1)
   table = table.reshape(bsz, padded // tw, tw)
-  lens = jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW))
+  lens = (jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW)) if len_rows is None
+          else len_rows)
   sparse = logical is not None
   if sparse:
     lg = jnp.pad(logical.astype(jnp.int32), ((0, 0), (0, padded - max_blocks)),

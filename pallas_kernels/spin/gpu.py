@@ -35,6 +35,7 @@ from pallas_kernels._util import counter_hash, words_seed
 from pallas_kernels.topk.gpu import _take_best, take_best_keys
 
 NEG_INF = float("-inf")
+LENGTH_ROW = 32  # int32 lengths per row of the Mosaic scoring kernel's length input (128 bytes)
 
 
 def _ema(old, new, decay):
@@ -268,6 +269,7 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
     page = plgpu.load(t_row.at[jnp.where(lane < nt, lane, 0)], mask=lane < nt, other=0)
     plgpu.store(pg_ref[0].at[at], jnp.clip(page, 0, num_pages - 1), mask=keep)
     plgpu.store(pg_ref[0].at[tat], jnp.zeros(s.shape, jnp.int32), mask=tail)
+    pg_ref[1][...] = jnp.full((LENGTH_ROW,), length, jnp.int32)
 
 
 def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block: int,
@@ -280,8 +282,10 @@ def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block:
   kernel; n_exploit and n_explore must not exceed the blocks eligible for them); block: slots
   per block -> (mask [B, L] bool, sel [B, width] int32: the selected block ids ascending, -1
   padded (more than `width` selected are cut), total [B] int32: the number selected, uncut
-  [, pages [B, width] int32]). block_table [B, nt] int32 with num_pages > 0 also returns the
-  selected blocks' pages, clipped to [0, num_pages), 0 for padding.
+  [, pages [B, width] int32, length rows [B, LENGTH_ROW] int32]). block_table [B, nt] int32
+  with num_pages > 0 also returns the selected blocks' pages, clipped to [0, num_pages), 0 for
+  padding, and each request's length repeated over a row (the Mosaic scoring kernel copies
+  its length from such a row).
   score_bits=16 when every score is a bfloat16 value (half the ranking steps)."""
   bsz, length = score.shape
   if length & (length - 1) or width > length:
@@ -303,8 +307,9 @@ def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block:
   if num_pages:
     in_specs.append(pl.BlockSpec((None, block_table.shape[1]), lambda i: (i, 0)))
     args.append(block_table.astype(jnp.int32))
-    out_specs.append(out_row)
-    out_shape.append(jax.ShapeDtypeStruct((bsz, sw), jnp.int32))
+    out_specs += [out_row, pl.BlockSpec((None, LENGTH_ROW), lambda i: (i, 0))]
+    out_shape += [jax.ShapeDtypeStruct((bsz, sw), jnp.int32),
+                  jax.ShapeDtypeStruct((bsz, LENGTH_ROW), jnp.int32)]
   out = pl.pallas_call(
       functools.partial(_select_kernel, width=width, score_bits=score_bits, random=random,
                         budget=budget, block=block, num_pages=num_pages),
@@ -314,7 +319,7 @@ def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block:
   )(*args)
   m, sel, total = out[:3]
   res = (m != 0, sel[:, :width], total)
-  return res + (out[3][:, :width],) if num_pages else res
+  return res + (out[3][:, :width], out[4]) if num_pages else res
 
 
 # ------------------------------------------------------------- A1 block scores (max pooling)
