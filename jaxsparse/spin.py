@@ -350,7 +350,7 @@ def _score_bits(config: SpinConfig) -> int:
 
 def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
                            kernel: bool = False, interpret: bool = False, block_table=None,
-                           num_pages: int = 0):
+                           num_pages: int = 0, advance_step: bool = False):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
   blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32]):
@@ -362,6 +362,7 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
   other policies' priorities or pooling. block_table [B, nb] with num_pages (kernel=True
   only) adds the selected blocks' pages, clipped to [0, num_pages), in sel's order, and the
   lengths repeated over rows of 32 (the inputs of the Mosaic block-sparse scoring kernel).
+  advance_step adds state["step"] + 1 last (the kernel writes it in place of the step).
   pos None: lengths - 1 (computed in the kernels where they read it)."""
   kpos = pos
   if pos is None:
@@ -374,7 +375,7 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
       pages = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
       out += (jnp.where(sel >= 0, jnp.clip(pages, 0, num_pages - 1), 0),
               jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (lengths.shape[0], 32)))
-    return out
+    return out + (state["step"] + 1,) if advance_step else out
   from pallas_kernels._util import next_pow2, pad_axis
   from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
   nb = state["VB"].shape[-1]
@@ -393,7 +394,7 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
       pad_axis(s, 1, lp, value=NEG_INF), prio if prio.ndim == 1 else pad_axis(prio, 1, lp),
       lengths, state["warm"], width, budget=lambda n: _budget(n, config),
       block=config.block_size, score_bits=_score_bits(config), block_table=block_table,
-      num_pages=num_pages, interpret=interpret)
+      num_pages=num_pages, step=state["step"] if advance_step else None, interpret=interpret)
   masks, sel, total = out[:3]
   return (masks[:, :nb], sel, jnp.minimum(total, width), total, *out[3:])
 
@@ -443,7 +444,8 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
 
 
 def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, group: int = 0,
-                   interpret: bool = False, blocks_per_program: int | None = None):
+                   interpret: bool = False, blocks_per_program: int | None = None,
+                   stepped: bool = False):
   """The step's EMA update by the GPU kernel, in place: only the selected blocks' states (and,
   except under A2, their slots' V and D) are read or written. Equals `update_blocks` per
   request (A0/A1) or `update_block_states` (A2). scores [B, W * b] of the selected blocks
@@ -451,14 +453,15 @@ def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, grou
   [B, W * b / group] group maxima of the scores
   for the top-K when group > 0, else None). blocks_per_program: selected blocks per kernel
   program; None picks the fastest of 4, 8, 16, 32 at B=64 x 128K on the H200 (16 under A2,
-  8 otherwise: benchmarks/results/session6/spin_update_bpp.json)."""
+  8 otherwise: benchmarks/results/session6/spin_update_bpp.json). stepped: state["step"] is
+  already the next step (the selection kernel advanced it)."""
   from pallas_kernels.spin import update_states_gpu
   if blocks_per_program is None:
     blocks_per_program = 16 if config.reduction == "A2" else 8
   upd, gm = update_states_gpu(state, scores, sel, pos, lengths, decay=config.ema_decay,
                               page=config.block_size, slots=config.reduction != "A2",
                               group=group, blocks_per_program=blocks_per_program,
-                              interpret=interpret)
+                              stepped=stepped, interpret=interpret)
   return {**state, **upd}, gm  # the kernel wrote step and warm
 
 
@@ -816,10 +819,14 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   kernels = impl == "pallas" and plat.kind == "gpu"  # the SPIN kernels (compiled or interpreted)
   width = _aligned_width(max_selected_blocks(nb, config), nb)
   # the selection kernel also gathers the selected blocks' pages for the scoring kernel
-  masks, sel_w, counts_w, picked, *pages = select_compact_batched(
+  # and advances the step counters in place (the update kernel then reads the new ones)
+  masks, sel_w, counts_w, picked, *extra = select_compact_batched(
       state, None if kernels else pos, lengths, config, key, width, kernel=kernels,
-      interpret=plat.interpret,
-      block_table=block_table if kernels else None, num_pages=k_cache.shape[0] if kernels else 0)
+      interpret=plat.interpret, block_table=block_table if kernels else None,
+      num_pages=k_cache.shape[0] if kernels else 0, advance_step=kernels)
+  pages = extra[:2]
+  if kernels:
+    state = {**state, "step": extra[2]}
   upd = jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))
 
   def finish(z, sel):
@@ -827,7 +834,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     if kernels:  # in place, only the scored blocks; the same read of z emits the top-K's maxima
       new, gm = update_batched(state, z, sel, None, lengths, config,
                                group=_fused_group(z.shape[1], config, topk_config),
-                               interpret=plat.interpret)
+                               interpret=plat.interpret, stepped=True)
     elif config.reduction == "A2":  # block states only: V and D are never read under A2
       new = update_block_states(state, z, sel, pos, lengths, config)
     else:
@@ -839,7 +846,10 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
                                  config=topk_config, sorted=ordered)
       top = ktopk.block_slots(sel, idx, b)
     else:  # the same mapping, done by the top-K's last kernel
-      vals, top = ktopk.topk_rows(z, np.full((bsz,), z.shape[1], np.int32), config.topk,
+      # row lengths: the requests' own. Column c of z holds a slot >= c (the selected blocks
+      # ascend), so columns at or past the length hold -inf anyway and the cut is exact; an
+      # array already on the device, where a constant row of widths costs XLA a kernel
+      vals, top = ktopk.topk_rows(z, lengths, config.topk,
                                   topk_config or ktopk.TopkConfig(), plat, gm, ordered=ordered,
                                   block_map=(sel, b))
     return vals, top, new

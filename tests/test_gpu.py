@@ -245,9 +245,9 @@ def test_spin_select_kernel_gpu(reduction, state_dtype):
   table = jnp.asarray(rng.integers(-5, 9000, (5, nb)), jnp.int32)  # some out of range
   f = jax.jit(lambda st, l, kernel: spin.select_compact_batched(
       st, None if kernel else l - 1, l, cfg, key, width, kernel=kernel, block_table=table,
-      num_pages=8192), static_argnums=2)
+      num_pages=8192, advance_step=True), static_argnums=2)
   got, want = f(st, lengths, True), f(st, lengths, False)
-  assert len(got) == len(want) == 6  # masks, sel, counts, selected, pages, length rows
+  assert len(got) == len(want) == 7  # masks, sel, counts, selected, pages, length rows, step
   for g, r in zip(got, want):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
 

@@ -544,12 +544,13 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
   table = jnp.asarray(rng.integers(-3, 60, (5, nb)), jnp.int32)
   for width in (spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb), 12):
     want = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width,
-                                       block_table=table, num_pages=50)
+                                       block_table=table, num_pages=50, advance_step=True)
     got = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
-                                      interpret=True, block_table=table, num_pages=50)
-    assert len(got) == len(want) == 6
-    for name, g, r in zip(("masks", "sel", "counts", "selected", "pages", "length rows"), got,
-                          want):
+                                      interpret=True, block_table=table, num_pages=50,
+                                      advance_step=True)
+    assert len(got) == len(want) == 7
+    for name, g, r in zip(("masks", "sel", "counts", "selected", "pages", "length rows",
+                           "step"), got, want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=f"{name} {width}")
     sel = np.asarray(want[1])
     np.testing.assert_array_equal(  # pages are the selected blocks' table entries, clipped
@@ -560,11 +561,11 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
   from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu
   S = jax.ShapeDtypeStruct
   for prio in (S((64, 2048), jnp.float32), S((2,), jnp.uint32)):  # priorities, key words
-    export_for(lambda s, p, ln, wm, t: select_compact_gpu(
+    export_for(lambda s, p, ln, wm, t, sp: select_compact_gpu(
         s, p, ln, wm, 1280, budget=lambda n: spin._budget(n, cfg), block=64, score_bits=16,
-        block_table=t, num_pages=4096), "cuda",
+        block_table=t, num_pages=4096, step=sp), "cuda",
         S((64, 2048), jnp.float32), prio, S((64,), jnp.int32), S((64,), jnp.bool_),
-        S((64, 2048), jnp.int32))
+        S((64, 2048), jnp.int32), S((64,), jnp.int32))
   export_for(lambda vm, v, d, p, l: block_scores_max_gpu(vm, v, d, p, l, page=64), "cuda",
              S((64, 2048), jnp.bfloat16), S((64, 131072), jnp.bfloat16),
              S((64, 131072), jnp.bfloat16),

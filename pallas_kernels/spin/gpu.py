@@ -51,13 +51,15 @@ def _group_maxima(z, gm_refs, *, group: int):
     gm_refs[0][...] = zc.reshape(z.size // group, group).max(axis=1)
 
 
-def _split_refs(refs, slots: bool):
+def _split_refs(refs, slots: bool, stepped: bool):
   """The kernel's refs after the inputs (aliased inputs, then outputs: [V, D, VM,] VB, DB,
-  age, step, warm [, group maxima]) -> (V, D, VM (None without slots), VB, DB, age, (step,
-  warm), gm list)."""
+  age, [step,] warm [, group maxima]) -> (V, D, VM (None without slots), VB, DB, age, (step
+  (None when stepped), warm), gm list)."""
   outs = refs[6 if slots else 3:]  # skip the aliased inputs
   v_ref, d_ref, vm_ref = outs[:3] if slots else (None, None, None)
-  vb_ref, db_ref, age_ref, stepo_ref, warm_ref, *gm_refs = outs[3:] if slots else outs
+  vb_ref, db_ref, age_ref, *rest = outs[3:] if slots else outs
+  stepo_ref = None if stepped else rest.pop(0)
+  warm_ref, *gm_refs = rest
   return v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, (stepo_ref, warm_ref), gm_refs
 
 
@@ -69,22 +71,24 @@ def _next_step(step, out_refs):
 
   @pl.when(pl.program_id(1) == 0)
   def _():
-    stepo_ref[...] = jnp.full((1,), step + 1, jnp.int32)
+    if stepo_ref is not None:
+      stepo_ref[...] = jnp.full((1,), step + 1, jnp.int32)
     warm_ref[...] = jnp.full((1,), True, jnp.bool_)
 
 
 def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
-          decay: float, group: int, slots: bool, pos_shift: int):
+          decay: float, group: int, slots: bool, pos_shift: int, stepped: bool):
   """Compiled GPU: all `blocks` selected blocks of the program as one [blocks, page] tile.
   Every load is issued before the first store: the compiled code keeps loads and stores in
   program order (the refs may alias as far as it knows), so a store between two loads costs
   a second memory round trip per program.
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step
   (m_j: block j's max observed score), and with slots the V, VM and D updates."""
-  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, out_refs, gm_refs = _split_refs(refs, slots)
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, out_refs, gm_refs = _split_refs(refs, slots,
+                                                                                stepped)
   pos = pos_ref[0] - pos_shift
   length = len_ref[0]
-  step = step_ref[0]
+  step = step_ref[0] - (1 if stepped else 0)  # the step being taken
   j = sel_ref[...]  # [blocks]
   zf = z_ref[...]
   z = zf.reshape(blocks, page)
@@ -119,11 +123,13 @@ def _tile(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
 
 
 def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: int,
-          decay: float, group: int, slots: bool, pos_shift: int):
+          decay: float, group: int, slots: bool, pos_shift: int, stepped: bool):
   """Interpret mode: one block at a time (a masked scatter there is a read-modify-write of
   every lane, so masked lanes get distinct wrapped slots, per block)."""
-  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, out_refs, gm_refs = _split_refs(refs, slots)
-  _next_step(step_ref[0], out_refs)
+  v_ref, d_ref, vm_ref, vb_ref, db_ref, age_ref, out_refs, gm_refs = _split_refs(refs, slots,
+                                                                                stepped)
+  step = step_ref[0] - (1 if stepped else 0)  # the step being taken
+  _next_step(step, out_refs)
   _group_maxima(z_ref[...], gm_refs, group=group)
   pos = pos_ref[0] - pos_shift
   length = len_ref[0]
@@ -142,7 +148,7 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
       vb_ref[pl.ds(j, 1)] = _ema(vb_ref[pl.ds(j, 1)], m, decay)
       ob = pos // page - j
       db_ref[pl.ds(ob, 1)] = _ema(db_ref[pl.ds(ob, 1)], m, decay)
-      age_ref[pl.ds(j, 1)] = step_ref[...].astype(age_ref.dtype)
+      age_ref[pl.ds(j, 1)] = jnp.full((1,), step, age_ref.dtype)
       if slots:
         z = jnp.where(obs, z, 0.0)
         v = v_ref[pl.ds(j * page, page)]
@@ -161,7 +167,7 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
 
 def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
                       slots: bool = True, group: int = 0, blocks_per_program: int = 8,
-                      interpret: bool = False):
+                      stepped: bool = False, interpret: bool = False):
   """SPIN's EMA update in place, from the scores of the selected blocks only.
 
   state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] uint32 (or int32), step [B] int32, and
@@ -179,7 +185,9 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   the accesses stay vector ones); nothing else is read or written (the arrays are aliased to
   the outputs). group > 0 also returns the [B, W * page / group] maxima of consecutive groups
   of z (NaN as -inf): the top-K's first pass, fused into this read of z.
-  -> (dict of the updated arrays, step and warm, group maxima or None)."""
+  stepped=True: state["step"] was already advanced (by the selection kernel), so ages get
+  step - 1 and no step is returned.
+  -> (dict of the updated arrays, [step,] warm, group maxima or None)."""
   bsz, width = sel.shape
   pos_shift = 1 if pos is None else 0
   pos = lengths if pos is None else pos
@@ -195,15 +203,18 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   rows = [pl.BlockSpec((None, a.shape[1]), lambda b, c: (b, 0)) for a in arrays]
   one = pl.BlockSpec((1,), lambda b, c: (b,))
   out_specs, out_shape = list(rows), [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
-  out_specs += [one, one]  # step + 1, warm
-  out_shape += [jax.ShapeDtypeStruct((bsz,), jnp.int32), jax.ShapeDtypeStruct((bsz,), bool)]
+  if not stepped:  # step + 1
+    out_specs.append(one)
+    out_shape.append(jax.ShapeDtypeStruct((bsz,), jnp.int32))
+  out_specs.append(one)  # warm
+  out_shape.append(jax.ShapeDtypeStruct((bsz,), bool))
   if group:
     out_specs.append(pl.BlockSpec((None, bpp * page // group), lambda b, c: (b, c)))
     out_shape.append(jax.ShapeDtypeStruct((bsz, padded * page // group), jnp.float32))
   body = _loop if interpret else _tile
   out = pl.pallas_call(
       functools.partial(body, page=page, blocks=bpp, decay=float(decay), group=group,
-                        slots=slots, pos_shift=pos_shift),
+                        slots=slots, pos_shift=pos_shift, stepped=stepped),
       grid=(bsz, padded // bpp),
       in_specs=[pl.BlockSpec((None, bpp), lambda b, c: (b, c)), one, one, one,
                 pl.BlockSpec((None, bpp * page), lambda b, c: (b, c)), *rows],
@@ -215,15 +226,18 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     state["step"].astype(jnp.int32), z.astype(jnp.float32), *arrays)
   n = len(arrays)
-  gm = out[n + 2][:, :width * page // group] if group else None
-  return {**dict(zip(names, out[:n])), "step": out[n], "warm": out[n + 1]}, gm
+  new = dict(zip(names, out[:n]))
+  if not stepped:
+    new["step"] = out[n]
+  new["warm"] = out[n + (0 if stepped else 1)]
+  return new, out[-1][:, :width * page // group] if group else None
 
 
 # ------------------------------------------------------------------ selection and compaction
 
 
 def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bits: int,
-                   random: bool, budget, block: int, num_pages: int):
+                   random: bool, budget, block: int, num_pages: int, advance: bool):
   """One request of `length` slots (n_blocks = ceil(length / block)): its budget
   (n_exploit, n_explore) = budget(n_blocks); forced blocks (first and newest), the n_exploit
   best other blocks by score, the n_explore best of the rest by priority (ties to the lower
@@ -232,9 +246,15 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
   holds the PRNG key's uint32 words, the request's seed is `jaxsparse.spin.request_seeds` of
   them and the priorities its 16-bit counter hashes (`random_keys16`), all made here in
   registers. With a block-table row, also the selected blocks' pages (clipped to
-  [0, num_pages), 0 for padding) in the same order: the block-sparse scoring kernel's table."""
-  t_row = refs[0] if num_pages else None
-  m_ref, sel_ref, t_ref, *pg_ref = refs[1:] if num_pages else refs
+  [0, num_pages), 0 for padding) in the same order: the block-sparse scoring kernel's table.
+  advance: the request's step counter + 1, written in place (its only reader, this program)."""
+  refs = list(refs)
+  t_row = refs.pop(0) if num_pages else None
+  step_in = refs.pop(0) if advance else None
+  step_out = refs.pop() if advance else None
+  m_ref, sel_ref, t_ref, *pg_ref = refs
+  if advance:
+    step_out[...] = step_in[...] + 1
   s = s_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, s.shape, 0)
   length = len_ref[0]
@@ -273,7 +293,7 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
 
 
 def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block: int,
-                       score_bits: int = 32, block_table=None, num_pages: int = 0,
+                       score_bits: int = 32, block_table=None, num_pages: int = 0, step=None,
                        num_warps: int = 8, interpret: bool = False):
   """score [B, L] float32 (L a power of two >= the number of blocks); prio [B, L] float32
   exploration priorities, or a [n] uint32 PRNG key's words for random exploration (16-bit keys
@@ -285,7 +305,8 @@ def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block:
   [, pages [B, width] int32, length rows [B, LENGTH_ROW] int32]). block_table [B, nt] int32
   with num_pages > 0 also returns the selected blocks' pages, clipped to [0, num_pages), 0 for
   padding, and each request's length repeated over a row (the Mosaic scoring kernel copies
-  its length from such a row).
+  its length from such a row). step [B] int32 (SPIN's step counters): also returns step + 1,
+  written in place of step (donate it, or XLA copies it first).
   score_bits=16 when every score is a bfloat16 value (half the ranking steps)."""
   bsz, length = score.shape
   if length & (length - 1) or width > length:
@@ -310,16 +331,27 @@ def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block:
     out_specs += [out_row, pl.BlockSpec((None, LENGTH_ROW), lambda i: (i, 0))]
     out_shape += [jax.ShapeDtypeStruct((bsz, sw), jnp.int32),
                   jax.ShapeDtypeStruct((bsz, LENGTH_ROW), jnp.int32)]
+  aliases = {}
+  if step is not None:
+    aliases = {len(args): len(out_shape)}
+    in_specs.append(one)
+    args.append(step.astype(jnp.int32))
+    out_specs.append(one)
+    out_shape.append(jax.ShapeDtypeStruct((bsz,), jnp.int32))
   out = pl.pallas_call(
       functools.partial(_select_kernel, width=width, score_bits=score_bits, random=random,
-                        budget=budget, block=block, num_pages=num_pages),
+                        budget=budget, block=block, num_pages=num_pages,
+                        advance=step is not None),
       grid=(bsz,), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      input_output_aliases=aliases,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_select",
   )(*args)
   m, sel, total = out[:3]
   res = (m != 0, sel[:, :width], total)
-  return res + (out[3][:, :width], out[4]) if num_pages else res
+  if num_pages:
+    res += (out[3][:, :width], out[4])
+  return res + (out[-1],) if step is not None else res
 
 
 # ------------------------------------------------------------- A1 block scores (max pooling)
