@@ -40,7 +40,14 @@ def main(argv=None):
                  help="SPIN's block reduction (A2: the step updates only block states)")
   p.add_argument("--unsorted", action="store_true",
                  help="both steps return the top-K as a set (sorted=False)")
+  p.add_argument("--spin-mosaic-pages", type=int, default=0,
+                 help="pages per CTA of the SPIN step's Mosaic block-sparse scoring kernel "
+                      "(0: the library default)")
   a = p.parse_args(argv)
+  sdc = None
+  if a.spin_mosaic_pages:
+    from pallas_kernels.indexer_decode import DecodeConfig
+    sdc = DecodeConfig(mosaic_pages=a.spin_mosaic_pages)
   if a.quick:
     rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2,
                             unsorted=a.unsorted, reduction=a.reduction)
@@ -50,7 +57,7 @@ def main(argv=None):
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted, topk_config=_topk_config(a),
-                            reduction=a.reduction)
+                            reduction=a.reduction, spin_decode_config=sdc)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "kernel_us", "kernel_vs_full",
                      "select_us", "update_us",
                      "sparse_scores_us", "topk_width_us", "predict_update_us",

@@ -330,12 +330,13 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
                reps=5, calls=20, step_only=False, state_dtype="bfloat16", unsorted=False,
-               topk_config=None, reduction="A1"):
+               topk_config=None, reduction="A1", spin_decode_config=None):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state. unsorted: both steps return their top-K
   as a set (sorted=False), as sparse attention needs. topk_config: both steps' TopkConfig.
-  reduction: SPIN's block reduction (A2 updates only block states)."""
+  reduction: SPIN's block reduction (A2 updates only block states). spin_decode_config: the
+  SPIN step's DecodeConfig for its block-sparse scoring (None: the library default)."""
   srt = not unsorted
   from jaxsparse import spin
   rows = []
@@ -390,7 +391,8 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
         # constant that XLA materialises with a ~0.8 us kernel every step)
         def step_fn(st, q, kc, t, l, w, k, cfg=cfg, warm=warm):
           return spin.decode_step(st, q, kc, t, l, w, cfg, k, warm=warm, sorted=srt,
-                                  topk_config=topk_config)[:3]
+                                  topk_config=topk_config,
+                                  decode_config=spin_decode_config)[:3]
 
         step = jax.jit(step_fn)
         sec, err = _timed(step, [(st, q, kc, table, lens, w, key)], reps=reps, calls=calls,
@@ -404,6 +406,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                                                  w, key), step_kernels, carry=(0, 2))
         pu = stage_us.get("select", math.nan) + stage_us.get("update", math.nan)
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
+                         spin_decode_config=str(spin_decode_config or "default"),
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
                          error=err or err2, us=sec * 1e6, vs_full=sec / full_s,
                          kernel_us=kus, kernel_vs_full=kus / full_kus, kernels_us=step_kernels,
