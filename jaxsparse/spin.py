@@ -350,7 +350,8 @@ def _score_bits(config: SpinConfig) -> int:
 
 def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
                            kernel: bool = False, interpret: bool = False, block_table=None,
-                           num_pages: int = 0, advance_step: bool = False):
+                           num_pages: int = 0, advance_step: bool = False,
+                           select_warps: int = 8):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
   blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32]):
@@ -363,6 +364,7 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
   only) adds the selected blocks' pages, clipped to [0, num_pages), in sel's order, and the
   lengths repeated over rows of 32 (the inputs of the Mosaic block-sparse scoring kernel).
   advance_step adds state["step"] + 1 last (the kernel writes it in place of the step).
+  select_warps: the selection kernel's warps per program.
   pos None: lengths - 1 (computed in the kernels where they read it)."""
   kpos = pos
   if pos is None:
@@ -394,7 +396,8 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
       pad_axis(s, 1, lp, value=NEG_INF), prio if prio.ndim == 1 else pad_axis(prio, 1, lp),
       lengths, state["warm"], width, budget=lambda n: _budget(n, config),
       block=config.block_size, score_bits=_score_bits(config), block_table=block_table,
-      num_pages=num_pages, step=state["step"] if advance_step else None, interpret=interpret)
+      num_pages=num_pages, step=state["step"] if advance_step else None,
+      num_warps=select_warps, interpret=interpret)
   masks, sel, total = out[:3]
   return (masks[:, :nb], sel, jnp.minimum(total, width), total, *out[3:])
 
@@ -445,7 +448,7 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
 
 def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, group: int = 0,
                    interpret: bool = False, blocks_per_program: int | None = None,
-                   stepped: bool = False):
+                   stepped: bool = False, num_warps: int = 4):
   """The step's EMA update by the GPU kernel, in place: only the selected blocks' states (and,
   except under A2, their slots' V and D) are read or written. Equals `update_blocks` per
   request (A0/A1) or `update_block_states` (A2). scores [B, W * b] of the selected blocks
@@ -454,14 +457,14 @@ def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, grou
   for the top-K when group > 0, else None). blocks_per_program: selected blocks per kernel
   program; None picks the fastest of 4, 8, 16, 32 at B=64 x 128K on the H200 (16 under A2,
   8 otherwise: benchmarks/results/session6/spin_update_bpp.json). stepped: state["step"] is
-  already the next step (the selection kernel advanced it)."""
+  already the next step (the selection kernel advanced it). num_warps: per update program."""
   from pallas_kernels.spin import update_states_gpu
   if blocks_per_program is None:
     blocks_per_program = 16 if config.reduction == "A2" else 8
   upd, gm = update_states_gpu(state, scores, sel, pos, lengths, decay=config.ema_decay,
                               page=config.block_size, slots=config.reduction != "A2",
                               group=group, blocks_per_program=blocks_per_program,
-                              stepped=stepped, interpret=interpret)
+                              stepped=stepped, num_warps=num_warps, interpret=interpret)
   return {**state, **upd}, gm  # the kernel wrote step and warm
 
 

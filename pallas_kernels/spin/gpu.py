@@ -167,7 +167,7 @@ def _loop(sel_ref, pos_ref, len_ref, step_ref, z_ref, *refs, page: int, blocks: 
 
 def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
                       slots: bool = True, group: int = 0, blocks_per_program: int = 8,
-                      stepped: bool = False, interpret: bool = False):
+                      stepped: bool = False, num_warps: int = 4, interpret: bool = False):
   """SPIN's EMA update in place, from the scores of the selected blocks only.
 
   state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] uint32 (or int32), step [B] int32, and
@@ -221,7 +221,7 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
       out_specs=out_specs,
       out_shape=out_shape,
       input_output_aliases={5 + n: n for n in range(len(arrays))},
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_spin_update",
   )(sel.astype(jnp.int32), pos.astype(jnp.int32), lengths.astype(jnp.int32),
     state["step"].astype(jnp.int32), z.astype(jnp.float32), *arrays)
@@ -253,11 +253,23 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
   step_in = refs.pop(0) if advance else None
   step_out = refs.pop() if advance else None
   m_ref, sel_ref, t_ref, *pg_ref = refs
-  if advance:
-    step_out[...] = step_in[...] + 1
+  # every load first: the ranking loops are long, and a load issued after them (the block
+  # table, warm) would add a memory round trip at the end
   s = s_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, s.shape, 0)
   length = len_ref[0]
+  warm = warm_ref[0]
+  if num_pages:
+    nt = t_row.shape[0]
+    page = (t_row[...] if nt == s.shape[0] else
+            plgpu.load(t_row.at[jnp.where(lane < nt, lane, 0)], mask=lane < nt, other=0))
+  if random:
+    seed = counter_hash(words_seed(lambda i: p_ref[i], p_ref.shape[0]),
+                        pl.program_id(0).astype(jnp.uint32))
+  else:
+    prio = p_ref[...]
+  if advance:
+    step_out[...] = step_in[...] + 1
   n_blocks = (length + block - 1) // block
   n_exploit, n_explore = budget(n_blocks)
   valid = lane < n_blocks
@@ -265,13 +277,11 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
   exploit = _take_best(s, valid & ~forced, n_exploit, bits=score_bits)
   rest = valid & ~forced & ~exploit
   if random:
-    seed = counter_hash(words_seed(lambda i: p_ref[i], p_ref.shape[0]),
-                        pl.program_id(0).astype(jnp.uint32))
     keys = counter_hash(seed, lane.astype(jnp.uint32)) >> 16
     explore = take_best_keys(jnp.where(rest, keys, jnp.uint32(0)), rest, n_explore, 16)
   else:
-    explore = _take_best(p_ref[...], rest, n_explore)
-  mask = jnp.where(warm_ref[0], forced | exploit | explore, valid)
+    explore = _take_best(prio, rest, n_explore)
+  mask = jnp.where(warm, forced | exploit | explore, valid)
   m_ref[...] = mask.astype(jnp.int32)
   pos = jnp.cumsum(mask.astype(jnp.int32)) - 1
   total = jnp.sum(mask.astype(jnp.int32))
@@ -285,8 +295,6 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
   tat = jnp.where(tail, lane, trash)
   plgpu.store(sel_ref.at[tat], jnp.full(s.shape, -1, jnp.int32), mask=tail)
   if num_pages:
-    nt = t_row.shape[0]
-    page = plgpu.load(t_row.at[jnp.where(lane < nt, lane, 0)], mask=lane < nt, other=0)
     plgpu.store(pg_ref[0].at[at], jnp.clip(page, 0, num_pages - 1), mask=keep)
     plgpu.store(pg_ref[0].at[tat], jnp.zeros(s.shape, jnp.int32), mask=tail)
     pg_ref[1][...] = jnp.full((LENGTH_ROW,), length, jnp.int32)
