@@ -448,19 +448,23 @@ def _block_state_update(state, seen, blk, pos, config: SpinConfig):
 
 def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, group: int = 0,
                    interpret: bool = False, blocks_per_program: int | None = None,
-                   stepped: bool = False, num_warps: int = 4):
+                   stepped: bool = False, num_warps: int | None = None):
   """The step's EMA update by the GPU kernel, in place: only the selected blocks' states (and,
   except under A2, their slots' V and D) are read or written. Equals `update_blocks` per
   request (A0/A1) or `update_block_states` (A2). scores [B, W * b] of the selected blocks
   sel [B, W], pos/lengths [B] (pos None: lengths - 1, computed in the kernel). -> (new state,
-  [B, W * b / group] group maxima of the scores
-  for the top-K when group > 0, else None). blocks_per_program: selected blocks per kernel
-  program; None picks the fastest of 4, 8, 16, 32 at B=64 x 128K on the H200 (16 under A2,
-  8 otherwise: benchmarks/results/session6/spin_update_bpp.json). stepped: state["step"] is
-  already the next step (the selection kernel advanced it). num_warps: per update program."""
+  [B, W * b / group] group maxima of the scores for the top-K when group > 0, else None).
+  blocks_per_program, num_warps: the kernel's tile; None picks the fastest at B=64 x 128K on
+  the H200 in kernel time: 16 blocks at 2 warps under A2 (8.9 us; 9.7 at 4 warps), 8 blocks at
+  1 warp otherwise (19.5 us; 22.3 at 4 warps, 20.0 for 4 blocks at 1 warp): the kernel is
+  bound by memory latency per program, so small programs, more of them resident per SM, win
+  (benchmarks/results/session12/spin_tiles_s12d.json). stepped: state["step"] is already the
+  next step (the selection kernel advanced it)."""
   from pallas_kernels.spin import update_states_gpu
   if blocks_per_program is None:
     blocks_per_program = 16 if config.reduction == "A2" else 8
+  if num_warps is None:
+    num_warps = 2 if config.reduction == "A2" else 1
   upd, gm = update_states_gpu(state, scores, sel, pos, lengths, decay=config.ema_decay,
                               page=config.block_size, slots=config.reduction != "A2",
                               group=group, blocks_per_program=blocks_per_program,

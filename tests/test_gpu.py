@@ -219,9 +219,10 @@ def test_spin_update_kernel_gpu(state_dtype):
   z = jnp.asarray(rng.standard_normal((bsz, width * 64)), jnp.float32)
   want = jax.vmap(spin.update_blocks, in_axes=(0, 0, 0, 0, 0, None))(st, z, sel, lengths - 1,
                                                                      lengths, cfg)
-  for bpp in (8, 32):
+  for bpp, warps, pos in ((8, None, True), (32, None, False), (8, 4, True)):
     got = jax.jit(lambda s, z, sel, l: spin.update_batched(
-        s, z, sel, l - 1, l, cfg, blocks_per_program=bpp)[0])(st, z, sel, lengths)
+        s, z, sel, l - 1 if pos else None, l, cfg, blocks_per_program=bpp,
+        num_warps=warps)[0])(st, z, sel, lengths)
     for name in want:
       np.testing.assert_allclose(np.asarray(got[name], np.float32),
                                  np.asarray(want[name], np.float32), rtol=1e-5, atol=1e-6,
