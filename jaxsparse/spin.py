@@ -720,11 +720,14 @@ def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
   return min(num_blocks, max(m, 2))
 
 
-ALIGN_BLOCKS = 64  # 64 blocks of 64 slots = 4096 scores: the top-K chunk and the kernel runs
+# 32 blocks of 64 slots = 2048 scores: the top-K's chunk (TopkConfig.chunk) and the scoring
+# kernel's 32-page runs. (It was 64 while the chunk was 4096; at 64 x 128K, 40%, 64 padded the
+# 1229 selected blocks to 1280, 32 pads them to 1248.)
+ALIGN_BLOCKS = 32
 
 
 def _aligned_width(width: int, num_blocks: int) -> int:
-  """Round the compacted width up to whole 64-block runs (capped at num_blocks): the
+  """Round the compacted width up to whole ALIGN_BLOCKS-block runs (capped at num_blocks): the
   block-sparse kernel's output then needs no slicing, the top-K no padding and the update
   kernel no padding, i.e. no copies of the [B, width * b] scores (padding blocks are -1 and
   cost an early exit)."""
