@@ -4,10 +4,12 @@ selection + compaction, and the EMA updates in place.
 Block scores (`block_scores_max_gpu`): per block, V's block maximum (state VM), the two
 aligned D rows holding its offsets, and V itself only in the newest block.
 
-Selection (`select_compact_gpu`, one program per request): forced, exploited and explored
-blocks as `jaxsparse.spin.select_blocks` picks them (random exploration keys made in
-registers), and their ids compacted in ascending order for the block-sparse scoring kernel,
-in one launch (XLA needs two ranking kernels, mask algebra and a scatter for the same).
+Selection (`select_compact_gpu`, one program per request): the request's budget, then the
+forced, exploited and explored blocks as `jaxsparse.spin.select_blocks` picks them (random
+exploration keys made in registers from the PRNG key's words), their ids compacted in
+ascending order, and optionally their cache pages, the length rows of the Mosaic scoring
+kernel and the step counter advanced in place, in one launch (XLA needs two ranking kernels,
+mask algebra, a scatter, a gather and several small kernels for the same).
 
 EMA update (`update_states_gpu`): block states (and, for reductions A0/A1, the slot states V,
 D and VM) updated in place.
