@@ -566,6 +566,10 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
         block_table=t, num_pages=4096, step=sp), "cuda",
         S((64, 2048), jnp.float32), prio, S((64,), jnp.int32), S((64,), jnp.bool_),
         S((64, 2048), jnp.int32), S((64,), jnp.int32))
+  with pytest.raises(ValueError, match="block_table and num_pages"):
+    select_compact_gpu(jnp.zeros((2, 64)), jnp.zeros((2,), jnp.uint32), lengths[:2],
+                       jnp.ones((2,), bool), 8, budget=lambda n: spin._budget(n, cfg),
+                       block=16, block_table=table[:2], interpret=True)
   export_for(lambda vm, v, d, p, l: block_scores_max_gpu(vm, v, d, p, l, page=64), "cuda",
              S((64, 2048), jnp.bfloat16), S((64, 131072), jnp.bfloat16),
              S((64, 131072), jnp.bfloat16),
