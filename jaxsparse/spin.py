@@ -104,8 +104,9 @@ def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
   `V.reshape(..., -1, block_size).max(-1)`). age is uint32, not int32, so that a jitted step
   that donates its state never finds it the same shape and dtype as the int32 top-K indices
   [B, K]: at K = capacity / block_size (2048 at 128K slots) jax would alias the donated age to
-  those indices and XLA would copy age every step (a 2.85 us `memcpy32_post` at 64 x 128K on
-  the H200, benchmarks/results/session12). An int32 age built by hand works as well.
+  those indices and XLA would copy age every step (~1.5 us of kernel time at 64 x 128K on the
+  H200: `memcpy32_post` 2.85 -> 1.34 us, benchmarks/results/session12/spin_A1_s12{a,b}.json).
+  An int32 age built by hand works as well.
   """
   if capacity % config.block_size:
     raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
@@ -354,9 +355,9 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
                            select_warps: int = 8):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
-  blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32]):
-  `select_blocks_batched` then
-  `compact_blocks`, the same blocks for the same key. kernel=True (A1/A2; GPU, or its
+  blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32] [, next step
+  [B] int32]): `select_blocks_batched` then `compact_blocks`, the same blocks for the same
+  key. kernel=True (A1/A2; GPU, or its
   interpreter with interpret=True): one Pallas program per request computes its budget, ranks,
   picks and compacts (`pallas_kernels.spin`), random exploration keys are made in it from the
   key's words, and A1's max-pooled block scores come from one more kernel; XLA computes only

@@ -172,11 +172,11 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
                       stepped: bool = False, num_warps: int = 4, interpret: bool = False):
   """SPIN's EMA update in place, from the scores of the selected blocks only.
 
-  state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] uint32 (or int32), step [B] int32, and
-  with slots=True V, D [B, cap] (cap = nb * page) and VM [B, nb] (V's block maxima);
-  z [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32 block ids
-  (-1: padding, last); pos (None: lengths - 1, computed in the kernel), lengths [B] int32.
-  For every selected block j its request has seen
+  state: dict with VB, DB [B, nb] float32 or bfloat16, age [B, nb] uint32 (or int32), step
+  [B] int32, and with slots=True V, D [B, cap] (cap = nb * page) and VM [B, nb] (V's block
+  maxima); z [B, W * page] float32 scores of the selected blocks in order; sel [B, W] int32
+  block ids (-1: padding, last); pos (None: lengths - 1, computed in the kernel), lengths [B]
+  int32; num_warps per program. For every selected block j its request has seen
   (j * page < length), with m_j its max observed score:
     VB[j] <- a VB[j] + (1 - a) m_j,  DB[pos // page - j] <- same,  age[j] <- step,
   and with slots=True, for each observed slot i of it (i < length):
