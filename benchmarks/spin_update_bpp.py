@@ -22,6 +22,15 @@ from jaxsparse.bench import _timed
 from jaxsparse.benchtools import environment, kernel_time, print_table, write_json
 
 
+def _kernel_seconds(f, args, **kw):
+  """(seconds per call from the device trace, "") or (nan, the error's first line): a tile
+  that does not compile is a row, not a stop."""
+  try:
+    return kernel_time(f, args, **kw)[0], ""
+  except Exception as e:  # noqa: BLE001
+    return float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--out", default="benchmarks/results/spin_update_bpp.json")
@@ -57,12 +66,8 @@ def main(argv=None):
           st, z, s, l - 1, l, cfg, group=group, blocks_per_program=bpp, num_warps=warps,
           interpret=jax.default_backend() == "cpu")[0])
       if a.kernel_time:  # the device trace, the state donated and threaded (in place)
-        try:
-          sec, _ = kernel_time(jax.jit(f, donate_argnums=0),
-                               (jax.tree.map(jnp.copy, st), z, sel, lens), carry=(0, None))
-          err = ""
-        except Exception as e:  # noqa: BLE001 (a tile that does not compile is a row)
-          sec, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        sec, err = _kernel_seconds(jax.jit(f, donate_argnums=0),
+                                   (jax.tree.map(jnp.copy, st), z, sel, lens), carry=(0, None))
       else:
         sec, err = _timed(f, [(st, z, sel, lens)], carry=(0, None))
       rows.append(dict(op="spin_update", B=a.batch, N=a.slots, reduction=reduction, bpp=bpp,
@@ -81,11 +86,7 @@ def main(argv=None):
                                            block_table=t, num_pages=nb, advance_step=True,
                                            select_warps=warps)
 
-      try:
-        sec, _ = kernel_time(jax.jit(sel_fn), (st, lens, table))
-        err = ""
-      except Exception as e:  # noqa: BLE001
-        sec, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      sec, err = _kernel_seconds(jax.jit(sel_fn), (st, lens, table))
       rows.append(dict(op="spin_select", B=a.batch, N=a.slots, reduction="A1", num_warps=warps,
                        us=sec * 1e6, error=err, timing="kernel"))
   if a.score_tiles:
@@ -98,11 +99,7 @@ def main(argv=None):
       bpp, warps = (int(t) for t in tile.split(":"))
       f = jax.jit(lambda vm, v, d, l, bpp=bpp, warps=warps: block_scores_max_gpu(
           vm, v, d, l - 1, l, page=64, blocks_per_program=bpp, num_warps=warps))
-      try:
-        sec, _ = kernel_time(f, (vm, v, d, lens))
-        err = ""
-      except Exception as e:  # noqa: BLE001 (a tile that does not compile is a row, not a stop)
-        sec, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      sec, err = _kernel_seconds(f, (vm, v, d, lens))
       # bytes: D (bf16) and VM; V's newest block only
       rows.append(dict(op="spin_block_scores", B=a.batch, N=a.slots, reduction="A1", bpp=bpp,
                        num_warps=warps, us=sec * 1e6,

@@ -374,10 +374,12 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
     masks = select_blocks_batched(state, pos, lengths, config, key)
     out = (masks, *compact_blocks(masks, width), masks.sum(1).astype(jnp.int32))
     if num_pages:
+      from pallas_kernels.spin.gpu import LENGTH_ROW
       sel = out[1]
       pages = jnp.take_along_axis(block_table, jnp.maximum(sel, 0), axis=1)
       out += (jnp.where(sel >= 0, jnp.clip(pages, 0, num_pages - 1), 0),
-              jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (lengths.shape[0], 32)))
+              jnp.broadcast_to(lengths.astype(jnp.int32)[:, None],
+                               (lengths.shape[0], LENGTH_ROW)))
     return out + (state["step"] + 1,) if advance_step else out
   from pallas_kernels._util import next_pow2, pad_axis
   from pallas_kernels.spin import block_scores_max_gpu, select_compact_gpu

@@ -80,6 +80,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
   if not clipped:
     table = jnp.clip(table, 0, num_blocks - 1)
   table = table.reshape(bsz, padded // tw, tw)
+  if len_rows is not None and len_rows.shape != (bsz, ROW):
+    raise ValueError(f"len_rows {len_rows.shape} must be [B, {ROW}] = ({bsz}, {ROW})")
   lens = (jnp.broadcast_to(lengths.astype(jnp.int32)[:, None], (bsz, ROW)) if len_rows is None
           else len_rows)
   sparse = logical is not None

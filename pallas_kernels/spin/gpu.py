@@ -37,7 +37,9 @@ from pallas_kernels._util import counter_hash, words_seed
 from pallas_kernels.topk.gpu import _take_best, take_best_keys
 
 NEG_INF = float("-inf")
-LENGTH_ROW = 32  # int32 lengths per row of the Mosaic scoring kernel's length input (128 bytes)
+# int32 lengths per row of the Mosaic scoring kernel's length input (its ROW, 128 bytes: the
+# kernel checks the rows it is given)
+LENGTH_ROW = 32
 
 
 def _ema(old, new, decay):
