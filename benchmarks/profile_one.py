@@ -24,6 +24,8 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--slots", type=int, default=131072)
   p.add_argument("--calls", type=int, default=4)
+  p.add_argument("--compact", default="scan", choices=("scan", "lane"),
+                 help="topk: TopkConfig.compact")
   p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"), help="SPIN's (spin)")
   p.add_argument("--hlo", default="",
                  help="spin: also write the compiled (optimised) HLO of the step to this file")
@@ -32,8 +34,10 @@ def main(argv=None):
   h, d = 64, 128
   if a.what in ("topk", "topk-set"):
     from jaxsparse import selection
+    from pallas_kernels.topk import TopkConfig
     x = jax.random.normal(key, (a.batch, a.slots), jnp.float32)
-    f = jax.jit(lambda x: selection.topk(x, 2048, sorted=a.what == "topk"))
+    cfg = TopkConfig(compact=a.compact)
+    f = jax.jit(lambda x: selection.topk(x, 2048, sorted=a.what == "topk", config=cfg))
     args = (x,)
   elif a.what == "spin":
     from jaxsparse import spin

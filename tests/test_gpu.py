@@ -67,19 +67,21 @@ def test_topk_gpu(n, k, finish):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("run,skip", [(0, True), (256, True), (512, True), (1024, True),
-                                      (512, False)])
-def test_topk_gpu_split_bitonic(run, skip):
-  """TopkConfig(bitonic_run=r, skip_groups=s) compiled: sorted (one-pass atomic compaction,
-  bitonic finish, split into runs and merges when r > 0) and as a set (count, compaction in
-  index order), overflowing rows repaired; the compactions reading only live groups or all."""
+@pytest.mark.parametrize("run,skip,compact", [
+    (0, True, "scan"), (256, True, "scan"), (512, True, "scan"), (1024, True, "scan"),
+    (512, False, "scan"), (512, False, "lane"), (0, True, "lane")])
+def test_topk_gpu_split_bitonic(run, skip, compact):
+  """TopkConfig(bitonic_run=r, skip_groups=s, compact=c) compiled: sorted (one-pass atomic
+  compaction, by chunk ranges or one atomic per candidate; bitonic finish, split into runs
+  and merges when r > 0) and as a set (count, compaction in index order), overflowing rows
+  repaired; the compactions reading only live groups or all."""
   from pallas_kernels.topk import TopkConfig
   rng = np.random.default_rng(run + skip)
   n, k = 131072, 2048
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
-  cfg = TopkConfig(bitonic_run=run, skip_groups=skip)
+  cfg = TopkConfig(bitonic_run=run, skip_groups=skip, compact=compact)
   rv, ri = np_topk(x, k, lens)
   for srt in (True, False):
     v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",

@@ -118,6 +118,7 @@ def test_compactions_and_finishes(run):
   lens = np.array([n, n // 2 + 3, n, n, 0])
   plat = KernelPlatform("gpu", True)
   for cfg in (ktopk.TopkConfig(bitonic_run=run),
+              ktopk.TopkConfig(bitonic_run=run, compact="lane"),
               ktopk.TopkConfig(bitonic_run=run, chunk=512, skip_groups=True)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
@@ -129,6 +130,8 @@ def test_compactions_and_finishes(run):
     ktopk.TopkConfig(bitonic_run=-4)
   with pytest.raises(ValueError, match="skip_groups"):
     ktopk.TopkConfig(skip_groups=1)
+  with pytest.raises(ValueError, match="compact"):
+    ktopk.TopkConfig(compact="warp")
   from pallas_kernels.topk import gpu as kg
   with pytest.raises(ValueError, match="run=8"):
     kg.bitonic_finish_split(jnp.zeros((1, 8)), jnp.zeros((1, 8), jnp.int32),
@@ -340,6 +343,7 @@ def test_topk_lowers_for_tpu_and_gpu():
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
                        (ktopk.TopkConfig(bitonic_run=0), True),
                        (ktopk.TopkConfig(skip_groups=True), True),
+                       (ktopk.TopkConfig(compact="lane"), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

@@ -46,6 +46,11 @@ class TopkConfig:
     gains nothing at 64 x 128K (compaction 25.4 us with it, 24.7 without) and 3% at 64 x 1M
     (179.7 / 185.8): the compaction is latency-bound, not byte-bound
     (benchmarks/results/session11/topk_skip_s11a.json).
+  compact: how the one-pass compaction before an order-free finish places candidates (GPU):
+    "scan", a chunk reserves a range with one atomic add of its count and a chunk-wide scan
+    orders its candidates inside it; "lane", every candidate takes its slot with its own
+    atomic add on the row's counter (no scan, no chunk-wide reduction). Rows over 2**24
+    entries always use "scan" (the lane counter is a float32).
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -59,6 +64,7 @@ class TopkConfig:
   bitonic_warps: int = 16
   bitonic_run: int = 512
   skip_groups: bool = False
+  compact: str = "scan"
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
@@ -67,6 +73,8 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
+    if self.compact not in ("scan", "lane"):
+      raise ValueError(f"compact={self.compact!r} must be 'scan' or 'lane'")
     if not isinstance(self.skip_groups, bool):
       raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
     v = self.bitonic_run

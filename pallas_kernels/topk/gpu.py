@@ -94,25 +94,47 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, *refs, chunk: int, capacit
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
-def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int):
-  """One (row, chunk): the chunk's candidates appended to the row's buffer at a range
-  reserved with one atomic add on the row's counter (count and compaction in one pass; the
-  chunk ranges land in whatever order the programs run, so only an order-free finish such as
-  `bitonic_finish` may consume the buffer). refs: [group maxima,] counter in, counter out,
-  values, indices."""
+COUNTER_STRIDE = 32  # a row's counter every 128 bytes: rows' atomics go to different L2 lines
+
+
+def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int,
+                           lanes: bool):
+  """One (row, chunk): the chunk's candidates appended to the row's buffer (count and
+  compaction in one pass; the slots land in whatever order the programs run, so only an
+  order-free finish such as `bitonic_finish` may consume the buffer). refs: [group maxima,]
+  counter in, counter out ([COUNTER_STRIDE], element 0 is the row's), values, indices.
+
+  lanes=False: the chunk reserves one range with one atomic add of its count on the row's
+  int32 counter, and places its candidates in index order inside it (a chunk-wide scan).
+  lanes=True: every candidate lane takes its own slot with its own atomic add of 1 on the
+  row's float32 counter (exact up to 2**24): no scan and no chunk-wide sum, so no barrier
+  between the load and the scatter. (Pallas Triton lowers an atomic add of an integer tensor
+  as a float add, hence the float counter; its interpret mode does not emulate per-lane
+  atomics on one address, so there this path places slots as lanes=False does.)"""
   *g_ref, _, ctr_ref, v_ref, i_ref = refs
   x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
-  running = jnp.cumsum(m.astype(jnp.int32))
-  total = jnp.sum(m.astype(jnp.int32))
-  # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
-  # integer value (a [1] tensor gets a float add, which flushes small integers to zero)
-  start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total)
-  pos = start + running - 1
+  if lanes:
+    zero = jnp.zeros((chunk,), jnp.int32)
+    pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((chunk,), jnp.float32), mask=m)
+    pos = pos.astype(jnp.int32)
+  else:
+    running = jnp.cumsum(m.astype(jnp.int32))
+    total = jnp.sum(m.astype(jnp.int32))
+    # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
+    # integer value (a [1] tensor gets a float add, which flushes small integers to zero);
+    # a traced index, which interpret mode's discharge rule needs
+    start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total.astype(ctr_ref.dtype)).astype(jnp.int32)
+    pos = start + running - 1
   keep = m & (pos < capacity)
   pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
   plgpu.store(v_ref.at[pos], x, mask=keep)
   plgpu.store(i_ref.at[pos], idx, mask=keep)
+
+
+def counter_dtype(lanes: bool):
+  """The row counters' dtype for `compact_atomic(..., lanes=lanes)`."""
+  return jnp.float32 if lanes else jnp.int32
 
 
 def _gmax_specs(gmax, n: int, chunk: int):
@@ -126,32 +148,43 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None, counter=None):
+                   interpret: bool, gmax=None, counter=None, lanes: bool = False):
   """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
   float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
-  candidates (entries >= thr[r]) grouped by chunk, chunks in no fixed order; the slots past
-  them are NOT initialised. One pass (no count pass, no scan). gmax [R, N / group] (optional):
-  the maxima of contiguous groups; then only groups whose maximum reaches thr are read.
-  counter: [R] int32 zeros to count in (updated in place; `threshold(..., counter=True)`
-  makes them), else a fresh zero array."""
+  candidates (entries >= thr[r]) in no fixed order; the slots past them are NOT initialised.
+  One pass (no count pass). gmax [R, N / group] (optional): the maxima of contiguous groups;
+  then only groups whose maximum reaches thr are read. counter: [R, COUNTER_STRIDE] zeros of
+  `counter_dtype(lanes)` to count in (updated in place; `threshold(..., counter=dtype)` makes
+  them), else a fresh zero array. lanes: one atomic per candidate instead of one per chunk
+  (see _compact_atomic_kernel); N must then be at most 2**24."""
   r, n = x.shape
+  if lanes and n > 1 << 24:
+    raise ValueError(f"lanes=True counts in float32: rows of {n} > 2**24 entries need lanes=False")
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
-  one = pl.BlockSpec((1,), lambda r, c: (r,))
+  ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
   extra, extra_specs = _gmax_specs(gmax, n, chunk)
+  dtype = counter_dtype(lanes)
+  if counter is None:
+    counter = jnp.zeros((r, COUNTER_STRIDE), dtype)
+  if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
+    raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
+                     f"{jnp.dtype(dtype).name}")
   total, v, i = pl.pallas_call(
-      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity),
+      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity,
+                        lanes=lanes and not interpret),
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + [one] + extra_specs + [one],
-      out_specs=[one, row, row],
-      out_shape=[jax.ShapeDtypeStruct((r,), jnp.int32),
+      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))] + extra_specs
+      + [ctr],
+      out_specs=[ctr, row, row],
+      out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
       input_output_aliases={3 + len(extra): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
-  )(x, lengths, thr, *extra, jnp.zeros((r,), jnp.int32) if counter is None else counter)
-  return v, i, total
+  )(x, lengths, thr, *extra, counter)
+  return v, i, total[:, 0].astype(jnp.int32)
 
 
 def _pow2_pieces(g: int) -> list[tuple[int, int]]:
@@ -189,32 +222,34 @@ def _threshold_kernel(m_ref, o_ref, *c_ref, k: int, iters: int):
 
   lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
   o_ref[...] = jnp.where(nfin >= k, lo, NEG_INF).reshape(1)
-  if c_ref:  # the compaction's zeroed row counter (saves XLA a fill kernel before it)
-    c_ref[0][...] = jnp.zeros((1,), jnp.int32)
+  if c_ref:  # the compaction's zeroed row counters (saves XLA a fill kernel before it)
+    c_ref[0][...] = jnp.zeros(c_ref[0].shape, c_ref[0].dtype)
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter: bool = False):
+              counter=None):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
-  counter=True -> (thresholds, [R] int32 zeros): the zeroed row counters `compact_atomic`
-  reserves its ranges with, written by this kernel instead of a separate XLA fill."""
+  counter=dtype (`counter_dtype(lanes)`) -> (thresholds, [R, COUNTER_STRIDE] zeros of it):
+  the zeroed row counters `compact_atomic` counts in, written by this kernel instead of a
+  separate XLA fill."""
   r, g = gmax.shape
   if len(_pow2_pieces(g)) > 4:
     gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(g) - g)), constant_values=NEG_INF)
     g = gmax.shape[1]
   one = pl.BlockSpec((1,), lambda i: (i,))
+  ctr = [pl.BlockSpec((None, COUNTER_STRIDE), lambda i: (i, 0))] if counter is not None else []
   out = pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
-      out_specs=[one, one] if counter else [one],
+      out_specs=[one] + ctr,
       out_shape=[jax.ShapeDtypeStruct((r,), jnp.float32)]
-      + ([jax.ShapeDtypeStruct((r,), jnp.int32)] if counter else []),
+      + ([jax.ShapeDtypeStruct((r, COUNTER_STRIDE), counter)] if ctr else []),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_threshold",
   )(gmax)
-  return tuple(out) if counter else out[0]
+  return tuple(out) if ctr else out[0]
 
 
 def _row_chunk_specs(chunk):
