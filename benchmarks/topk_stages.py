@@ -25,10 +25,10 @@ from pallas_kernels.topk import gpu as kg
 
 
 def _label(c: TopkConfig) -> str:
-  """chunk:warps:bisect_iters:bitonic_run:skip_groups[:lane], as --configs takes it (lane: 1
-  for TopkConfig.compact="lane", from session 13; files before session 10's third call have
-  chunk:warps:iters[:scan_block:bitonic_run])."""
-  lane = ":1" if c.compact == "lane" else ""
+  """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact], as --configs takes it
+  (compact: 1 for TopkConfig.compact="lane", 2 for "rows", from session 13; files before
+  session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
+  lane = {"scan": "", "lane": ":1", "rows": ":2"}[c.compact]
   return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{lane}"
 
 
@@ -65,7 +65,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   live = jnp.minimum(total, capacity).astype(jnp.int32)
   f_atomic = jax.jit(lambda x, l, t: kg.compact_atomic(x, l, t, capacity=capacity, chunk=chunk,
                                                        num_warps=nw, interpret=interp,
-                                                       lanes=config.compact == "lane"))
+                                                       placement=config.compact))
   bitonic = {w: jax.jit(lambda cv, ci, l, w=w: kg.bitonic_finish(
       cv, ci, l, k, capacity, num_warps=w, interpret=interp)) for w in (8, 16, 32)}
   bitonic_cfg = dataclasses.replace(config, finish="bitonic")
@@ -162,17 +162,17 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
 
 
 def _parse(spec: str) -> TopkConfig:
-  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:lane]]]" -> TopkConfig."""
+  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:compact]]]" -> TopkConfig."""
   v = [int(t) for t in spec.split(":")]
   if not 3 <= len(v) <= 6:
     raise ValueError(f"--configs entry {spec!r}: "
-                     "chunk:warps:iters[:bitonic_run[:skip_groups[:lane]]]")
+                     "chunk:warps:iters[:bitonic_run[:skip_groups[:compact]]]")
   names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups", "compact")
   kw = dict(zip(names, v))
   if "skip_groups" in kw:
     kw["skip_groups"] = bool(kw["skip_groups"])
   if "compact" in kw:
-    kw["compact"] = "lane" if kw["compact"] else "scan"
+    kw["compact"] = ("scan", "lane", "rows")[kw["compact"]]
   return TopkConfig(**kw)
 
 
@@ -182,7 +182,7 @@ def main(argv=None):
   p.add_argument("--shapes", default="64x131072,8x131072,1x131072,64x1048576")
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
-                 help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups[:lane]]] "
+                 help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups[:compact]]] "
                       "TopkConfig variants to sweep (brief: filter passes and whole call "
                       "only); default: TopkConfig() in full")
   p.add_argument("--only", default="",

@@ -69,7 +69,8 @@ def test_topk_gpu(n, k, finish):
 
 @pytest.mark.parametrize("run,skip,compact", [
     (0, True, "scan"), (256, True, "scan"), (512, True, "scan"), (1024, True, "scan"),
-    (512, False, "scan"), (512, False, "lane"), (0, True, "lane")])
+    (512, False, "scan"), (512, False, "lane"), (0, True, "lane"), (512, False, "rows"),
+    (0, True, "rows")])
 def test_topk_gpu_split_bitonic(run, skip, compact):
   """TopkConfig(bitonic_run=r, skip_groups=s, compact=c) compiled: sorted (one-pass atomic
   compaction, by chunk ranges or one atomic per candidate; bitonic finish, split into runs

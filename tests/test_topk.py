@@ -119,6 +119,7 @@ def test_compactions_and_finishes(run):
   plat = KernelPlatform("gpu", True)
   for cfg in (ktopk.TopkConfig(bitonic_run=run),
               ktopk.TopkConfig(bitonic_run=run, compact="lane"),
+              ktopk.TopkConfig(bitonic_run=run, compact="rows"),
               ktopk.TopkConfig(bitonic_run=run, chunk=512, skip_groups=True)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
@@ -344,6 +345,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(bitonic_run=0), True),
                        (ktopk.TopkConfig(skip_groups=True), True),
                        (ktopk.TopkConfig(compact="lane"), True),
+                       (ktopk.TopkConfig(compact="rows"), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

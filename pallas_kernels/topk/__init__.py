@@ -139,10 +139,10 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     else:  # emitted for the unpadded row: the padding's groups are -inf
       gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
     ctr = None  # the compaction's zeroed row counters, from the threshold kernel
-    lanes = config.compact == "lane" and n_pad <= 1 << 24
+    place = "scan" if config.compact == "lane" and n_pad > 1 << 24 else config.compact
     if config.threshold == "bisect":
       thr, ctr = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
-                                interpret=interp, counter=_gpu.counter_dtype(lanes))
+                                interpret=interp, counter=_gpu.counter_dtype(place))
     else:
       thr = lax.top_k(gmax, k)[0][:, k - 1]
     bitonic = ordered and config.finish == "bitonic"
@@ -152,7 +152,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     if bitonic or rank:  # an order-free finish: count and compaction in one pass
       cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                           num_warps=config.num_warps, interpret=interp,
-                                          gmax=skip, counter=ctr, lanes=lanes)
+                                          gmax=skip, counter=ctr, placement=place)
     else:
       counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                           interpret=interp, gmax=skip)

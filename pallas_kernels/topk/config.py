@@ -48,9 +48,10 @@ class TopkConfig:
     (benchmarks/results/session11/topk_skip_s11a.json).
   compact: how the one-pass compaction before an order-free finish places candidates (GPU):
     "scan", a chunk reserves a range with one atomic add of its count and a chunk-wide scan
-    orders its candidates inside it; "lane", every candidate takes its slot with its own
-    atomic add on the row's counter (no scan, no chunk-wide reduction). Rows over 2**24
-    entries always use "scan" (the lane counter is a float32).
+    orders its candidates inside it; "rows", the same with the scan split over rows of 32
+    lanes; "lane", every candidate takes its slot with its own atomic add on the row's
+    counter (no scan, no chunk-wide reduction). Rows over 2**24 entries use "scan" for
+    "lane" (the lane counter is a float32).
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -73,8 +74,8 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
-    if self.compact not in ("scan", "lane"):
-      raise ValueError(f"compact={self.compact!r} must be 'scan' or 'lane'")
+    if self.compact not in ("scan", "rows", "lane"):
+      raise ValueError(f"compact={self.compact!r} must be 'scan', 'rows' or 'lane'")
     if not isinstance(self.skip_groups, bool):
       raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
     v = self.bitonic_run

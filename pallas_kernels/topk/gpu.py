@@ -97,44 +97,55 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, *refs, chunk: int, capacit
 COUNTER_STRIDE = 32  # a row's counter every 128 bytes: rows' atomics go to different L2 lines
 
 
+PLACEMENTS = ("scan", "rows", "lane")
+
+
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int,
-                           lanes: bool):
+                           placement: str):
   """One (row, chunk): the chunk's candidates appended to the row's buffer (count and
   compaction in one pass; the slots land in whatever order the programs run, so only an
   order-free finish such as `bitonic_finish` may consume the buffer). refs: [group maxima,]
   counter in, counter out ([COUNTER_STRIDE], element 0 is the row's), values, indices.
 
-  lanes=False: the chunk reserves one range with one atomic add of its count on the row's
-  int32 counter, and places its candidates in index order inside it (a chunk-wide scan).
-  lanes=True: every candidate lane takes its own slot with its own atomic add of 1 on the
-  row's float32 counter (exact up to 2**24): no scan and no chunk-wide sum, so no barrier
-  between the load and the scatter. (Pallas Triton lowers an atomic add of an integer tensor
-  as a float add, hence the float counter; its interpret mode does not emulate per-lane
-  atomics on one address, so there this path places slots as lanes=False does.)"""
+  placement "scan": the chunk reserves one range with one atomic add of its count on the
+  row's int32 counter and places its candidates in index order inside it (a chunk-wide scan).
+  "rows": the same, the scan split as [chunk / 32, 32]: a scan along rows of 32 lanes, then
+  one over the chunk / 32 row totals. "lane": every candidate lane takes its own slot with its
+  own atomic add of 1 on the row's float32 counter (exact up to 2**24): no scan and no
+  chunk-wide sum. (Pallas Triton lowers an atomic add of an integer tensor as a float add,
+  hence the float counter; its interpret mode does not emulate per-lane atomics on one
+  address, so there "lane" places slots as "scan" does.)"""
   *g_ref, _, ctr_ref, v_ref, i_ref = refs
   x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
-  if lanes:
+  if placement == "lane":
     zero = jnp.zeros((chunk,), jnp.int32)
     pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((chunk,), jnp.float32), mask=m)
     pos = pos.astype(jnp.int32)
   else:
-    running = jnp.cumsum(m.astype(jnp.int32))
-    total = jnp.sum(m.astype(jnp.int32))
+    mi = m.astype(jnp.int32)
+    if placement == "rows":
+      mr = mi.reshape(chunk // 32, 32)
+      row_total = jnp.sum(mr, axis=1)
+      running = (jnp.cumsum(mr, axis=1) + (jnp.cumsum(row_total) - row_total)[:, None])
+      running = running.reshape(chunk)
+      total = jnp.sum(row_total)
+    else:
+      running, total = jnp.cumsum(mi), jnp.sum(mi)
     # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
     # integer value (a [1] tensor gets a float add, which flushes small integers to zero);
     # a traced index, which interpret mode's discharge rule needs
-    start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total.astype(ctr_ref.dtype)).astype(jnp.int32)
-    pos = start + running - 1
+    start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total.astype(ctr_ref.dtype))
+    pos = start.astype(jnp.int32) + running - 1
   keep = m & (pos < capacity)
   pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
   plgpu.store(v_ref.at[pos], x, mask=keep)
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
-def counter_dtype(lanes: bool):
-  """The row counters' dtype for `compact_atomic(..., lanes=lanes)`."""
-  return jnp.float32 if lanes else jnp.int32
+def counter_dtype(placement: str):
+  """The row counters' dtype for `compact_atomic(..., placement=placement)`."""
+  return jnp.float32 if placement == "lane" else jnp.int32
 
 
 def _gmax_specs(gmax, n: int, chunk: int):
@@ -148,23 +159,28 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None, counter=None, lanes: bool = False):
+                   interpret: bool, gmax=None, counter=None, placement: str = "scan"):
   """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
-  float32 / int32 and total [R] int32: row r's first min(total, capacity) slots hold its
+  float32 / int32 and the row counters [R, COUNTER_STRIDE] (element 0: the row's candidate
+  count; `repair` reads them as they are): row r's first min(count, capacity) slots hold its
   candidates (entries >= thr[r]) in no fixed order; the slots past them are NOT initialised.
   One pass (no count pass). gmax [R, N / group] (optional): the maxima of contiguous groups;
   then only groups whose maximum reaches thr are read. counter: [R, COUNTER_STRIDE] zeros of
-  `counter_dtype(lanes)` to count in (updated in place; `threshold(..., counter=dtype)` makes
-  them), else a fresh zero array. lanes: one atomic per candidate instead of one per chunk
-  (see _compact_atomic_kernel); N must then be at most 2**24."""
+  `counter_dtype(placement)` to count in (updated in place; `threshold(..., counter=dtype)`
+  makes them), else a fresh zero array. placement: see _compact_atomic_kernel ("lane" needs
+  N <= 2**24)."""
   r, n = x.shape
-  if lanes and n > 1 << 24:
-    raise ValueError(f"lanes=True counts in float32: rows of {n} > 2**24 entries need lanes=False")
+  if placement not in PLACEMENTS:
+    raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
+  if placement == "lane" and n > 1 << 24:
+    raise ValueError(f"placement='lane' counts in float32: rows of {n} > 2**24 entries")
+  if placement == "rows" and chunk < 64:
+    raise ValueError(f"placement='rows' needs chunk >= 64, got {chunk}")
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
   extra, extra_specs = _gmax_specs(gmax, n, chunk)
-  dtype = counter_dtype(lanes)
+  dtype = counter_dtype(placement)
   if counter is None:
     counter = jnp.zeros((r, COUNTER_STRIDE), dtype)
   if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
@@ -172,7 +188,7 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
                      f"{jnp.dtype(dtype).name}")
   total, v, i = pl.pallas_call(
       functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity,
-                        lanes=lanes and not interpret),
+                        placement="scan" if placement == "lane" and interpret else placement),
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))] + extra_specs
       + [ctr],
@@ -184,7 +200,7 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
   )(x, lengths, thr, *extra, counter)
-  return v, i, total[:, 0].astype(jnp.int32)
+  return v, i, total
 
 
 def _pow2_pieces(g: int) -> list[tuple[int, int]]:
@@ -230,7 +246,7 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
               counter=None):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
-  counter=dtype (`counter_dtype(lanes)`) -> (thresholds, [R, COUNTER_STRIDE] zeros of it):
+  counter=dtype (`counter_dtype(placement)`) -> (thresholds, [R, COUNTER_STRIDE] zeros of it):
   the zeroed row counters `compact_atomic` counts in, written by this kernel instead of a
   separate XLA fill."""
   r, g = gmax.shape
@@ -324,7 +340,8 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, 
   """
   del v_in, i_in
   # live slots of the row for the finish: the count, or k for a repaired row
-  live_ref[...] = jnp.where(tot_ref[0] > capacity, k, tot_ref[0]).reshape(1)
+  tot = tot_ref[0].astype(jnp.int32)
+  live_ref[...] = jnp.where(tot > capacity, k, tot).reshape(1)
   length = len_ref[0]
   nchunks = n // chunk
   iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
@@ -342,7 +359,7 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, 
       return acc + jnp.sum((ok & (key >= cand)).astype(jnp.int32))
     return lax.fori_loop(0, nchunks, body, jnp.int32(0))
 
-  @pl.when(tot_ref[0] > capacity)
+  @pl.when(tot > capacity)
   def _():
     def bit(i, t):
       cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
@@ -377,7 +394,9 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, 
 
 def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_warps: int,
            interpret: bool):
-  """Exact candidates for overflowing rows (see _repair_kernel); v, i: compact's buffers.
+  """Exact candidates for overflowing rows (see _repair_kernel); v, i: compact's buffers;
+  total: the candidate counts [R] int32, or `compact_atomic`'s row counters [R,
+  COUNTER_STRIDE] (int32 or float32; element 0 read in the kernel, no XLA slice or convert).
   -> (v, i, live [R] int32): the live slots per row, the count, or k for a repaired row (its
   first k slots, -inf padded)."""
   r, n = x.shape
@@ -387,10 +406,16 @@ def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_wa
                      f"and hold k={k}")
   row = pl.BlockSpec((None, width), lambda i: (i, 0))
   one = pl.BlockSpec((1,), lambda i: (i,))
+  if total.shape == (r,):
+    tot_spec, total = one, total.astype(jnp.int32)
+  elif total.shape == (r, COUNTER_STRIDE):
+    tot_spec = pl.BlockSpec((None, COUNTER_STRIDE), lambda i: (i, 0))
+  else:
+    raise ValueError(f"total {total.shape} must be ({r},) or ({r}, {COUNTER_STRIDE})")
   return pl.pallas_call(
       functools.partial(_repair_kernel, n=n, chunk=chunk, capacity=capacity, k=k),
       grid=(r,),
-      in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0)), one, one, row, row],
+      in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0)), one, tot_spec, row, row],
       out_specs=[row, row, one],
       out_shape=[jax.ShapeDtypeStruct(v.shape, jnp.float32),
                  jax.ShapeDtypeStruct(i.shape, jnp.int32),
@@ -398,7 +423,7 @@ def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_wa
       input_output_aliases={3: 0, 4: 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_repair",
-  )(x, lengths, total.astype(jnp.int32), v, i)
+  )(x, lengths, total, v, i)
 
 
 def _ordered_key(x):
