@@ -25,10 +25,13 @@ from pallas_kernels.topk import gpu as kg
 
 
 def _label(c: TopkConfig) -> str:
-  """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact], as --configs takes it
-  (compact: 1 for TopkConfig.compact="lane", 2 for "rows", from session 13; files before
+  """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact[:run_warps]], as --configs
+  takes it (compact: 1 for TopkConfig.compact="lane", 2 for "rows"; run_warps:
+  TopkConfig.bitonic_run_warps when not 4; both from session 13; files before
   session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
   lane = {"scan": "", "lane": ":1", "rows": ":2"}[c.compact]
+  if c.bitonic_run_warps != 4:
+    lane = f":{lane[1:] or 0}:{c.bitonic_run_warps}"
   return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{lane}"
 
 
@@ -162,12 +165,14 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
 
 
 def _parse(spec: str) -> TopkConfig:
-  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:compact]]]" -> TopkConfig."""
+  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:compact[:run_warps]]]]" ->
+  TopkConfig."""
   v = [int(t) for t in spec.split(":")]
-  if not 3 <= len(v) <= 6:
+  if not 3 <= len(v) <= 7:
     raise ValueError(f"--configs entry {spec!r}: "
-                     "chunk:warps:iters[:bitonic_run[:skip_groups[:compact]]]")
-  names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups", "compact")
+                     "chunk:warps:iters[:bitonic_run[:skip_groups[:compact[:run_warps]]]]")
+  names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups", "compact",
+           "bitonic_run_warps")
   kw = dict(zip(names, v))
   if "skip_groups" in kw:
     kw["skip_groups"] = bool(kw["skip_groups"])
@@ -182,8 +187,8 @@ def main(argv=None):
   p.add_argument("--shapes", default="64x131072,8x131072,1x131072,64x1048576")
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
-                 help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups[:compact]]] "
-                      "TopkConfig variants to sweep (brief: filter passes and whole call "
+                 help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups"
+                      "[:compact[:run_warps]]]] TopkConfig variants to sweep (brief: filter passes and whole call "
                       "only); default: TopkConfig() in full")
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one "

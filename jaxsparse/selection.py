@@ -5,7 +5,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxsparse import _checks
@@ -81,9 +80,9 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sort
     raise ValueError(f"config={config!r} must be a TopkConfig")
   lead, n = scores.shape[:-1], scores.shape[-1]
   x = scores.reshape(-1, n)
-  # a host constant for "whole rows" (under jit a literal: no fill kernel on the device)
-  lens = (np.full(x.shape[:1], n, np.int32) if lengths is None
-          else lengths.reshape(-1).astype(jnp.int32))
+  # None for "whole rows": the GPU kernels then take no lengths input (a constant array would
+  # still cost XLA a broadcast kernel)
+  lens = None if lengths is None else lengths.reshape(-1).astype(jnp.int32)
   kk = min(k, n)
   v, i = ktopk.topk_rows(x, lens, kk, config, backend.kernel_platform(), ordered=sorted)
   if k > n:

@@ -86,7 +86,8 @@ def index_order(v, i):
 
 def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, gmax=None, *,
               ordered: bool = True, block_map=None):
-  """x [R, N] float32/bfloat16, lengths [R] int32 -> (values [R, k] float32, indices [R, k]).
+  """x [R, N] float32/bfloat16, lengths [R] int32 or None (whole rows) -> (values [R, k]
+  float32, indices [R, k]).
 
   ordered: True -> values descending (ties: lower index first); False -> the same k entries
     in ascending index order (valid entries first, then the -inf / -1 tail), which lets the
@@ -124,6 +125,8 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
   """-> (values, indices, in_index_order, indices already mapped through block_map)."""
   r, n = x.shape
   g = group_size(n, k, config, platform.kind)
+  if lengths is None and (platform.kind != "gpu" or g == 0 or n <= k):
+    lengths = jnp.full((r,), n, jnp.int32)  # the GPU kernels take None: no lengths input
   if g == 0 or n <= k:
     return *full_sort(x, lengths, k), False, False
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
@@ -170,7 +173,8 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
       return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
     if bitonic and 0 < config.bitonic_run < capacity:
       return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
-                                        num_warps=config.bitonic_warps, interpret=interp,
+                                        num_warps=config.bitonic_warps,
+                                        run_warps=config.bitonic_run_warps, interpret=interp,
                                         block_map=block_map), False, block_map is not None
     if bitonic:
       return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,

@@ -40,6 +40,7 @@ class TopkConfig:
     in the last one. 512 (the default): the finish takes 17.4 us instead of 25.6 at
     64 x 128K x 2048 on the H200, and one row of 128K 12.3 instead of 23.7
     (benchmarks/results/session10/topk_variants_b*.json).
+  bitonic_run_warps: warps of each run-sorting program of the split finish (GPU).
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
@@ -64,6 +65,7 @@ class TopkConfig:
   rank_min_k: int = 1024
   bitonic_warps: int = 16
   bitonic_run: int = 512
+  bitonic_run_warps: int = 4
   skip_groups: bool = False
   compact: str = "scan"
 
@@ -82,7 +84,7 @@ class TopkConfig:
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
-                 "rank_min_k", "bitonic_warps"):
+                 "rank_min_k", "bitonic_warps", "bitonic_run_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -26,15 +26,26 @@ NEG_INF = float("-inf")
 
 
 def _valid(x_ref, len_ref, chunk, live=None):
-  """The chunk's scores as candidates see them: -inf past the length and for NaN, -0.0 as
-  +0.0; with `live` [chunk] bool, only live lanes are read (the rest are -inf)."""
+  """The chunk's scores as candidates see them: -inf past the length (len_ref None: whole
+  rows) and for NaN, -0.0 as +0.0; with `live` [chunk] bool, only live lanes are read (the
+  rest are -inf)."""
   c = pl.program_id(1)
   x = x_ref[...] if live is None else plgpu.load(x_ref, mask=live, other=NEG_INF)
   x = x.astype(jnp.float32)
   idx = c * chunk + lax.broadcasted_iota(jnp.int32, (chunk,), 0)
-  ok = (idx < len_ref[0]) & (x == x)  # NaN is never chosen
+  ok = x == x  # NaN is never chosen
+  if len_ref is not None:  # None: whole rows (the padding past N is -inf already)
+    ok &= idx < len_ref[0]
   x = jnp.where(x == 0, 0.0, x)  # -0.0 == +0.0: one value, so ties go by index
   return jnp.where(ok, x, NEG_INF), idx
+
+
+def _lengths_in(kernel, lengths, spec):
+  """(kernel, [lengths], [spec]), or for lengths None (whole rows) a kernel that gets
+  len_ref=None and no lengths input, so XLA makes no broadcast of a constant for it."""
+  if lengths is not None:
+    return kernel, [lengths], [spec]
+  return (lambda x_ref, *refs: kernel(x_ref, None, *refs)), [], []
 
 
 def _group_max_kernel(x_ref, len_ref, o_ref, *, chunk: int, group: int):
@@ -186,20 +197,21 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
     raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
                      f"{jnp.dtype(dtype).name}")
+  kernel, len_in, len_spec = _lengths_in(functools.partial(
+      _compact_atomic_kernel, chunk=chunk, capacity=capacity,
+      placement="scan" if placement == "lane" and interpret else placement), lengths, _ROW_LEN)
   total, v, i = pl.pallas_call(
-      functools.partial(_compact_atomic_kernel, chunk=chunk, capacity=capacity,
-                        placement="scan" if placement == "lane" and interpret else placement),
+      kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))] + extra_specs
-      + [ctr],
+      in_specs=_row_chunk_specs(chunk) + len_spec + [_ROW_LEN] + extra_specs + [ctr],
       out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
-      input_output_aliases={3 + len(extra): 0},
+      input_output_aliases={2 + len(len_in) + len(extra): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
-  )(x, lengths, thr, *extra, counter)
+  )(x, *len_in, thr, *extra, counter)
   return v, i, total
 
 
@@ -269,37 +281,43 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
 
 
 def _row_chunk_specs(chunk):
-  return [pl.BlockSpec((None, chunk), lambda r, c: (r, c)),
-          pl.BlockSpec((1,), lambda r, c: (r,))]
+  return [pl.BlockSpec((None, chunk), lambda r, c: (r, c))]
+
+
+_ROW_LEN = pl.BlockSpec((1,), lambda r, c: (r,))
 
 
 def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool):
   """x [R, N] (N % chunk == 0), lengths [R] -> [R, N / group] float32."""
   r, n = x.shape
+  kernel, len_in, len_spec = _lengths_in(
+      functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _ROW_LEN)
   return pl.pallas_call(
-      functools.partial(_group_max_kernel, chunk=chunk, group=group),
+      kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk),
+      in_specs=_row_chunk_specs(chunk) + len_spec,
       out_specs=pl.BlockSpec((None, chunk // group), lambda r, c: (r, c)),
       out_shape=jax.ShapeDtypeStruct((r, n // group), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_group_max",
-  )(x, lengths)
+  )(x, *len_in)
 
 
 def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=None):
   """-> [R, N / chunk] int32 number of candidates per chunk (gmax: as `compact_atomic`)."""
   r, n = x.shape
   extra, extra_specs = _gmax_specs(gmax, n, chunk)
+  kernel, len_in, len_spec = _lengths_in(functools.partial(_count_kernel, chunk=chunk), lengths,
+                                         _ROW_LEN)
   return pl.pallas_call(
-      functools.partial(_count_kernel, chunk=chunk),
+      kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,))] + extra_specs,
+      in_specs=_row_chunk_specs(chunk) + len_spec + [_ROW_LEN] + extra_specs,
       out_specs=pl.BlockSpec((None, 1), lambda r, c: (r, c)),
       out_shape=jax.ShapeDtypeStruct((r, n // chunk), jnp.int32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_count",
-  )(x, lengths, thr, *extra)
+  )(x, *len_in, thr, *extra)
 
 
 def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
@@ -313,17 +331,18 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
   out_shape = [jax.ShapeDtypeStruct((r, width), jnp.float32),
                jax.ShapeDtypeStruct((r, width), jnp.int32)]
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  kernel, len_in, len_spec = _lengths_in(
+      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity), lengths, _ROW_LEN)
   v, i = pl.pallas_call(
-      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity),
+      kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + [pl.BlockSpec((1,), lambda r, c: (r,)),
-                                          pl.BlockSpec((None, 1), lambda r, c: (r, c))]
-      + extra_specs,
+      in_specs=_row_chunk_specs(chunk) + len_spec
+      + [_ROW_LEN, pl.BlockSpec((None, 1), lambda r, c: (r, c))] + extra_specs,
       out_specs=[row, row],
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact",
-  )(x, lengths, thr, offsets, *extra)
+  )(x, *len_in, thr, offsets, *extra)
   return v, i
 
 
@@ -342,7 +361,7 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, 
   # live slots of the row for the finish: the count, or k for a repaired row
   tot = tot_ref[0].astype(jnp.int32)
   live_ref[...] = jnp.where(tot > capacity, k, tot).reshape(1)
-  length = len_ref[0]
+  length = n if len_ref is None else len_ref[0]
   nchunks = n // chunk
   iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
 
@@ -412,18 +431,20 @@ def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_wa
     tot_spec = pl.BlockSpec((None, COUNTER_STRIDE), lambda i: (i, 0))
   else:
     raise ValueError(f"total {total.shape} must be ({r},) or ({r}, {COUNTER_STRIDE})")
+  kernel, len_in, len_spec = _lengths_in(
+      functools.partial(_repair_kernel, n=n, chunk=chunk, capacity=capacity, k=k), lengths, one)
   return pl.pallas_call(
-      functools.partial(_repair_kernel, n=n, chunk=chunk, capacity=capacity, k=k),
+      kernel,
       grid=(r,),
-      in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0)), one, tot_spec, row, row],
+      in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0))] + len_spec + [tot_spec, row, row],
       out_specs=[row, row, one],
       out_shape=[jax.ShapeDtypeStruct(v.shape, jnp.float32),
                  jax.ShapeDtypeStruct(i.shape, jnp.int32),
                  jax.ShapeDtypeStruct((r,), jnp.int32)],
-      input_output_aliases={3: 0, 4: 1},
+      input_output_aliases={2 + len(len_in): 0, 3 + len(len_in): 1},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_repair",
-  )(x, lengths, total, v, i)
+  )(x, *len_in, total, v, i)
 
 
 def _ordered_key(x):
@@ -690,11 +711,23 @@ def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
 
 def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref):
   """Step 1 of the split bitonic finish, one (row, run) per program: the run's candidates
-  sorted as the first merge sizes of the whole row's network (direction by row position)."""
+  sorted as the first merge sizes of the whole row's network (direction by row position).
+  A run wholly at or past the row's live count holds only dead slots, which are in order in
+  either direction: it writes them without sorting (the compaction fills slots from 0, so
+  with ~k + 15% candidates in a 2k buffer about 3 runs of 8 are dead)."""
   run = v_ref.shape[0]
   offset = pl.program_id(1) * run
-  key, idx = _sort_keys(v_ref, i_ref, live_ref[0], offset)
-  ko_ref[...], io_ref[...] = _bitonic_sort(key, idx, offset=offset)
+  live = live_ref[0]
+
+  @pl.when(offset < live)
+  def _():
+    key, idx = _sort_keys(v_ref, i_ref, live, offset)
+    ko_ref[...], io_ref[...] = _bitonic_sort(key, idx, offset=offset)
+
+  @pl.when(offset >= live)
+  def _():  # the dead key and index of `_sort_keys`
+    ko_ref[...] = jnp.zeros((run,), jnp.uint32)
+    io_ref[...] = jnp.full((run,), jnp.iinfo(jnp.int32).max, jnp.int32)
 
 
 def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int):
