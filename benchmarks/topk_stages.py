@@ -26,10 +26,11 @@ from pallas_kernels.topk import gpu as kg
 
 def _label(c: TopkConfig) -> str:
   """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact[:run_warps]], as --configs
-  takes it (compact: 1 for TopkConfig.compact="lane", 2 for "rows"; run_warps:
+  takes it (compact, TopkConfig.compact: none or 0 "scan", 1 "lane", 2 "rows", 3 "auto", the
+  default from session 13, whose earlier default was "scan"; run_warps:
   TopkConfig.bitonic_run_warps when not 4; both from session 13; files before
   session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
-  lane = {"scan": "", "lane": ":1", "rows": ":2"}[c.compact]
+  lane = {"scan": "", "lane": ":1", "rows": ":2", "auto": ":3"}[c.compact]
   if c.bitonic_run_warps != 4:
     lane = f":{lane[1:] or 0}:{c.bitonic_run_warps}"
   return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{lane}"
@@ -68,7 +69,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   live = jnp.minimum(total, capacity).astype(jnp.int32)
   f_atomic = jax.jit(lambda x, l, t: kg.compact_atomic(x, l, t, capacity=capacity, chunk=chunk,
                                                        num_warps=nw, interpret=interp,
-                                                       placement=config.compact))
+                                                       placement=config.placement(
+                                                           bsz, n, k)))
   bitonic = {w: jax.jit(lambda cv, ci, l, w=w: kg.bitonic_finish(
       cv, ci, l, k, capacity, num_warps=w, interpret=interp)) for w in (8, 16, 32)}
   bitonic_cfg = dataclasses.replace(config, finish="bitonic")
@@ -174,10 +176,11 @@ def _parse(spec: str) -> TopkConfig:
   names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups", "compact",
            "bitonic_run_warps")
   kw = dict(zip(names, v))
+  kw.setdefault("compact", 0)  # a label without the field: "scan", as before session 13
   if "skip_groups" in kw:
     kw["skip_groups"] = bool(kw["skip_groups"])
   if "compact" in kw:
-    kw["compact"] = ("scan", "lane", "rows")[kw["compact"]]
+    kw["compact"] = ("scan", "lane", "rows", "auto")[kw["compact"]]
   return TopkConfig(**kw)
 
 

@@ -133,6 +133,12 @@ def test_compactions_and_finishes(run):
     ktopk.TopkConfig(skip_groups=1)
   with pytest.raises(ValueError, match="compact"):
     ktopk.TopkConfig(compact="warp")
+  auto = ktopk.TopkConfig()  # "lane" only for many long rows, never past 2**24 entries
+  assert auto.placement(64, 1 << 19, 2048) == "lane"
+  assert auto.placement(64, 1 << 17, 2048) == "scan"
+  assert auto.placement(1, 1 << 20, 2048) == "scan"
+  assert auto.placement(64, 1 << 25, 512) == "scan"
+  assert ktopk.TopkConfig(compact="rows").placement(1, 1 << 20, 2048) == "rows"
   from pallas_kernels.topk import gpu as kg
   with pytest.raises(ValueError, match="run=8"):
     kg.bitonic_finish_split(jnp.zeros((1, 8)), jnp.zeros((1, 8), jnp.int32),

@@ -142,7 +142,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     else:  # emitted for the unpadded row: the padding's groups are -inf
       gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
     ctr = None  # the compaction's zeroed row counters, from the threshold kernel
-    place = "scan" if config.compact == "lane" and n_pad > 1 << 24 else config.compact
+    place = config.placement(r, n_pad, k)
     if config.threshold == "bisect":
       thr, ctr = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
                                 interpret=interp, counter=_gpu.counter_dtype(place))

@@ -52,7 +52,15 @@ class TopkConfig:
     orders its candidates inside it; "rows", the same with the scan split over rows of 32
     lanes; "lane", every candidate takes its slot with its own atomic add on the row's
     counter (no scan, no chunk-wide reduction). Rows over 2**24 entries use "scan" for
-    "lane" (the lane counter is a float32).
+    "lane" (the lane counter is a float32). "auto" (the default): "lane" for at least
+    `lane_min_rows` rows of at least `lane_min_ratio` * k entries, else "scan". On the H200
+    (benchmarks/results/session13/) "lane" took the whole call at 64 x 512K x 2048 from 155.8
+    to 141.1 us, 64 x 1M x 2048 284.1 -> 234.2, 64 x 1M x 512 270.6 -> 211.6 and 8 x 1M x
+    2048 52.7 -> 47.7, where a 2048-entry chunk holds ~5-9 candidates; it lost where chunks
+    hold more (64 x 128K x 2048, ~37: compaction 24.7 -> 35.2 us) and on one row (1 x 1M:
+    27.1 -> 30.0), since every candidate's atomic waits for the one before it. "rows" (the
+    scan split over rows of 32 lanes) measured no faster than "scan" anywhere.
+  lane_min_rows, lane_min_ratio: the "auto" rule above.
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -67,7 +75,17 @@ class TopkConfig:
   bitonic_run: int = 512
   bitonic_run_warps: int = 4
   skip_groups: bool = False
-  compact: str = "scan"
+  compact: str = "auto"
+  lane_min_rows: int = 8
+  lane_min_ratio: int = 256
+
+  def placement(self, rows: int, n: int, k: int) -> str:
+    """The compaction's placement for rows x n entries, k kept ("auto" resolved; "lane"
+    only for rows of at most 2**24 entries)."""
+    p = self.compact
+    if p == "auto":
+      p = "lane" if rows >= self.lane_min_rows and n >= self.lane_min_ratio * k else "scan"
+    return "scan" if p == "lane" and n > 1 << 24 else p
 
   def __post_init__(self):
     if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
@@ -76,15 +94,16 @@ class TopkConfig:
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
-    if self.compact not in ("scan", "rows", "lane"):
-      raise ValueError(f"compact={self.compact!r} must be 'scan', 'rows' or 'lane'")
+    if self.compact not in ("auto", "scan", "rows", "lane"):
+      raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
     if not isinstance(self.skip_groups, bool):
       raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
-                 "rank_min_k", "bitonic_warps", "bitonic_run_warps"):
+                 "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
+                 "lane_min_ratio"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
