@@ -42,8 +42,12 @@ def main(argv=None):
                             unsorted=True)
     fused = bench.bench_decode_topk((1,), (8192,), 64, heads=8, head_dim=64, reps=2, calls=3)
   else:
-    rows = bench.bench_topk(batches, n_list, ks, configs=cfgs,
-                            approx=not a.no_approx, unsorted=a.unsorted, kernels=a.kernels)
+    rows, env = [], environment()
+    for b in batches:  # the JSON is rewritten after every shape: a timeout keeps the rest
+      for n in n_list:
+        rows += bench.bench_topk((b,), (n,), ks, configs=cfgs, approx=not a.no_approx,
+                                 unsorted=a.unsorted, kernels=a.kernels)
+        write_json(a.out, dict(environment=env, rows=rows, fused=[]))
     fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
   print_table(rows, ["B", "N", "K", "impl", "config", "us", "kernel_us", "tbps", "vs_lax_top_k",
