@@ -6,9 +6,9 @@ Three streaming passes over a [R, N] float32 score matrix, one program per (row,
   compact:   scatter those entries (value and index) into a per-row candidate buffer at
              offsets from an exclusive scan of the counts, in index order.
 Index order is what makes the final `lax.top_k` over candidates break ties by lower index.
-The default sorted path instead compacts in one pass (`compact_atomic`: no count, chunk
-ranges in run order) and sorts each row's candidates by (value, index) (`bitonic_finish`, or
-`rank_finish`), which needs no order.
+The default sorted path instead compacts in one pass (`compact_atomic`: no count; a range per
+chunk or a slot per candidate, reserved by atomic adds, in run order) and sorts each row's
+candidates by (value, index) (`bitonic_finish`, or `rank_finish`), which needs no order.
 """
 from __future__ import annotations
 
@@ -171,15 +171,15 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
                    interpret: bool, gmax=None, counter=None, placement: str = "scan"):
-  """x [R, N] (N % chunk == 0), lengths [R], thr [R] -> (values, indices) [R, W >= capacity]
-  float32 / int32 and the row counters [R, COUNTER_STRIDE] (element 0: the row's candidate
-  count; `repair` reads them as they are): row r's first min(count, capacity) slots hold its
-  candidates (entries >= thr[r]) in no fixed order; the slots past them are NOT initialised.
-  One pass (no count pass). gmax [R, N / group] (optional): the maxima of contiguous groups;
-  then only groups whose maximum reaches thr are read. counter: [R, COUNTER_STRIDE] zeros of
-  `counter_dtype(placement)` to count in (updated in place; `threshold(..., counter=dtype)`
-  makes them), else a fresh zero array. placement: see _compact_atomic_kernel ("lane" needs
-  N <= 2**24)."""
+  """x [R, N] (N % chunk == 0), lengths [R] (or None: whole rows), thr [R] -> (values,
+  indices) [R, W >= capacity] float32 / int32 and the row counters [R, COUNTER_STRIDE]
+  (element 0: the row's candidate count; `repair` reads them as they are): row r's first
+  min(count, capacity) slots hold its candidates (entries >= thr[r]) in no fixed order; the
+  slots past them are NOT initialised. One pass (no count pass). gmax [R, N / group]
+  (optional): the maxima of contiguous groups; then only groups whose maximum reaches thr
+  are read. counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
+  (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
+  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24)."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
@@ -288,7 +288,7 @@ _ROW_LEN = pl.BlockSpec((1,), lambda r, c: (r,))
 
 
 def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool):
-  """x [R, N] (N % chunk == 0), lengths [R] -> [R, N / group] float32."""
+  """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32."""
   r, n = x.shape
   kernel, len_in, len_spec = _lengths_in(
       functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _ROW_LEN)
