@@ -396,3 +396,21 @@ def test_filter_path_keeps_few_candidates_on_random_rows(n, bound):
   thr = kgpu.threshold(gp, k, iters=20, num_warps=8, interpret=True)
   total = np.asarray(kgpu.count(x, lens, thr, chunk=4096, num_warps=4, interpret=True)).sum(1)
   assert (total >= k).all() and (total <= bound * k).all(), total
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
+def test_whole_rows_without_lengths(platform):
+  """lengths=None (whole rows; on GPU the kernels then take no lengths input) gives what
+  lengths=N gives, with NaN, -inf and a row too short for the filter path."""
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((3, 9000)).astype(np.float32)
+  x[0, ::7] = np.nan
+  x[1, :4000] = -np.inf
+  full = jnp.full((3,), 9000, jnp.int32)
+  for n, k in ((9000, 300), (200, 300)):
+    xs = jnp.asarray(x[:, :n])
+    got = ktopk.topk_rows(xs, None, min(k, n), ktopk.TopkConfig(), platform)
+    want = ktopk.topk_rows(xs, full.clip(max=n), min(k, n), ktopk.TopkConfig(), platform)
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    _check(got, x[:, :n], min(k, n), np.full(3, n))
