@@ -30,10 +30,10 @@ def _label(c: TopkConfig) -> str:
   default from session 13, whose earlier default was "scan"; run_warps:
   TopkConfig.bitonic_run_warps when not 4; both from session 13; files before
   session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
-  lane = {"scan": "", "lane": ":1", "rows": ":2", "auto": ":3"}[c.compact]
+  tail = {"scan": "", "lane": ":1", "rows": ":2", "auto": ":3"}[c.compact]
   if c.bitonic_run_warps != 4:
-    lane = f":{lane[1:] or 0}:{c.bitonic_run_warps}"
-  return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{lane}"
+    tail = f":{tail[1:] or 0}:{c.bitonic_run_warps}"
+  return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{tail}"
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -191,8 +191,8 @@ def main(argv=None):
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
                  help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups"
-                      "[:compact[:run_warps]]]] TopkConfig variants to sweep (brief: filter passes and whole call "
-                      "only); default: TopkConfig() in full")
+                      "[:compact[:run_warps]]]] TopkConfig variants to sweep (brief: filter "
+                      "passes and whole call only); default: TopkConfig() in full")
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one "
                       "(=name: exactly that stage)")

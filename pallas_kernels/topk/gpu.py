@@ -199,11 +199,11 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
                      f"{jnp.dtype(dtype).name}")
   kernel, len_in, len_spec = _lengths_in(functools.partial(
       _compact_atomic_kernel, chunk=chunk, capacity=capacity,
-      placement="scan" if placement == "lane" and interpret else placement), lengths, _ROW_LEN)
+      placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
   total, v, i = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + len_spec + [_ROW_LEN] + extra_specs + [ctr],
+      in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs + [ctr],
       out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
@@ -284,14 +284,14 @@ def _row_chunk_specs(chunk):
   return [pl.BlockSpec((None, chunk), lambda r, c: (r, c))]
 
 
-_ROW_LEN = pl.BlockSpec((1,), lambda r, c: (r,))
+_PER_ROW = pl.BlockSpec((1,), lambda r, c: (r,))  # one value per row (length, threshold)
 
 
 def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool):
   """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32."""
   r, n = x.shape
   kernel, len_in, len_spec = _lengths_in(
-      functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _ROW_LEN)
+      functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _PER_ROW)
   return pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
@@ -308,11 +308,11 @@ def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=
   r, n = x.shape
   extra, extra_specs = _gmax_specs(gmax, n, chunk)
   kernel, len_in, len_spec = _lengths_in(functools.partial(_count_kernel, chunk=chunk), lengths,
-                                         _ROW_LEN)
+                                         _PER_ROW)
   return pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + len_spec + [_ROW_LEN] + extra_specs,
+      in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs,
       out_specs=pl.BlockSpec((None, 1), lambda r, c: (r, c)),
       out_shape=jax.ShapeDtypeStruct((r, n // chunk), jnp.int32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
@@ -332,12 +332,12 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
                jax.ShapeDtypeStruct((r, width), jnp.int32)]
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   kernel, len_in, len_spec = _lengths_in(
-      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity), lengths, _ROW_LEN)
+      functools.partial(_compact_kernel, chunk=chunk, capacity=capacity), lengths, _PER_ROW)
   v, i = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + len_spec
-      + [_ROW_LEN, pl.BlockSpec((None, 1), lambda r, c: (r, c))] + extra_specs,
+      + [_PER_ROW, pl.BlockSpec((None, 1), lambda r, c: (r, c))] + extra_specs,
       out_specs=[row, row],
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
