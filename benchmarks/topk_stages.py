@@ -25,14 +25,17 @@ from pallas_kernels.topk import gpu as kg
 
 
 def _label(c: TopkConfig) -> str:
-  """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact[:run_warps]], as --configs
-  takes it (compact, TopkConfig.compact: none or 0 "scan", 1 "lane", 2 "rows", 3 "auto", the
-  default from session 13, whose earlier default was "scan"; run_warps:
-  TopkConfig.bitonic_run_warps when not 4; both from session 13; files before
-  session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
+  """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact[:run_warps[:gather]]], as
+  --configs takes it (compact, TopkConfig.compact: none or 0 "scan", 1 "lane", 2 "rows", 3
+  "auto", the default from session 13, whose earlier default was "scan"; run_warps:
+  TopkConfig.bitonic_run_warps when not 4; both from session 13; gather: 1 for
+  TopkConfig.gather, from session 14; files before session 10's third call have
+  chunk:warps:iters[:scan_block:bitonic_run])."""
   tail = {"scan": "", "lane": ":1", "rows": ":2", "auto": ":3"}[c.compact]
-  if c.bitonic_run_warps != 4:
+  if c.bitonic_run_warps != 4 or c.gather:
     tail = f":{tail[1:] or 0}:{c.bitonic_run_warps}"
+  if c.gather:
+    tail += ":1"
   return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{tail}"
 
 
@@ -167,18 +170,20 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
 
 
 def _parse(spec: str) -> TopkConfig:
-  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:compact[:run_warps]]]]" ->
-  TopkConfig."""
+  """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:compact[:run_warps[:gather]]]]]"
+  -> TopkConfig."""
   v = [int(t) for t in spec.split(":")]
-  if not 3 <= len(v) <= 7:
-    raise ValueError(f"--configs entry {spec!r}: "
-                     "chunk:warps:iters[:bitonic_run[:skip_groups[:compact[:run_warps]]]]")
+  if not 3 <= len(v) <= 8:
+    raise ValueError(f"--configs entry {spec!r}: chunk:warps:iters[:bitonic_run[:skip_groups"
+                     "[:compact[:run_warps[:gather]]]]]")
   names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups", "compact",
-           "bitonic_run_warps")
+           "bitonic_run_warps", "gather")
   kw = dict(zip(names, v))
   kw.setdefault("compact", 0)  # a label without the field: "scan", as before session 13
-  if "skip_groups" in kw:
-    kw["skip_groups"] = bool(kw["skip_groups"])
+  kw.setdefault("gather", 0)  # a label without it: every chunk read, as before session 14
+  for name in ("skip_groups", "gather"):
+    if name in kw:
+      kw[name] = bool(kw[name])
   if "compact" in kw:
     kw["compact"] = ("scan", "lane", "rows", "auto")[kw["compact"]]
   return TopkConfig(**kw)
@@ -191,7 +196,7 @@ def main(argv=None):
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
                  help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups"
-                      "[:compact[:run_warps]]]] TopkConfig variants to sweep (brief: filter "
+                      "[:compact[:run_warps[:gather]]]]] TopkConfig variants to sweep (brief: filter "
                       "passes and whole call only); default: TopkConfig() in full")
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one "

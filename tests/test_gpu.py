@@ -92,6 +92,30 @@ def test_topk_gpu_split_bitonic(run, skip, compact):
     np.testing.assert_array_equal(np.asarray(v), wv)
 
 
+@pytest.mark.parametrize("compact", ["auto", "lane"])
+@pytest.mark.parametrize("n,k,lengths", [(131072, 2048, True), (1 << 20, 512, False),
+                                         (40000, 2048, True), (32768, 64, False)])
+def test_topk_gpu_gather(n, k, lengths, compact):
+  """TopkConfig(gather=True) compiled: the threshold kernel lists the groups that reach the
+  threshold and the compaction gathers only those; ties across the threshold, sorted runs
+  (more listed groups than the buffer holds: repaired), NaN, -0.0, -inf, ragged and empty
+  rows, with and without lengths."""
+  from pallas_kernels.topk import TopkConfig
+  rng = np.random.default_rng(n + k)
+  x = rng.standard_normal((8, n)).astype(np.float32)
+  x[1, :5000] = 1.5
+  x[2, ::7] = np.nan
+  x[3, ::2] = -0.0
+  x[4] = (np.arange(n) // 256).astype(np.float32)
+  x[5, ::3] = -np.inf
+  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
+  v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=None if lens is None else jnp.asarray(lens),
+                        implementation="pallas", config=TopkConfig(gather=True, compact=compact))
+  rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 def test_topk_gpu_block_map(ordered):
   """Compiled: indices mapped to slots through SPIN's block ids in the merge kernel."""

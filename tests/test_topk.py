@@ -145,6 +145,45 @@ def test_compactions_and_finishes(run):
                             jnp.ones((1,), jnp.int32), 4, 8, run=8, interpret=True)
 
 
+def test_gather_compaction_lists_groups_and_overflows():
+  """TopkConfig(gather=True), GPU kernels in interpret mode: the threshold kernel lists, in
+  ascending order, exactly the groups whose maximum reaches the threshold; a row listing more
+  groups than the buffer holds starts its counter past the capacity (the repair kernel then
+  redoes it), and a row with few groups but many candidates in them overflows through the
+  count; both match numpy, alongside ordinary and ragged rows, for every placement."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(21)
+  n, k = 16384, 64
+  g = ktopk.group_size(n, k, ktopk.TopkConfig(), "gpu")
+  cap = 2 * k
+  x = rng.standard_normal((5, n)).astype(np.float32)
+  x[1] = np.repeat(np.arange(n // g) % 3 > 0, g).astype(np.float32)  # 2 of 3 groups tie at 1
+  x[1, ::5] = -0.0
+  x[2, :] = -5.0
+  x[2, : 70 * g] = 1.0  # 70 groups (>= k), 70 * g > cap candidates
+  x[3, ::3] = np.nan
+  lens = np.array([n, n, n, n, n // 2 + 1])
+  gm = kg.group_max(jnp.asarray(x), jnp.asarray(lens, jnp.int32), chunk=2048, group=g,
+                    num_warps=4, interpret=True)
+  thr, ctr, glist, nl = kg.threshold(gm, k, iters=14, num_warps=8, interpret=True,
+                                     counter=jnp.int32, list_width=cap)
+  gm, thr, nl, glist, ctr = map(np.asarray, (gm, thr, nl, glist, ctr))
+  for r in range(5):
+    want = np.flatnonzero((gm[r] >= thr[r]) & (gm[r] > -np.inf))
+    assert nl[r] == want.size
+    np.testing.assert_array_equal(glist[r, : min(want.size, cap)], want[:cap])
+    assert ctr[r, 0] == (cap + 1 if want.size > cap else 0)
+  assert nl[1] > cap and nl[2] <= cap and 70 * g > cap and nl[0] >= k
+  plat = KernelPlatform("gpu", True)
+  for compact in ("scan", "lane", "rows"):
+    _check(_rows(x, lens, k, plat, ktopk.TopkConfig(gather=True, compact=compact)), x, k, lens)
+  with pytest.raises(ValueError, match="gather"):
+    ktopk.TopkConfig(gather=1)
+  with pytest.raises(ValueError, match="counter"):
+    kg.threshold(gm, k, iters=14, num_warps=8, interpret=True, list_width=cap)
+  assert ktopk.TopkConfig().placement(64, 1 << 20, 2048, gather=True) == "scan"
+
+
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
 @pytest.mark.parametrize("ordered", [True, False])
 def test_block_map_returns_slots(platform, ordered):
@@ -352,6 +391,8 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(skip_groups=True), True),
                        (ktopk.TopkConfig(compact="lane"), True),
                        (ktopk.TopkConfig(compact="rows"), True),
+                       (ktopk.TopkConfig(gather=True), True),
+                       (ktopk.TopkConfig(gather=True, compact="lane"), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

@@ -142,18 +142,30 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
                             interpret=interp)
     else:  # emitted for the unpadded row: the padding's groups are -inf
       gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
-    ctr = None  # the compaction's zeroed row counters, from the threshold kernel
-    place = config.placement(r, n_pad, k)
-    if config.threshold == "bisect":
-      thr, ctr = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
-                                interpret=interp, counter=_gpu.counter_dtype(place))
-    else:
-      thr = lax.top_k(gmax, k)[0][:, k - 1]
     bitonic = ordered and config.finish == "bitonic"
     rank = ordered and (config.finish == "rank" or (
         config.finish == "auto" and r <= config.rank_max_rows and k >= config.rank_min_k))
+    # an order-free finish takes a one-pass compaction; from the group list (gather) when the
+    # bisection kernel can write one
+    gather = (bitonic or rank) and config.gather and config.threshold == "bisect"
+    place = config.placement(r, n_pad, k, gather=gather)
+    gather_lanes = min(config.chunk, capacity * g)  # entries per gathering program
+    if gather and place == "rows" and gather_lanes < 64:
+      place = "scan"
+    ctr = None  # the compaction's row counters, from the threshold kernel
+    if config.threshold == "bisect":
+      thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
+                                        interpret=interp, counter=_gpu.counter_dtype(place),
+                                        list_width=capacity if gather else 0)
+    else:
+      thr = lax.top_k(gmax, k)[0][:, k - 1]
     skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
-    if bitonic or rank:  # an order-free finish: count and compaction in one pass
+    if gather:
+      cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
+                                          capacity=capacity, lanes=gather_lanes,
+                                          num_warps=config.num_warps, interpret=interp,
+                                          placement=place)
+    elif bitonic or rank:  # an order-free finish: count and compaction in one pass
       cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                           num_warps=config.num_warps, interpret=interp,
                                           gmax=skip, counter=ctr, placement=place)

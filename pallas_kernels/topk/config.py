@@ -61,6 +61,14 @@ class TopkConfig:
     27.1 -> 30.0), since every candidate's atomic waits for the one before it. "rows" (the
     scan split over rows of 32 lanes) measured no faster than "scan" anywhere.
   lane_min_rows, lane_min_ratio: the "auto" rule above.
+  gather: True, before an order-free finish with the bisection threshold (GPU), the threshold
+    kernel also lists the groups whose maximum reaches the threshold (each holds at least one
+    candidate, so a row lists at most `capacity` of them unless it overflows anyway) and the
+    compaction gathers only those groups' entries, `chunk` entries per program
+    (`gpu.compact_groups`): about k * group entries per row instead of all N, in a grid of
+    capacity * group / chunk programs per row of which only the listed share work. "auto"
+    placement is then "scan" (a gathered chunk is as dense in candidates as a chunk of a
+    128K row). False: the compaction reads every chunk of the row (`gpu.compact_atomic`).
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -78,13 +86,16 @@ class TopkConfig:
   compact: str = "auto"
   lane_min_rows: int = 8
   lane_min_ratio: int = 256
+  gather: bool = False
 
-  def placement(self, rows: int, n: int, k: int) -> str:
-    """The compaction's placement for rows x n entries, k kept ("auto" resolved; "lane"
-    only for rows of at most 2**24 entries)."""
+  def placement(self, rows: int, n: int, k: int, gather: bool = False) -> str:
+    """The compaction's placement for rows x n entries, k kept, reading every chunk or
+    (gather) only the listed groups ("auto" resolved; "lane" only for rows of at most 2**24
+    entries)."""
     p = self.compact
     if p == "auto":
-      p = "lane" if rows >= self.lane_min_rows and n >= self.lane_min_ratio * k else "scan"
+      p = "lane" if (not gather and rows >= self.lane_min_rows
+                     and n >= self.lane_min_ratio * k) else "scan"
     return "scan" if p == "lane" and n > 1 << 24 else p
 
   def __post_init__(self):
@@ -96,8 +107,9 @@ class TopkConfig:
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
-    if not isinstance(self.skip_groups, bool):
-      raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
+    for name in ("skip_groups", "gather"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")

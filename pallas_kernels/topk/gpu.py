@@ -128,25 +128,36 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity:
   address, so there "lane" places slots as "scan" does.)"""
   *g_ref, _, ctr_ref, v_ref, i_ref = refs
   x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
-  m = (x >= thr_ref[0]) & (x > NEG_INF)
+  _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
+         placement=placement)
+
+
+def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, zero=None):
+  """Append the lanes m [L] of (x, idx) [L] to the row's candidate buffer (v_ref, i_ref) at
+  slots reserved on the row's counter ctr_ref (element 0) by atomic adds, as
+  `_compact_atomic_kernel` describes for each placement; slots >= capacity are dropped.
+  zero: a traced int32 zero made outside any `pl.when` (interpret mode substitutes program
+  ids only at the kernel's top level), or None to make it here."""
+  L = x.shape[0]
   if placement == "lane":
-    zero = jnp.zeros((chunk,), jnp.int32)
-    pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((chunk,), jnp.float32), mask=m)
+    zero = jnp.zeros((L,), jnp.int32)
+    pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((L,), jnp.float32), mask=m)
     pos = pos.astype(jnp.int32)
   else:
     mi = m.astype(jnp.int32)
     if placement == "rows":
-      mr = mi.reshape(chunk // 32, 32)
+      mr = mi.reshape(L // 32, 32)
       row_total = jnp.sum(mr, axis=1)
       running = (jnp.cumsum(mr, axis=1) + (jnp.cumsum(row_total) - row_total)[:, None])
-      running = running.reshape(chunk)
+      running = running.reshape(L)
       total = jnp.sum(row_total)
     else:
       running, total = jnp.cumsum(mi), jnp.sum(mi)
     # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
     # integer value (a [1] tensor gets a float add, which flushes small integers to zero);
     # a traced index, which interpret mode's discharge rule needs
-    start = plgpu.atomic_add(ctr_ref, (pl.program_id(1) * 0,), total.astype(ctr_ref.dtype))
+    zero = pl.program_id(1) * 0 if zero is None else zero
+    start = plgpu.atomic_add(ctr_ref, (zero,), total.astype(ctr_ref.dtype))
     pos = start.astype(jnp.int32) + running - 1
   keep = m & (pos < capacity)
   pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
@@ -215,6 +226,84 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   return v, i, total
 
 
+def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, v_ref, i_ref,
+                           *, group: int, capacity: int, list_width: int, placement: str):
+  """One (row, slice of the row's group list): the listed groups' entries are gathered (each
+  group `group` contiguous scores), and those >= the threshold appended to the row's
+  candidate buffer as `_place` does. Programs past the listed count return at once."""
+  per = gl_ref.shape[0]  # groups per program
+  j = pl.program_id(1)
+  zero = j * 0  # the atomic's traced index, made here (see _place)
+  listed = jnp.minimum(ng_ref[0], list_width)
+
+  @pl.when(j * per < listed)
+  def _():
+    live = j * per + lax.broadcasted_iota(jnp.int32, (per,), 0) < listed
+    gid = plgpu.load(gl_ref, mask=live, other=0)
+    lanes = per * group
+    idx = (gid[:, None] * group
+           + lax.broadcasted_iota(jnp.int32, (per, group), 1)).reshape(lanes)
+    ok = jnp.broadcast_to(live[:, None], (per, group)).reshape(lanes)
+    x = plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF).astype(jnp.float32)
+    ok &= x == x  # NaN is never chosen
+    if len_ref is not None:
+      ok &= idx < len_ref[0]
+    x = jnp.where(ok, jnp.where(x == 0, 0.0, x), NEG_INF)  # -0.0 as +0.0 (ties by index)
+    _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
+           placement=placement, zero=zero)
+
+
+def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capacity: int,
+                   lanes: int, num_warps: int, interpret: bool, placement: str = "scan"):
+  """`compact_atomic` that reads only the groups the threshold kernel listed
+  (`threshold(..., list_width=capacity)`): x [R, N] (N % group == 0), lengths [R] or None,
+  thr [R], glist [R, >= capacity] int32 group ids (the first min(nlisted, capacity) valid),
+  nlisted [R] int32, counter [R, COUNTER_STRIDE] (from the same threshold call: a row that
+  listed more than capacity groups starts past capacity) -> (values, indices) [R, W >=
+  capacity] and the row counters, as `compact_atomic`. A grid of (R, capacity * group /
+  lanes) programs, each gathering lanes / group listed groups; only the first ceil(listed *
+  group / lanes) of a row do any work. The candidates all lie in listed groups (a group
+  whose maximum is below the threshold holds none), so the result is the same candidate set
+  as `compact_atomic`'s, read from about (listed groups * group) entries instead of N."""
+  r, n = x.shape
+  if placement not in PLACEMENTS:
+    raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
+  if placement == "rows" and lanes < 64:
+    raise ValueError(f"placement='rows' needs lanes >= 64, got {lanes}")
+  if not is_pow2(group) or n % group or not is_pow2(lanes) or lanes < group:
+    raise ValueError(f"group={group} and lanes={lanes} must be powers of two, lanes >= group, "
+                     f"group dividing the row length {n}")
+  per = lanes // group
+  if capacity % per or glist.shape[1] < capacity or nlisted.shape != (r,):
+    raise ValueError(f"group list {glist.shape} / counts {nlisted.shape} do not fit capacity "
+                     f"{capacity} in slices of {per} groups")
+  dtype = counter_dtype(placement)
+  if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
+    raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
+                     f"{jnp.dtype(dtype).name}")
+  width = _scatter_width(capacity, interpret)
+  one = pl.BlockSpec((1,), lambda r, c: (r,))
+  row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
+  kernel, len_in, len_spec = _lengths_in(functools.partial(
+      _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity,
+      placement="scan" if placement == "lane" and interpret else placement), lengths, one)
+  total, v, i = pl.pallas_call(
+      kernel,
+      grid=(r, capacity // per),
+      in_specs=[pl.BlockSpec((None, n), lambda r, c: (r, 0))] + len_spec
+      + [one, pl.BlockSpec((None, per), lambda r, c: (r, c)), one, ctr],
+      out_specs=[ctr, row, row],
+      out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
+                 jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      input_output_aliases={4 + len(len_in): 0},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_compact_groups",
+  )(x, *len_in, thr, glist, nlisted.astype(jnp.int32), counter)
+  return v, i, total
+
+
 def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   """(offset, size) of the power-of-two pieces that tile [0, g), largest first."""
   out, off = [], 0
@@ -225,13 +314,19 @@ def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   return out
 
 
-def _threshold_kernel(m_ref, o_ref, *c_ref, k: int, iters: int):
+def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
   Bisection on the value keeps the invariant count(m >= lo) >= k, so `lo` is always a valid
   threshold (k groups, each holding an entry >= lo); `iters` steps bring it within
   (max - min) / 2**iters of the k-th largest maximum. The row stays in registers, as
   power-of-two pieces when G is not one (no padded copy of the maxima).
+  refs (all optional, in this order): the compaction's zeroed row counters; with list_width
+  > 0, the ids of the groups that can hold a candidate (maximum >= lo and > -inf, or NaN),
+  in ascending order, into a [>= list_width] row (ids past list_width are dropped), and how
+  many there are [1]. Each listed group holds at least one candidate, so a row listing more
+  than list_width (the candidate buffer's capacity) overflows the buffer anyway: its counter
+  then starts past the capacity, which sends the row to the repair kernel.
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
 
@@ -249,35 +344,65 @@ def _threshold_kernel(m_ref, o_ref, *c_ref, k: int, iters: int):
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
   lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
-  o_ref[...] = jnp.where(nfin >= k, lo, NEG_INF).reshape(1)
-  if c_ref:  # the compaction's zeroed row counters (saves XLA a fill kernel before it)
-    c_ref[0][...] = jnp.zeros(c_ref[0].shape, c_ref[0].dtype)
+  thr = jnp.where(nfin >= k, lo, NEG_INF)
+  o_ref[...] = thr.reshape(1)
+  c_ref = refs[0] if len(refs) in (1, 3) else None
+  ctr0 = 0
+  if list_width:
+    l_ref, n_ref = refs[-2:]
+    listed = 0
+    for (off, size), m in zip(_pow2_pieces(m_ref.shape[0]), ms):
+      keep = ((m >= thr) & (m > NEG_INF)) | (m != m)
+      pos = listed + jnp.cumsum(keep.astype(jnp.int32)) - 1
+      keep &= pos < list_width
+      ids = off + lax.broadcasted_iota(jnp.int32, (size,), 0)
+      # masked lanes aim at one trash slot past the list (see _scatter_width)
+      plgpu.store(l_ref.at[jnp.where(keep, pos, list_width)], ids, mask=keep)
+      listed = listed + jnp.sum((((m >= thr) & (m > NEG_INF)) | (m != m)).astype(jnp.int32))
+    n_ref[...] = listed.reshape(1)
+    ctr0 = jnp.where(listed > list_width, list_width + 1, 0)
+  if c_ref is not None:  # the compaction's row counters (saves XLA a fill kernel before it)
+    lane = lax.broadcasted_iota(jnp.int32, c_ref.shape, 0)
+    c_ref[...] = jnp.where(lane == 0, ctr0, 0).astype(c_ref.dtype)
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter=None):
+              counter=None, list_width: int = 0):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
-  counter=dtype (`counter_dtype(placement)`) -> (thresholds, [R, COUNTER_STRIDE] zeros of it):
-  the zeroed row counters `compact_atomic` counts in, written by this kernel instead of a
-  separate XLA fill."""
+  counter=dtype (`counter_dtype(placement)`) -> also [R, COUNTER_STRIDE] zeros of it: the
+  row counters `compact_atomic` / `compact_groups` count in, written by this kernel instead
+  of a separate XLA fill.
+  list_width > 0 (the candidate capacity) -> also the group list [R, >= list_width] int32
+  (the ids of the groups that can hold a candidate, ascending; slots past the count are not
+  initialised) and the count [R] int32 (may exceed list_width: then the row's counter starts
+  at list_width + 1, so the row overflows). Returns a tuple (thr, [counters,] [list, count])
+  unless only thr is asked for."""
   r, g = gmax.shape
   if len(_pow2_pieces(g)) > 4:
     gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(g) - g)), constant_values=NEG_INF)
     g = gmax.shape[1]
+  if list_width and counter is None:
+    raise ValueError("list_width needs counter= (the list's overflow is flagged in it)")
   one = pl.BlockSpec((1,), lambda i: (i,))
-  ctr = [pl.BlockSpec((None, COUNTER_STRIDE), lambda i: (i, 0))] if counter is not None else []
+  specs, shapes = [one], [jax.ShapeDtypeStruct((r,), jnp.float32)]
+  if counter is not None:
+    specs.append(pl.BlockSpec((None, COUNTER_STRIDE), lambda i: (i, 0)))
+    shapes.append(jax.ShapeDtypeStruct((r, COUNTER_STRIDE), counter))
+  if list_width:
+    width = _scatter_width(list_width, interpret)
+    specs += [pl.BlockSpec((None, width), lambda i: (i, 0)), one]
+    shapes += [jax.ShapeDtypeStruct((r, width), jnp.int32), jax.ShapeDtypeStruct((r,), jnp.int32)]
   out = pl.pallas_call(
-      functools.partial(_threshold_kernel, k=k, iters=iters),
+      functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
-      out_specs=[one] + ctr,
-      out_shape=[jax.ShapeDtypeStruct((r,), jnp.float32)]
-      + ([jax.ShapeDtypeStruct((r, COUNTER_STRIDE), counter)] if ctr else []),
+      out_specs=specs,
+      out_shape=shapes,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_threshold",
   )(gmax)
-  return tuple(out) if ctr else out[0]
+  return tuple(out) if len(out) > 1 else out[0]
 
 
 def _row_chunk_specs(chunk):
