@@ -51,5 +51,34 @@ def export_for(fn, platform: str, *shapes):
     dev = abstract(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
     ctx = jax.sharding.use_abstract_mesh(
         jax.sharding.AbstractMesh((1,), ("d",), abstract_device=dev))
-  with ctx:
+  with ctx, (_verified_triton() if platform == "cuda" else contextlib.nullcontext()):
     return jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(*shapes)
+
+
+def _verified_triton():
+  """Context in which every Pallas Triton module lowered is also run through the MLIR
+  verifier, so that a kernel the GPU's Triton parser would reject fails here on the CPU
+  (for example a select whose cases differ in type: session 14's first device call). A jax
+  without that lowering entry point gets no extra check."""
+  import contextlib
+  try:
+    from jax._src.pallas.triton import lowering
+  except ImportError:
+    return contextlib.nullcontext()
+  orig = getattr(lowering, "lower_jaxpr_to_triton_module", None)
+  if orig is None:
+    return contextlib.nullcontext()
+
+  def checked(*args, **kwargs):
+    result = orig(*args, **kwargs)
+    result.module.operation.verify()  # raises with the failing operation
+    return result
+
+  @contextlib.contextmanager
+  def patched():
+    lowering.lower_jaxpr_to_triton_module = checked
+    try:
+      yield
+    finally:
+      lowering.lower_jaxpr_to_triton_module = orig
+  return patched()

@@ -360,10 +360,12 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
       plgpu.store(l_ref.at[jnp.where(keep, pos, list_width)], ids, mask=keep)
       listed = listed + jnp.sum((((m >= thr) & (m > NEG_INF)) | (m != m)).astype(jnp.int32))
     n_ref[...] = listed.reshape(1)
-    ctr0 = jnp.where(listed > list_width, list_width + 1, 0)
+    # (integer arithmetic, not selects: the Triton lowering of a select between a scalar and
+    # a tensor fails to verify)
+    ctr0 = (listed > list_width).astype(jnp.int32) * (list_width + 1)
   if c_ref is not None:  # the compaction's row counters (saves XLA a fill kernel before it)
     lane = lax.broadcasted_iota(jnp.int32, c_ref.shape, 0)
-    c_ref[...] = jnp.where(lane == 0, ctr0, 0).astype(c_ref.dtype)
+    c_ref[...] = ((lane == 0).astype(jnp.int32) * ctr0).astype(c_ref.dtype)
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
