@@ -28,14 +28,14 @@ def _label(c: TopkConfig) -> str:
   """chunk:warps:bisect_iters:bitonic_run:skip_groups[:compact[:run_warps[:gather]]], as
   --configs takes it (compact, TopkConfig.compact: none or 0 "scan", 1 "lane", 2 "rows", 3
   "auto", the default from session 13, whose earlier default was "scan"; run_warps:
-  TopkConfig.bitonic_run_warps when not 4; both from session 13; gather: 1 for
-  TopkConfig.gather, from session 14; files before session 10's third call have
+  TopkConfig.bitonic_run_warps when not 4; both from session 13; gather: 0 False (the
+  meaning of a label without it), 1 True, 2 "auto" (TopkConfig.gather, from session 14); files before session 10's third call have
   chunk:warps:iters[:scan_block:bitonic_run])."""
   tail = {"scan": "", "lane": ":1", "rows": ":2", "auto": ":3"}[c.compact]
   if c.bitonic_run_warps != 4 or c.gather:
     tail = f":{tail[1:] or 0}:{c.bitonic_run_warps}"
   if c.gather:
-    tail += ":1"
+    tail += ":1" if c.gather is True else ":2"
   return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{tail}"
 
 
@@ -181,9 +181,9 @@ def _parse(spec: str) -> TopkConfig:
   kw = dict(zip(names, v))
   kw.setdefault("compact", 0)  # a label without the field: "scan", as before session 13
   kw.setdefault("gather", 0)  # a label without it: every chunk read, as before session 14
-  for name in ("skip_groups", "gather"):
-    if name in kw:
-      kw[name] = bool(kw[name])
+  kw["gather"] = (False, True, "auto")[kw["gather"]]
+  if "skip_groups" in kw:
+    kw["skip_groups"] = bool(kw["skip_groups"])
   if "compact" in kw:
     kw["compact"] = ("scan", "lane", "rows", "auto")[kw["compact"]]
   return TopkConfig(**kw)

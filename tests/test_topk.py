@@ -182,6 +182,12 @@ def test_gather_compaction_lists_groups_and_overflows():
   with pytest.raises(ValueError, match="counter"):
     kg.threshold(gm, k, iters=14, num_warps=8, interpret=True, list_width=cap)
   assert ktopk.TopkConfig().placement(64, 1 << 20, 2048, gather=True) == "scan"
+  auto = ktopk.TopkConfig()  # "auto": gather from 2**23 scores in the call
+  assert auto.gathers(64, 1 << 17) and auto.gathers(8, 1 << 20)
+  assert not auto.gathers(8, 1 << 17) and not auto.gathers(1, 1 << 20)
+  assert ktopk.TopkConfig(gather=True).gathers(1, 1024)
+  with pytest.raises(ValueError, match="gather_min_entries"):
+    ktopk.TopkConfig(gather_min_entries=0)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)

@@ -147,7 +147,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
         config.finish == "auto" and r <= config.rank_max_rows and k >= config.rank_min_k))
     # an order-free finish takes a one-pass compaction; from the group list (gather) when the
     # bisection kernel can write one
-    gather = (bitonic or rank) and config.gather and config.threshold == "bisect"
+    gather = (bitonic or rank) and config.gathers(r, n_pad) and config.threshold == "bisect"
     place = config.placement(r, n_pad, k, gather=gather)
     gather_lanes = min(config.chunk, capacity * g)  # entries per gathering program
     if gather and place == "rows" and gather_lanes < 64:

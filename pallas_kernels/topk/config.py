@@ -69,6 +69,14 @@ class TopkConfig:
     capacity * group / chunk programs per row of which only the listed share work. "auto"
     placement is then "scan" (a gathered chunk is as dense in candidates as a chunk of a
     128K row). False: the compaction reads every chunk of the row (`gpu.compact_atomic`).
+    "auto" (the default): gather for at least `gather_min_entries` scores in the call. On the
+    H200 (benchmarks/results/session14/topk_gather_*_s14b.json, kernel time of the whole
+    call) gathering took 64 x 128K x 2048 from 52.5 to 42.5 us (compaction 24.0 -> 9.8,
+    threshold 5.4 -> 9.1 with the list), 64 x 1M x 2048 224.5 -> 132.6, 64 x 512K 136.0 ->
+    93.1, 64 x 1M x 512 202.9 -> 101.3, 64 x 128K x 512 37.6 -> 26.8, 8 x 1M 45.8 -> 40.4;
+    it lost where the row compaction is one short wave anyway: 8 x 128K 25.4 -> 28.2,
+    8 x 32K x 2048 22.8 -> 27.2, 8 x 32K x 512 14.0 -> 15.4 (the list scan costs ~3.7 us).
+  gather_min_entries: the "auto" rule above.
   """
   chunk: int = 2048
   capacity_factor: int = 2
@@ -86,7 +94,14 @@ class TopkConfig:
   compact: str = "auto"
   lane_min_rows: int = 8
   lane_min_ratio: int = 256
-  gather: bool = False
+  gather: bool | str = "auto"
+  gather_min_entries: int = 1 << 23
+
+  def gathers(self, rows: int, n: int) -> bool:
+    """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
+    if self.gather == "auto":
+      return rows * n >= self.gather_min_entries
+    return self.gather
 
   def placement(self, rows: int, n: int, k: int, gather: bool = False) -> str:
     """The compaction's placement for rows x n entries, k kept, reading every chunk or
@@ -107,15 +122,16 @@ class TopkConfig:
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
-    for name in ("skip_groups", "gather"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+    if not isinstance(self.skip_groups, bool):
+      raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
+    if not (isinstance(self.gather, bool) or self.gather == "auto"):
+      raise ValueError(f"gather={self.gather!r} must be True, False or 'auto'")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio"):
+                 "lane_min_ratio", "gather_min_entries"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
