@@ -6,7 +6,9 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   1. group maxima (one streaming pass; fused into decode scoring by `jaxsparse.indexer_topk`),
   2. t = k-th largest group maximum (`lax.top_k` over N / g entries), or on GPU a value found
      by bisection that keeps >= k group maxima above it (one program per row, no sort),
-  3. count and compact the candidates in index order into a [R, C] buffer,
+  3. count and compact the candidates in index order into a [R, C] buffer (before an
+     order-free finish on GPU, for large calls, TopkConfig.gather: the threshold kernel lists
+     the groups whose maximum reaches t, and the compaction gathers only their entries),
   4. on GPU by default (TopkConfig(finish="bitonic")) one program per row sorts its C
      candidates by (value, index) in registers with a bitonic network; being order-free,
      that finish lets step 3 be one pass (no count pass: chunk ranges, or for many long rows

@@ -9,6 +9,8 @@ Index order is what makes the final `lax.top_k` over candidates break ties by lo
 The default sorted path instead compacts in one pass (`compact_atomic`: no count; a range per
 chunk or a slot per candidate, reserved by atomic adds, in run order) and sorts each row's
 candidates by (value, index) (`bitonic_finish`, or `rank_finish`), which needs no order.
+`compact_groups` is that one-pass compaction reading only the groups the threshold kernel
+listed (`threshold(..., list_width=capacity)`) instead of every chunk of the row.
 """
 from __future__ import annotations
 
