@@ -33,13 +33,19 @@ def _valid(x_ref, len_ref, chunk, live=None):
   rest are -inf)."""
   c = pl.program_id(1)
   x = x_ref[...] if live is None else plgpu.load(x_ref, mask=live, other=NEG_INF)
-  x = x.astype(jnp.float32)
   idx = c * chunk + lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+  return _as_candidates(x, idx, len_ref), idx
+
+
+def _as_candidates(x, idx, len_ref):
+  """Scores x at row positions idx -> float32, -inf past the length (len_ref None: whole
+  rows; the padding past N is -inf already) and for NaN, -0.0 as +0.0."""
+  x = x.astype(jnp.float32)
   ok = x == x  # NaN is never chosen
-  if len_ref is not None:  # None: whole rows (the padding past N is -inf already)
+  if len_ref is not None:
     ok &= idx < len_ref[0]
   x = jnp.where(x == 0, 0.0, x)  # -0.0 == +0.0: one value, so ties go by index
-  return jnp.where(ok, x, NEG_INF), idx
+  return jnp.where(ok, x, NEG_INF)
 
 
 def _lengths_in(kernel, lengths, spec):
@@ -246,11 +252,7 @@ def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, 
     idx = (gid[:, None] * group
            + lax.broadcasted_iota(jnp.int32, (per, group), 1)).reshape(lanes)
     ok = jnp.broadcast_to(live[:, None], (per, group)).reshape(lanes)
-    x = plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF).astype(jnp.float32)
-    ok &= x == x  # NaN is never chosen
-    if len_ref is not None:
-      ok &= idx < len_ref[0]
-    x = jnp.where(ok, jnp.where(x == 0, 0.0, x), NEG_INF)  # -0.0 as +0.0 (ties by index)
+    x = _as_candidates(plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF), idx, len_ref)
     _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
            placement=placement, zero=zero)
 
@@ -284,17 +286,16 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
     raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
                      f"{jnp.dtype(dtype).name}")
   width = _scatter_width(capacity, interpret)
-  one = pl.BlockSpec((1,), lambda r, c: (r,))
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
   kernel, len_in, len_spec = _lengths_in(functools.partial(
       _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity,
-      placement="scan" if placement == "lane" and interpret else placement), lengths, one)
+      placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
   total, v, i = pl.pallas_call(
       kernel,
       grid=(r, capacity // per),
       in_specs=[pl.BlockSpec((None, n), lambda r, c: (r, 0))] + len_spec
-      + [one, pl.BlockSpec((None, per), lambda r, c: (r, c)), one, ctr],
+      + [_PER_ROW, pl.BlockSpec((None, per), lambda r, c: (r, c)), _PER_ROW, ctr],
       out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
@@ -354,13 +355,13 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
     l_ref, n_ref = refs[-2:]
     listed = 0
     for (off, size), m in zip(_pow2_pieces(m_ref.shape[0]), ms):
-      keep = ((m >= thr) & (m > NEG_INF)) | (m != m)
-      pos = listed + jnp.cumsum(keep.astype(jnp.int32)) - 1
-      keep &= pos < list_width
+      hit = (((m >= thr) & (m > NEG_INF)) | (m != m)).astype(jnp.int32)
+      pos = listed + jnp.cumsum(hit) - 1
+      keep = (hit > 0) & (pos < list_width)
       ids = off + lax.broadcasted_iota(jnp.int32, (size,), 0)
       # masked lanes aim at one trash slot past the list (see _scatter_width)
       plgpu.store(l_ref.at[jnp.where(keep, pos, list_width)], ids, mask=keep)
-      listed = listed + jnp.sum((((m >= thr) & (m > NEG_INF)) | (m != m)).astype(jnp.int32))
+      listed = listed + jnp.sum(hit)
     n_ref[...] = listed.reshape(1)
     # (integer arithmetic, not selects: the Triton lowering of a select between a scalar and
     # a tensor fails to verify)
