@@ -29,14 +29,23 @@ def _label(c: TopkConfig) -> str:
   --configs takes it (compact, TopkConfig.compact: none or 0 "scan", 1 "lane", 2 "rows", 3
   "auto", the default from session 13, whose earlier default was "scan"; run_warps:
   TopkConfig.bitonic_run_warps when not 4; both from session 13; gather: 0 False (the
-  meaning of a label without it), 1 True, 2 "auto" (TopkConfig.gather, from session 14); files before session 10's third call have
-  chunk:warps:iters[:scan_block:bitonic_run])."""
+  meaning of a label without it), 1 True, 2 "auto" (TopkConfig.gather, from session 14);
+  then +field=value for each LABEL_BASE field that differs (from session 15); files before
+  session 10's third call have chunk:warps:iters[:scan_block:bitonic_run])."""
   tail = {"scan": "", "lane": ":1", "rows": ":2", "auto": ":3"}[c.compact]
   if c.bitonic_run_warps != 4 or c.gather:
     tail = f":{tail[1:] or 0}:{c.bitonic_run_warps}"
   if c.gather:
     tail += ":1" if c.gather is True else ":2"
+  tail += "".join(f"+{f}={getattr(c, f)}" for f, v in LABEL_BASE.items() if getattr(c, f) != v)
   return f"{c.chunk}:{c.num_warps}:{c.bisect_iters}:{c.bitonic_run}:{int(c.skip_groups)}{tail}"
+
+
+# fields a label names as +field=value where they differ from these (the values before
+# session 15, so a label keeps its meaning when the defaults move)
+LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
+                  rank_block_j=256, rank_warps=4, fused_max_n=0, fused_max_rows=8,
+                  fused_warps=16)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -171,7 +180,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
 
 def _parse(spec: str) -> TopkConfig:
   """"chunk:warps:bisect_iters[:bitonic_run[:skip_groups[:compact[:run_warps[:gather]]]]]"
-  -> TopkConfig."""
+  then any +field=value (LABEL_BASE's fields) -> TopkConfig."""
+  spec, *extra = spec.split("+")
   v = [int(t) for t in spec.split(":")]
   if not 3 <= len(v) <= 8:
     raise ValueError(f"--configs entry {spec!r}: chunk:warps:iters[:bitonic_run[:skip_groups"
@@ -186,6 +196,11 @@ def _parse(spec: str) -> TopkConfig:
     kw["skip_groups"] = bool(kw["skip_groups"])
   if "compact" in kw:
     kw["compact"] = ("scan", "lane", "rows", "auto")[kw["compact"]]
+  for item in extra:  # +field=value (LABEL_BASE's fields)
+    name, _, val = item.partition("=")
+    if name not in LABEL_BASE:
+      raise ValueError(f"--configs entry {spec!r}: +{name}= is not one of {sorted(LABEL_BASE)}")
+    kw[name] = val if isinstance(LABEL_BASE[name], str) else int(val)
   return TopkConfig(**kw)
 
 
@@ -196,8 +211,9 @@ def main(argv=None):
   p.add_argument("--k", type=int, default=2048)
   p.add_argument("--configs", default="",
                  help="comma list of chunk:num_warps:bisect_iters[:bitonic_run[:skip_groups"
-                      "[:compact[:run_warps[:gather]]]]] TopkConfig variants to sweep (brief: filter "
-                      "passes and whole call only); default: TopkConfig() in full")
+                      "[:compact[:run_warps[:gather]]]]][+field=value...] TopkConfig variants to "
+                      "sweep (brief: filter passes and whole call only; +field=value sets a "
+                      "LABEL_BASE field, e.g. +finish=rank); default: TopkConfig() in full")
   p.add_argument("--only", default="",
                  help="comma list of substrings: time only the stages whose name holds one "
                       "(=name: exactly that stage)")

@@ -116,6 +116,34 @@ def test_topk_gpu_gather(n, k, lengths, compact):
   np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("finish", ["rank", "bitonic"])
+@pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (32768, 512, False),
+                                         (20000, 64, True), (4096, 1000, False)])
+def test_topk_gpu_fused_rows(n, k, lengths, finish):
+  """TopkConfig(fused_max_n=32768) compiled: one program per row from scores to candidates
+  (group maxima, bisection, compaction in index order, exact top-k set for an overflowing
+  row), then the rank-counting or bitonic finish, sorted and as a set; ties across the
+  threshold, sorted runs, NaN, -0.0, -inf, ragged and empty rows."""
+  from pallas_kernels.topk import TopkConfig
+  rng = np.random.default_rng(n + k)
+  x = rng.standard_normal((8, n)).astype(np.float32)
+  x[1, :5000] = 1.5
+  x[2, ::7] = np.nan
+  x[3, ::2] = -0.0
+  x[4] = (np.arange(n) // 256).astype(np.float32)
+  x[5, ::3] = -np.inf
+  x[7] = np.round(x[7] * 2)  # heavy ties everywhere
+  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
+  cfg = TopkConfig(fused_max_n=32768, finish=finish)
+  rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
+  for srt in (True, False):
+    v, i = jaxsparse.topk(jnp.asarray(x), k, implementation="pallas", config=cfg, sorted=srt,
+                          lengths=None if lens is None else jnp.asarray(lens))
+    wv, wi = (rv, ri) if srt else index_ordered(rv, ri)
+    np.testing.assert_array_equal(np.asarray(i), wi)
+    np.testing.assert_array_equal(np.asarray(v), wv)
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 def test_topk_gpu_block_map(ordered):
   """Compiled: indices mapped to slots through SPIN's block ids in the merge kernel."""

@@ -134,82 +134,32 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     return *full_sort(x, lengths, k), False, False
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
   chunk = g * _tpu.LANES if platform.kind == "tpu" else max(min(config.chunk, next_pow2(n)), g)
-  n_pad = -(-n // chunk) * chunk
+  # GPU, short rows: one program per row from scores to candidates (TopkConfig.fused_max_n)
+  fused = platform.kind == "gpu" and gmax is None and config.fuses(r, n)
+  n_pad = next_pow2(n) if fused else -(-n // chunk) * chunk
   xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
   capacity = next_pow2(config.capacity_factor * k)
   interp = platform.interpret
   if platform.kind == "gpu":
-    if gmax is None:
-      gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
-                            interpret=interp)
-    else:  # emitted for the unpadded row: the padding's groups are -inf
-      gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
-    bitonic = ordered and config.finish == "bitonic"
-    rank = ordered and (config.finish == "rank" or (
-        config.finish == "auto" and r <= config.rank_max_rows and k >= config.rank_min_k))
-    # an order-free finish takes a one-pass compaction; from the group list (gather) when the
-    # bisection kernel can write one
-    gather = (bitonic or rank) and config.gathers(r, n_pad) and config.threshold == "bisect"
-    place = config.placement(r, n_pad, k, gather=gather)
-    gather_lanes = min(config.chunk, capacity * g)  # entries per gathering program
-    if gather and place == "rows" and gather_lanes < 64:
-      place = "scan"
-    ctr = None  # the compaction's row counters, from the threshold kernel
-    if config.threshold == "bisect":
-      thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
-                                        interpret=interp, counter=_gpu.counter_dtype(place),
-                                        list_width=capacity if gather else 0)
+    finish_ = config.finish_for(r, k) if ordered else "set"
+    if fused:
+      cv, ci, live = _gpu.filter_rows(xp, lengths, k=k, group=g, iters=config.bisect_iters,
+                                      capacity=capacity, num_warps=config.fused_warps,
+                                      interpret=interp)
     else:
-      thr = lax.top_k(gmax, k)[0][:, k - 1]
-    skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
-    if gather:
-      cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
-                                          capacity=capacity, lanes=gather_lanes,
-                                          num_warps=config.num_warps, interpret=interp,
-                                          placement=place)
-    elif bitonic or rank:  # an order-free finish: count and compaction in one pass
-      cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
-                                          num_warps=config.num_warps, interpret=interp,
-                                          gmax=skip, counter=ctr, placement=place)
-    else:
-      counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
-                          interpret=interp, gmax=skip)
-      offsets = jnp.cumsum(counts, axis=1) - counts
-      total = counts.sum(axis=1)
-      cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
-                            num_warps=config.num_warps, interpret=interp, gmax=skip)
-    # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
-    # is read on the host, ~35 us on the H200, more than the filter passes together)
-    # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
-    cv, ci, live = _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
-                               chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
-                               interpret=interp)
-    if not ordered:
-      return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
-    if bitonic and 0 < config.bitonic_run < capacity:
-      return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
-                                        num_warps=config.bitonic_warps,
-                                        run_warps=config.bitonic_run_warps, interpret=interp,
-                                        block_map=block_map), False, block_map is not None
-    if bitonic:
-      return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
-                                  interpret=interp), False, False
-    if rank:
-      return *finish(*_gpu.rank_finish(cv, ci, live, k, capacity, interpret=interp)), False, False
-    cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
-    v, p = lax.top_k(cvm, k)
-    return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False
-  else:
-    gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
-    thr = lax.top_k(gm, k)[0][:, k - 1]
-    total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
-    xm = masked_rows(xp, lengths)
-    m = (xm >= thr[:, None]) & (xm > NEG_INF)
-    pos = jnp.where(m, jnp.cumsum(m, axis=1) - 1, capacity)  # capacity: dropped
-    rows = jnp.broadcast_to(jnp.arange(r)[:, None], pos.shape)
-    cv = jnp.full((r, capacity), NEG_INF, jnp.float32).at[rows, pos].set(xm, mode="drop")
-    ci = jnp.full((r, capacity), -1, jnp.int32).at[rows, pos].set(
-        jnp.broadcast_to(jnp.arange(n_pad, dtype=jnp.int32)[None], pos.shape), mode="drop")
+      cv, ci, live = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
+                                     order_free=finish_ in ("bitonic", "rank"))
+    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map)
+  gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
+  thr = lax.top_k(gm, k)[0][:, k - 1]
+  total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
+  xm = masked_rows(xp, lengths)
+  m = (xm >= thr[:, None]) & (xm > NEG_INF)
+  pos = jnp.where(m, jnp.cumsum(m, axis=1) - 1, capacity)  # capacity: dropped
+  rows = jnp.broadcast_to(jnp.arange(r)[:, None], pos.shape)
+  cv = jnp.full((r, capacity), NEG_INF, jnp.float32).at[rows, pos].set(xm, mode="drop")
+  ci = jnp.full((r, capacity), -1, jnp.int32).at[rows, pos].set(
+      jnp.broadcast_to(jnp.arange(n_pad, dtype=jnp.int32)[None], pos.shape), mode="drop")
 
   def filtered():
     v, p = lax.top_k(cv, k)
@@ -217,3 +167,75 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
 
   return *lax.cond(jnp.all(total <= capacity), filtered,
                    lambda: full_sort(x, lengths, k)), False, False
+
+
+def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *, order_free):
+  """GPU, rows of any length: group maxima (unless given), threshold, compaction and repair
+  -> (values, indices) [R, >= capacity] candidates and live [R] slots per row. order_free:
+  the finish accepts candidates in any slot order (one-pass compaction, maybe gathering)."""
+  r, n_pad = xp.shape
+  if gmax is None:
+    gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
+                          interpret=interp)
+  else:  # emitted for the unpadded row: the padding's groups are -inf
+    gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
+  # an order-free finish takes a one-pass compaction; from the group list (gather) when the
+  # bisection kernel can write one
+  gather = order_free and config.gathers(r, n_pad) and config.threshold == "bisect"
+  place = config.placement(r, n_pad, k, gather=gather)
+  gather_lanes = min(config.chunk, capacity * g)  # entries per gathering program
+  if gather and place == "rows" and gather_lanes < 64:
+    place = "scan"
+  ctr = None  # the compaction's row counters, from the threshold kernel
+  if config.threshold == "bisect":
+    thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
+                                      interpret=interp, counter=_gpu.counter_dtype(place),
+                                      list_width=capacity if gather else 0)
+  else:
+    thr = lax.top_k(gmax, k)[0][:, k - 1]
+  skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
+  if gather:
+    cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
+                                        capacity=capacity, lanes=gather_lanes,
+                                        num_warps=config.num_warps, interpret=interp,
+                                        placement=place)
+  elif order_free:  # count and compaction in one pass
+    cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
+                                        num_warps=config.num_warps, interpret=interp,
+                                        gmax=skip, counter=ctr, placement=place)
+  else:
+    counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
+                        interpret=interp, gmax=skip)
+    offsets = jnp.cumsum(counts, axis=1) - counts
+    total = counts.sum(axis=1)
+    cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
+                          num_warps=config.num_warps, interpret=interp, gmax=skip)
+  # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
+  # is read on the host, ~35 us on the H200, more than the filter passes together)
+  # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
+  return _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
+                     chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
+                     interpret=interp)
+
+
+def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map):
+  """Candidates -> (values, indices, in_index_order, mapped through block_map): how is
+  "set" (the k best in index order; the candidates must be in index order), "bitonic",
+  "rank" or "sort" (`TopkConfig.finish_for`)."""
+  if how == "set":
+    return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
+  if how == "bitonic" and 0 < config.bitonic_run < capacity:
+    return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
+                                      num_warps=config.bitonic_warps,
+                                      run_warps=config.bitonic_run_warps, interpret=interp,
+                                      block_map=block_map), False, block_map is not None
+  if how == "bitonic":
+    return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
+                                interpret=interp), False, False
+  if how == "rank":
+    return *_gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
+                             block_j=config.rank_block_j, num_warps=config.rank_warps,
+                             interpret=interp), False, False
+  cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
+  v, p = lax.top_k(cvm, k)
+  return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels._util import is_pow2
+from pallas_kernels._util import is_pow2, next_pow2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +96,22 @@ class TopkConfig:
   lane_min_ratio: int = 256
   gather: bool | str = "auto"
   gather_min_entries: int = 1 << 23
+  rank_block_i: int = 64
+  rank_block_j: int = 256
+  rank_warps: int = 4
+  fused_max_n: int = 0
+  fused_max_rows: int = 8
+  fused_warps: int = 16
+
+  def finish_for(self, rows: int, k: int) -> str:
+    """The sorted finish for rows of top-k ("auto" resolved): "bitonic", "rank" or "sort"."""
+    if self.finish == "auto":
+      return "rank" if rows <= self.rank_max_rows and k >= self.rank_min_k else "bitonic"
+    return self.finish
+
+  def fuses(self, rows: int, n: int) -> bool:
+    """Whether rows of n scores go through the one-program-per-row filter (GPU)."""
+    return next_pow2(n) <= self.fused_max_n and rows <= self.fused_max_rows
 
   def gathers(self, rows: int, n: int) -> bool:
     """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
@@ -126,12 +142,20 @@ class TopkConfig:
       raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):
       raise ValueError(f"gather={self.gather!r} must be True, False or 'auto'")
+    for name in ("rank_block_i", "rank_block_j"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or not is_pow2(v) or v < 16:
+        raise ValueError(f"{name}={v!r} must be a power of two >= 16")
+    v = self.fused_max_n
+    if not isinstance(v, int) or v < 0:
+      raise ValueError(f"fused_max_n={v!r} must be an int >= 0 (0: never)")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio", "gather_min_entries"):
+                 "lane_min_ratio", "gather_min_entries", "rank_warps", "fused_max_rows",
+                 "fused_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -317,6 +317,29 @@ def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   return out
 
 
+def _bisect(ms: list, k: int, iters: int):
+  """Group maxima of one row, held in registers as pieces ms ([size] float32 each, -inf for
+  empty groups) -> a valid threshold (float32 scalar): bisection on the value keeps the
+  invariant count(m >= lo) >= k, so k groups each hold an entry >= lo; `iters` steps bring
+  it within (max - min) / 2**iters of the k-th largest maximum. -inf when fewer than k
+  groups are non-empty (every valid entry is then a candidate)."""
+  def total(f):
+    return functools.reduce(lambda a, b: a + b, [jnp.sum(f(m).astype(jnp.int32)) for m in ms])
+
+  nfin = total(lambda m: m > NEG_INF)
+  hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
+  lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(m > NEG_INF, m, jnp.inf)) for m in ms])
+
+  def body(i, c):
+    lo, hi = c
+    mid = lo + (hi - lo) * 0.5
+    ok = total(lambda m: m >= mid) >= k
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
+  return jnp.where(nfin >= k, lo, NEG_INF)
+
+
 def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
@@ -332,22 +355,7 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
   then starts past the capacity, which sends the row to the repair kernel.
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-
-  def total(f):
-    return functools.reduce(lambda a, b: a + b, [jnp.sum(f(m).astype(jnp.int32)) for m in ms])
-
-  nfin = total(lambda m: m > NEG_INF)
-  hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
-  lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(m > NEG_INF, m, jnp.inf)) for m in ms])
-
-  def body(i, c):
-    lo, hi = c
-    mid = lo + (hi - lo) * 0.5
-    ok = total(lambda m: m >= mid) >= k
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-  lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
-  thr = jnp.where(nfin >= k, lo, NEG_INF)
+  thr = _bisect(ms, k, iters)
   o_ref[...] = thr.reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
@@ -474,6 +482,70 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
       interpret=interpret, name="jaxsparse_topk_compact",
   )(x, *len_in, thr, offsets, *extra)
   return v, i
+
+
+def _filter_row_kernel(x_ref, len_ref, v_ref, i_ref, live_ref, *, k: int, group: int,
+                       iters: int, capacity: int):
+  """One whole row per program, in registers: the group maxima, the bisection threshold, and
+  the candidates compacted in index order by one row-wide scan (the work of `group_max`,
+  `threshold`, `compact` and `repair` in one launch, for rows short enough to hold). A row
+  with more candidates than `capacity` takes its exact top-k set instead (`_take_best`: 32
+  counting steps over the row; adversarial rows only). live_ref: the slots written."""
+  n = x_ref.shape[0]
+  idx = lax.broadcasted_iota(jnp.int32, (n,), 0)
+  x = _as_candidates(x_ref[...], idx, len_ref)
+  thr = _bisect([x.reshape(n // group, group).max(axis=1)], k, iters)
+  valid = x > NEG_INF
+  m = (x >= thr) & valid
+  count = jnp.sum(m.astype(jnp.int32))
+  fits = count <= capacity
+  quota = jnp.minimum(jnp.sum(valid.astype(jnp.int32)), k)
+
+  def emit(take):
+    pos = jnp.cumsum(take.astype(jnp.int32)) - 1
+    pos = jnp.where(take, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
+    plgpu.store(v_ref.at[pos], x, mask=take)
+    plgpu.store(i_ref.at[pos], idx, mask=take)
+
+  @pl.when(fits)
+  def _():
+    emit(m)
+
+  @pl.when(~fits)
+  def _():
+    emit(_take_best(x, valid, quota))
+
+  live_ref[...] = jnp.where(fits, count, quota).reshape(1)
+
+
+def filter_rows(x, lengths, *, k: int, group: int, iters: int, capacity: int, num_warps: int,
+                interpret: bool):
+  """x [R, N] (N a power of two, small enough for one program's registers: 32K at 16 warps),
+  lengths [R] int32 or None (whole rows) -> (values, indices) [R, W >= capacity] float32 /
+  int32 candidates in index order and live [R] int32, the slots written per row (slots past
+  it are NOT initialised): the entries >= the bisection threshold over maxima of `group`
+  entries, or for a row with more than `capacity` of them its exact top-k set (<= k
+  entries). One program per row replaces the four launches of the general path."""
+  r, n = x.shape
+  if not is_pow2(n) or not is_pow2(group) or n % group or capacity < k:
+    raise ValueError(f"row length {n} and group={group} must be powers of two, "
+                     f"capacity={capacity} >= k={k}")
+  width = _scatter_width(capacity, interpret)
+  row = pl.BlockSpec((None, width), lambda i: (i, 0))
+  one = pl.BlockSpec((1,), lambda i: (i,))
+  kernel, len_in, len_spec = _lengths_in(functools.partial(
+      _filter_row_kernel, k=k, group=group, iters=iters, capacity=capacity), lengths, one)
+  return pl.pallas_call(
+      kernel,
+      grid=(r,),
+      in_specs=[pl.BlockSpec((None, n), lambda i: (i, 0))] + len_spec,
+      out_specs=[row, row, one],
+      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32),
+                 jax.ShapeDtypeStruct((r,), jnp.int32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_filter_row",
+  )(x, *len_in)
 
 
 def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, *, n: int,
@@ -639,63 +711,100 @@ def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
   return out != 0
 
 
-def _rank_kernel(v_ref, i_ref, live_ref, vo_in, io_in, vo_ref, io_ref, *, block_i: int,
-                 block_j: int, k: int):
-  """Sorted top-k of one row's candidates by counting ranks: candidate p's rank is the number
-  of candidates above it plus the equal ones with a lower index (indices are distinct, so the
-  buffer may be in any order). Ranks are distinct; those below k are scattered to their
-  place. O(live^2) compares, but no sort and a single launch."""
-  del vo_in, io_in
-  c = pl.program_id(1)
-  live = live_ref[0]  # slots past it are not initialised
+def _rank_count_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, o_ref):
+  """One (row, i-block, j-block) tile of the rank count: for each candidate i of the block,
+  how many candidates j of the other block come before it (a larger value, or the same value
+  and a lower index; indices are distinct, so the buffer may be in any order). Slots at or
+  past the row's live count are dead (-inf, the largest index: they come before no one).
+  A tile wholly past the live count writes nothing (`rank_finish`'s place kernel masks it)."""
+  bi, bj = vi_ref.shape[0], vj_ref.shape[0]
+  a, b = pl.program_id(1) * bi, pl.program_id(2) * bj
+  live = live_ref[0]
 
-  @pl.when(c * block_i < live)
+  @pl.when((a < live) & (b < live))
   def _():
-    pi = c * block_i + lax.broadcasted_iota(jnp.int32, (block_i,), 0)
-    vi = v_ref[pl.ds(c * block_i, block_i)]
-    ii = i_ref[pl.ds(c * block_i, block_i)]
+    pj = b + lax.broadcasted_iota(jnp.int32, (bj,), 0)
+    vj = jnp.where(pj < live, vj_ref[...], NEG_INF)[None, :]
+    ij = jnp.where(pj < live, ij_ref[...], jnp.iinfo(jnp.int32).max)[None, :]
+    vi, ii = vi_ref[...][:, None], ii_ref[...][:, None]
+    before = (vj > vi) | ((vj == vi) & (ij < ii))
+    o_ref[...] = jnp.sum(before.astype(jnp.int32), axis=1)
 
-    def body(t, cnt):
-      pj = t * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
-      vj = v_ref[pl.ds(t * block_j, block_j)]
-      ij = i_ref[pl.ds(t * block_j, block_j)]
-      beats = ((vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
-                                              & (ij[None, :] < ii[:, None])))
-      beats &= pj[None, :] < live
-      return cnt + jnp.sum(beats.astype(jnp.int32), axis=1)
 
-    rank = lax.fori_loop(0, pl.cdiv(live, block_j), body, jnp.zeros((block_i,), jnp.int32))
-    keep = (pi < live) & (rank < k) & (vi > NEG_INF)
-    dest = jnp.where(keep, rank, vo_ref.shape[0] - 1 - lax.broadcasted_iota(
-        jnp.int32, (block_i,), 0))  # masked lanes: distinct slots (interpret mode writes them)
-    plgpu.store(vo_ref.at[dest], vi, mask=keep)
-    plgpu.store(io_ref.at[dest], ii, mask=keep)
+def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, row_ref, vo_ref, io_ref, *, k: int,
+                       block_j: int):
+  """One (row, block of candidates): rank = the sum of its count tiles over the live j-blocks;
+  candidates ranked below k are written to that slot. The block also writes the -inf / -1
+  tail into its share of the slots [n_ok, k) (n_ok: the row's live finite candidates), which
+  no rank reaches, so the output needs no fill."""
+  bs = v_ref.shape[0]
+  c0 = pl.program_id(1) * bs
+  live = live_ref[0]
+  lane = lax.broadcasted_iota(jnp.int32, (bs,), 0)
+  jb = lax.broadcasted_iota(jnp.int32, (p_ref.shape[0], 1), 0) * block_j
+  rank = jnp.sum(jnp.where(jb < live, p_ref[...], 0), axis=0)
+  v = v_ref[...]
+  keep = (c0 + lane < live) & (v > NEG_INF) & (rank < k)
+  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
+  dest = jnp.where(keep, rank, trash)
+  plgpu.store(vo_ref.at[dest], v, mask=keep)
+  plgpu.store(io_ref.at[dest], i_ref[...], mask=keep)
+  row = row_ref[...]
+  slot = lax.broadcasted_iota(jnp.int32, row.shape, 0)
+  n_ok = jnp.sum(((slot < live) & (row > NEG_INF)).astype(jnp.int32))
+  tail = (c0 + lane >= n_ok) & (c0 + lane < k)
+  dest = jnp.where(tail, c0 + lane, trash)
+  plgpu.store(vo_ref.at[dest], jnp.full((bs,), NEG_INF, jnp.float32), mask=tail)
+  plgpu.store(io_ref.at[dest], jnp.full((bs,), -1, jnp.int32), mask=tail)
 
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 64, block_j: int = 256,
                 num_warps: int = 4, interpret: bool = False):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
-  values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail). A grid of
-  (rows, cap / block_i) programs, so one row spreads over many SMs."""
-  r = cv.shape[0]
-  block_i, block_j = min(block_i, cap), min(block_j, cap)
-  width = 2 * max(next_pow2(k), block_i)  # upper half: slots for masked lanes
-  (vo, io), out_shape = _empty_candidates(r, width)
-  row_in = pl.BlockSpec((None, cap), lambda i, c: (i, 0))
-  row_out = pl.BlockSpec((None, width), lambda i, c: (i, 0))
-  v, i = pl.pallas_call(
-      functools.partial(_rank_kernel, block_i=block_i, block_j=block_j, k=k),
-      grid=(r, cap // block_i),
-      in_specs=[row_in, row_in, pl.BlockSpec((1,), lambda i, c: (i,)), row_out, row_out],
-      out_specs=[row_out, row_out],
-      out_shape=out_shape,
-      input_output_aliases={3: 0, 4: 1},
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
-      interpret=interpret, name="jaxsparse_topk_rank",
-  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32), vo, io)
-  return v[:, :k], i[:, :k]
+  values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
 
+  Sorting by counting, with no dependent chain: a candidate's place is the number of
+  candidates before it. Two kernels: a grid of (R, cap / block_i, cap / block_j) programs
+  each counts one [block_i, block_j] tile of the comparison matrix into [R, cap / block_j,
+  cap] partial counts (tiles past a row's live count exit at once, so a row with ~1.1 k
+  candidates in a 2 k buffer does ~30% of the tiles), then (R, cap / block_i) programs sum
+  each candidate's partials and write it to its slot. O(live^2) compares: cheap for a few
+  rows, where a sorting network's ~78 dependent steps dominate; a bitonic finish wins for
+  many rows (the compares then fill the GPU)."""
+  r = cv.shape[0]
+  _check_cap(cap, k, cv.shape[1])
+  block_i, block_j = min(block_i, cap), min(block_j, cap)
+  if not (is_pow2(block_i) and is_pow2(block_j)):
+    raise ValueError(f"block_i={block_i} and block_j={block_j} must be powers of two")
+  cv, ci, live = cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32)
+  nj = cap // block_j
+  bi = pl.BlockSpec((None, block_i), lambda r, a, b: (r, a))
+  bj = pl.BlockSpec((None, block_j), lambda r, a, b: (r, b))
+  partial = pl.pallas_call(
+      _rank_count_kernel,
+      grid=(r, cap // block_i, nj),
+      in_specs=[bi, bi, bj, bj, pl.BlockSpec((1,), lambda r, a, b: (r,))],
+      out_specs=pl.BlockSpec((None, None, block_i), lambda r, a, b: (r, b, a)),
+      out_shape=jax.ShapeDtypeStruct((r, nj, cap), jnp.int32),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_rank_count",
+  )(cv, ci, cv, ci, live)
+  width = next_pow2(k) + (block_i if interpret else 0)  # interpret: trash slots past the row
+  out = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  v, i = pl.pallas_call(
+      functools.partial(_rank_place_kernel, k=k, block_j=block_j),
+      grid=(r, cap // block_i),
+      in_specs=[pl.BlockSpec((None, block_i), lambda r, c: (r, c))] * 2
+      + [_PER_ROW, pl.BlockSpec((None, nj, block_i), lambda r, c: (r, 0, c)),
+         pl.BlockSpec((None, cap), lambda r, c: (r, 0))],
+      out_specs=[out, out],
+      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_rank_place",
+  )(cv, ci, live, partial, cv)
+  return v[:, :k], i[:, :k]
 
 
 def _index_order_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref, *, k: int):
