@@ -42,10 +42,10 @@ def _label(c: TopkConfig) -> str:
 
 
 # fields a label names as +field=value where they differ from these (the values before
-# session 15, so a label keeps its meaning when the defaults move)
+# session 15, so a label keeps its meaning when the defaults move; session 15's first call
+# also swept fused_max_n, a one-program-per-row filter since removed: benchmarks/NOTES.md)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
-                  rank_block_j=256, rank_warps=4, fused_max_n=0, fused_max_rows=8,
-                  fused_warps=16)
+                  rank_block_j=256, rank_warps=4, threshold_warps=8)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,

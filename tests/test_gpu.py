@@ -116,14 +116,14 @@ def test_topk_gpu_gather(n, k, lengths, compact):
   np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("finish", ["rank", "bitonic"])
-@pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (32768, 512, False),
+@pytest.mark.parametrize("block_i,block_j", [(32, 256), (64, 64)])
+@pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (1 << 20, 2048, False),
                                          (20000, 64, True), (4096, 1000, False)])
-def test_topk_gpu_fused_rows(n, k, lengths, finish):
-  """TopkConfig(fused_max_n=32768) compiled: one program per row from scores to candidates
-  (group maxima, bisection, compaction in index order, exact top-k set for an overflowing
-  row), then the rank-counting or bitonic finish, sorted and as a set; ties across the
-  threshold, sorted runs, NaN, -0.0, -inf, ragged and empty rows."""
+def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j):
+  """The rank-counting finish compiled (tiles of block_i x block_j compares, then the place
+  kernel): 8 rows with ties across the threshold, sorted runs (repaired), NaN, -0.0, -inf,
+  heavy ties, ragged and empty rows, with and without lengths; and each row alone, which
+  the default config (finish="auto") also sends to the rank finish."""
   from pallas_kernels.topk import TopkConfig
   rng = np.random.default_rng(n + k)
   x = rng.standard_normal((8, n)).astype(np.float32)
@@ -134,14 +134,17 @@ def test_topk_gpu_fused_rows(n, k, lengths, finish):
   x[5, ::3] = -np.inf
   x[7] = np.round(x[7] * 2)  # heavy ties everywhere
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
-  cfg = TopkConfig(fused_max_n=32768, finish=finish)
+  cfg = TopkConfig(finish="rank", rank_block_i=block_i, rank_block_j=block_j)
   rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
-  for srt in (True, False):
-    v, i = jaxsparse.topk(jnp.asarray(x), k, implementation="pallas", config=cfg, sorted=srt,
-                          lengths=None if lens is None else jnp.asarray(lens))
-    wv, wi = (rv, ri) if srt else index_ordered(rv, ri)
-    np.testing.assert_array_equal(np.asarray(i), wi)
-    np.testing.assert_array_equal(np.asarray(v), wv)
+  v, i = jaxsparse.topk(jnp.asarray(x), k, implementation="pallas", config=cfg,
+                        lengths=None if lens is None else jnp.asarray(lens))
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+  for r in (0, 1, 4, 7):
+    v, i = jaxsparse.topk(jnp.asarray(x[r:r + 1]), k, implementation="pallas",
+                          lengths=None if lens is None else jnp.asarray(lens[r:r + 1]))
+    np.testing.assert_array_equal(np.asarray(i), ri[r:r + 1])
+    np.testing.assert_array_equal(np.asarray(v), rv[r:r + 1])
 
 
 @pytest.mark.parametrize("ordered", [True, False])

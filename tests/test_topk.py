@@ -103,6 +103,28 @@ def test_rank_finish_matches_numpy(n, k):
     ktopk.TopkConfig(bitonic_warps=0)
 
 
+@pytest.mark.parametrize("cap,k,block_i,block_j", [(64, 16, 16, 16), (256, 100, 32, 64),
+                                                   (1024, 512, 64, 256)])
+def test_rank_finish_tiles(cap, k, block_i, block_j):
+  """`rank_finish` alone (interpret): candidates in any slot order with heavy ties (by index),
+  -inf slots, rows whose live count is 0, under k, at cap and not a multiple of a tile (the
+  place kernel masks the partial counts of dead tiles), and the -inf / -1 tail."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(cap)
+  live = np.array([cap * 5 // 8, cap, 0, k - 1, k + 1])
+  v = rng.integers(0, 20, (5, cap)).astype(np.float32)
+  v[0, 3] = v[1, 5] = -np.inf
+  i = np.stack([rng.permutation(cap * 3)[:cap] for _ in range(5)]).astype(np.int32)
+  vo, io = kg.rank_finish(jnp.asarray(v), jnp.asarray(i), jnp.asarray(live, jnp.int32), k, cap,
+                          block_i=block_i, block_j=block_j, interpret=True)
+  for r in range(5):
+    got = sorted((-v[r, j], i[r, j]) for j in range(live[r]) if v[r, j] > -np.inf)[:k]
+    want_v = [-a for a, _ in got] + [-np.inf] * (k - len(got))
+    want_i = [b for _, b in got] + [-1] * (k - len(got))
+    np.testing.assert_array_equal(np.asarray(vo[r]), np.array(want_v, np.float32))
+    np.testing.assert_array_equal(np.asarray(io[r]), np.array(want_i))
+
+
 @pytest.mark.parametrize("run", [0, 512])
 def test_compactions_and_finishes(run):
   """Both compaction kernels (the one-pass atomic one before the bitonic finish, single or

@@ -134,21 +134,14 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     return *full_sort(x, lengths, k), False, False
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
   chunk = g * _tpu.LANES if platform.kind == "tpu" else max(min(config.chunk, next_pow2(n)), g)
-  # GPU, short rows: one program per row from scores to candidates (TopkConfig.fused_max_n)
-  fused = platform.kind == "gpu" and gmax is None and config.fuses(r, n)
-  n_pad = next_pow2(n) if fused else -(-n // chunk) * chunk
+  n_pad = -(-n // chunk) * chunk
   xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
   capacity = next_pow2(config.capacity_factor * k)
   interp = platform.interpret
   if platform.kind == "gpu":
     finish_ = config.finish_for(r, k) if ordered else "set"
-    if fused:
-      cv, ci, live = _gpu.filter_rows(xp, lengths, k=k, group=g, iters=config.bisect_iters,
-                                      capacity=capacity, num_warps=config.fused_warps,
-                                      interpret=interp)
-    else:
-      cv, ci, live = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
-                                     order_free=finish_ in ("bitonic", "rank"))
+    cv, ci, live = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
+                                   order_free=finish_ in ("bitonic", "rank"))
     return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map)
   gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
   thr = lax.top_k(gm, k)[0][:, k - 1]
@@ -188,7 +181,8 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
     place = "scan"
   ctr = None  # the compaction's row counters, from the threshold kernel
   if config.threshold == "bisect":
-    thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters, num_warps=8,
+    thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
+                                      num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place),
                                       list_width=capacity if gather else 0)
   else:

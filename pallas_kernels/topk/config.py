@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels._util import is_pow2, next_pow2
+from pallas_kernels._util import is_pow2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,16 +22,23 @@ class TopkConfig:
     threshold kernel 6.8 -> 5.4 us at 64 x 128K on the H200 against 20 steps
     (benchmarks/results/session10/topk_variants_b64.json); on random rows the candidates stay
     far under the buffer (benchmarks/NOTES.md, session 9).
-  finish: how the candidates become the sorted top-k (GPU): "bitonic" (the default: one
-    Pallas program per row sorts its candidates by (value, index) with a bitonic network in
-    registers; order-free, so the candidates are compacted in one pass, chunk ranges reserved
-    by an atomic add, no count pass), "sort" (`lax.top_k` over the candidate buffer, ~31 us
-    on the H200 whatever the batch), "rank" (one Pallas kernel that counts each candidate's
-    rank, O(candidates^2) compares spread over (rows, C / 64) programs; order-free too, so
-    it also takes the one-pass compaction) or "auto" (session 3's rule: rank for at most
-    `rank_max_rows` rows when k >= `rank_min_k`, else sort). On the H200 bitonic was faster
-    than auto at 10 of 12 shapes and within 0.2 us at the other two (B in {1, 8, 64} x N in
-    {128K, 1M} x K in {512, 2048}; benchmarks/results/session7/topk_bitonic_api.json).
+  finish: how the candidates become the sorted top-k (GPU): "bitonic" (one Pallas program
+    per row sorts its candidates by (value, index) with a bitonic network in registers;
+    order-free, so the candidates are compacted in one pass, chunk ranges reserved by an
+    atomic add, no count pass), "sort" (`lax.top_k` over the candidate buffer, ~31 us on the
+    H200 whatever the batch), "rank" (sorting by counting, `gpu.rank_finish`: a grid of
+    rank_block_i x rank_block_j tiles counts, for every candidate, the candidates before it,
+    then a second kernel puts each in its place; O(candidates^2) compares but no dependent
+    chain; order-free too) or "auto" (the default: rank for at most `rank_max_rows` rows
+    when k >= `rank_min_k`, else bitonic). On the H200 (benchmarks/results/session15/
+    topk_small_*_s15a.json, kernel time of the whole call, k = 2048) the rank finish took
+    one row of 128K from 21.9 to 18.8 us (32 x 256 tiles; 19.5 at 64 x 256), 1M 27.1 ->
+    23.7, 32K 21.6 -> 19.1, but 8 rows of 32K 22.8 -> 37.7 (the compares fill the GPU); at
+    k = 512 it ties with bitonic (13.3-20.2 us).
+  rank_max_rows, rank_min_k: the "auto" rule above.
+  rank_block_i, rank_block_j: the rank finish's tile (powers of two >= 16); rank_warps: the
+    warps of its programs.
+  threshold_warps: warps of the bisection threshold kernel (GPU).
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
     candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   bitonic_run: 0, the bitonic finish is one program per row; r (a power of two), it is two
@@ -84,8 +91,8 @@ class TopkConfig:
   num_warps: int = 4
   threshold: str = "bisect"
   bisect_iters: int = 14
-  finish: str = "bitonic"
-  rank_max_rows: int = 16
+  finish: str = "auto"
+  rank_max_rows: int = 1
   rank_min_k: int = 1024
   bitonic_warps: int = 16
   bitonic_run: int = 512
@@ -96,22 +103,16 @@ class TopkConfig:
   lane_min_ratio: int = 256
   gather: bool | str = "auto"
   gather_min_entries: int = 1 << 23
-  rank_block_i: int = 64
+  rank_block_i: int = 32
   rank_block_j: int = 256
   rank_warps: int = 4
-  fused_max_n: int = 0
-  fused_max_rows: int = 8
-  fused_warps: int = 16
+  threshold_warps: int = 8
 
   def finish_for(self, rows: int, k: int) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "bitonic", "rank" or "sort"."""
     if self.finish == "auto":
       return "rank" if rows <= self.rank_max_rows and k >= self.rank_min_k else "bitonic"
     return self.finish
-
-  def fuses(self, rows: int, n: int) -> bool:
-    """Whether rows of n scores go through the one-program-per-row filter (GPU)."""
-    return next_pow2(n) <= self.fused_max_n and rows <= self.fused_max_rows
 
   def gathers(self, rows: int, n: int) -> bool:
     """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
@@ -146,16 +147,12 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
-    v = self.fused_max_n
-    if not isinstance(v, int) or v < 0:
-      raise ValueError(f"fused_max_n={v!r} must be an int >= 0 (0: never)")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio", "gather_min_entries", "rank_warps", "fused_max_rows",
-                 "fused_warps"):
+                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
