@@ -9,13 +9,14 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   3. count and compact the candidates in index order into a [R, C] buffer (before an
      order-free finish on GPU, for large calls, TopkConfig.gather: the threshold kernel lists
      the groups whose maximum reaches t, and the compaction gathers only their entries),
-  4. on GPU by default (TopkConfig(finish="bitonic")) one program per row sorts its C
-     candidates by (value, index) in registers with a bitonic network; being order-free,
-     that finish lets step 3 be one pass (no count pass: chunk ranges, or for many long rows
-     single slots, reserved by atomic adds; TopkConfig.compact). So does a kernel that
-     counts each candidate's rank over a grid of (rows, C / 64) programs (finish="rank").
-     Otherwise `lax.top_k` over the C candidates (ties -> lower candidate slot -> lower
-     index; finish="sort", and always on TPU).
+  4. on GPU by default (TopkConfig(finish="auto")) the candidates are sorted by (value,
+     index) with a bitonic network in registers (programs sort runs, one program per row
+     merges them; finish="bitonic"), or for a single row at k >= 1024 by counting: a grid of
+     tiles counts, for every candidate, the candidates before it, and a second kernel puts
+     each in its place (finish="rank"). Both are order-free, which lets step 3 be one pass
+     (no count pass: chunk ranges, or for many long rows single slots, reserved by atomic
+     adds; TopkConfig.compact). Otherwise `lax.top_k` over the C candidates (ties -> lower
+     candidate slot -> lower index; finish="sort", and always on TPU).
      When the caller asks for the top-k as a set
      (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
      then compacts in index order, and a GPU kernel finds the exact k-th candidate bit by bit
