@@ -116,10 +116,10 @@ def test_topk_gpu_gather(n, k, lengths, compact):
   np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("block_i,block_j", [(32, 256), (64, 64)])
+@pytest.mark.parametrize("block_i,block_j,warps", [(32, 256, 4), (64, 64, 4), (16, 256, 2)])
 @pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (1 << 20, 2048, False),
                                          (20000, 64, True), (4096, 1000, False)])
-def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j):
+def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j, warps):
   """The rank-counting finish compiled (tiles of block_i x block_j compares, then the place
   kernel): 8 rows with ties across the threshold, sorted runs (repaired), NaN, -0.0, -inf,
   heavy ties, ragged and empty rows, with and without lengths; and each row alone, which
@@ -134,7 +134,8 @@ def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j):
   x[5, ::3] = -np.inf
   x[7] = np.round(x[7] * 2)  # heavy ties everywhere
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
-  cfg = TopkConfig(finish="rank", rank_block_i=block_i, rank_block_j=block_j)
+  cfg = TopkConfig(finish="rank", rank_block_i=block_i, rank_block_j=block_j,
+                   rank_warps=warps)
   rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
   v, i = jaxsparse.topk(jnp.asarray(x), k, implementation="pallas", config=cfg,
                         lengths=None if lens is None else jnp.asarray(lens))
