@@ -116,7 +116,8 @@ def test_topk_gpu_gather(n, k, lengths, compact):
   np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("block_i,block_j,warps", [(32, 256, 4), (64, 64, 4), (16, 256, 2)])
+@pytest.mark.parametrize("block_i,block_j,warps", [(32, 256, 4), (64, 64, 4), (16, 256, 2),
+                                                  (16, 512, 4), (16, 1024, 4)])
 @pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (1 << 20, 2048, False),
                                          (20000, 64, True), (4096, 1000, False)])
 def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j, warps):
