@@ -37,8 +37,12 @@ class TopkConfig:
     k = 512 it ties with bitonic (13.3-20.2 us).
   rank_max_rows, rank_min_k: the "auto" rule above.
   rank_block_i, rank_block_j: the rank finish's tile (powers of two >= 16); rank_warps: the
-    warps of its programs.
-  threshold_warps: warps of the bisection threshold kernel (GPU).
+    warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
+    us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.1 / 19.5 at 64 x
+    256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow, long tiles win.
+  threshold_warps: warps of the bisection threshold kernel (GPU). 8: at one row of 128K it
+    takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
+    (benchmarks/results/session15/topk_thr_*_s15b.json).
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
     candidates on the H200, 8: 28.3, 4: 60.6, benchmarks/results/session7/).
   bitonic_run: 0, the bitonic finish is one program per row; r (a power of two), it is two
@@ -103,8 +107,8 @@ class TopkConfig:
   lane_min_ratio: int = 256
   gather: bool | str = "auto"
   gather_min_entries: int = 1 << 23
-  rank_block_i: int = 32
-  rank_block_j: int = 256
+  rank_block_i: int = 16
+  rank_block_j: int = 512
   rank_warps: int = 4
   threshold_warps: int = 8
 

@@ -86,13 +86,6 @@ def _count_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int):
   o_ref[...] = jnp.sum(m.astype(jnp.int32)).reshape(1)
 
 
-def _empty_candidates(rows: int, width: int):
-  """(-inf values, -1 indices) buffers [rows, width] and their shapes, for kernels that
-  scatter into them through input_output_aliases."""
-  bufs = (jnp.full((rows, width), NEG_INF, jnp.float32), jnp.full((rows, width), -1, jnp.int32))
-  return bufs, [jax.ShapeDtypeStruct(b.shape, b.dtype) for b in bufs]
-
-
 def _scatter_width(width: int, interpret: bool) -> int:
   """Width of a buffer that masked scatters write into. Compiled, masked-off lanes touch no
   memory, so `width` is enough; interpret mode runs a masked scatter as read-modify-write of
@@ -694,7 +687,7 @@ def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, row_ref, vo_ref, io_ref, *
   plgpu.store(io_ref.at[dest], jnp.full((bs,), -1, jnp.int32), mask=tail)
 
 
-def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 64, block_j: int = 256,
+def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
                 num_warps: int = 4, interpret: bool = False):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
