@@ -103,6 +103,19 @@ def test_rank_finish_matches_numpy(n, k):
     ktopk.TopkConfig(bitonic_warps=0)
 
 
+def test_auto_finish_ranks_single_rows():
+  """finish="auto" (the default) sorts one row at k >= 1024 by counting and everything else
+  with the bitonic network; the single-row path matches numpy (interpret), ties included."""
+  cfg = ktopk.TopkConfig()
+  assert [cfg.finish_for(r, k) for r, k in ((1, 2048), (1, 1024), (1, 512), (2, 2048))] == [
+      "rank", "rank", "bitonic", "bitonic"]
+  assert ktopk.TopkConfig(finish="sort").finish_for(1, 2048) == "sort"
+  rng = np.random.default_rng(7)
+  x = np.round(rng.standard_normal((1, 20000)) * 8).astype(np.float32)
+  for lens in (np.array([20000]), np.array([777])):
+    _check(_rows(x, lens, 1024, KernelPlatform("gpu", True)), x, 1024, lens)
+
+
 @pytest.mark.parametrize("cap,k,block_i,block_j", [(64, 16, 16, 16), (256, 100, 32, 64),
                                                    (1024, 512, 64, 256)])
 def test_rank_finish_tiles(cap, k, block_i, block_j):
