@@ -92,6 +92,21 @@ def test_topk_gpu_split_bitonic(run, skip, compact):
     np.testing.assert_array_equal(np.asarray(v), wv)
 
 
+def _hard_rows(n: int, k: int, lengths: bool):
+  """8 rows of n scores (seeded by n + k): ties across the threshold, NaN, -0.0, sorted runs
+  (overflow, repaired), -inf; and lengths [8] int32 with ragged, tiny and empty rows (None
+  when lengths is False: whole rows)."""
+  rng = np.random.default_rng(n + k)
+  x = rng.standard_normal((8, n)).astype(np.float32)
+  x[1, :5000] = 1.5
+  x[2, ::7] = np.nan
+  x[3, ::2] = -0.0
+  x[4] = (np.arange(n) // 256).astype(np.float32)
+  x[5, ::3] = -np.inf
+  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
+  return x, lens
+
+
 @pytest.mark.parametrize("compact", ["auto", "lane"])
 @pytest.mark.parametrize("n,k,lengths", [(131072, 2048, True), (1 << 20, 512, False),
                                          (40000, 2048, True), (32768, 64, False)])
@@ -101,14 +116,7 @@ def test_topk_gpu_gather(n, k, lengths, compact):
   (more listed groups than the buffer holds: repaired), NaN, -0.0, -inf, ragged and empty
   rows, with and without lengths."""
   from pallas_kernels.topk import TopkConfig
-  rng = np.random.default_rng(n + k)
-  x = rng.standard_normal((8, n)).astype(np.float32)
-  x[1, :5000] = 1.5
-  x[2, ::7] = np.nan
-  x[3, ::2] = -0.0
-  x[4] = (np.arange(n) // 256).astype(np.float32)
-  x[5, ::3] = -np.inf
-  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
+  x, lens = _hard_rows(n, k, lengths)
   v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=None if lens is None else jnp.asarray(lens),
                         implementation="pallas", config=TopkConfig(gather=True, compact=compact))
   rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
@@ -126,15 +134,8 @@ def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j, warps):
   heavy ties, ragged and empty rows, with and without lengths; and each row alone, which
   the default config (finish="auto") also sends to the rank finish."""
   from pallas_kernels.topk import TopkConfig
-  rng = np.random.default_rng(n + k)
-  x = rng.standard_normal((8, n)).astype(np.float32)
-  x[1, :5000] = 1.5
-  x[2, ::7] = np.nan
-  x[3, ::2] = -0.0
-  x[4] = (np.arange(n) // 256).astype(np.float32)
-  x[5, ::3] = -np.inf
+  x, lens = _hard_rows(n, k, lengths)
   x[7] = np.round(x[7] * 2)  # heavy ties everywhere
-  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32) if lengths else None
   cfg = TopkConfig(finish="rank", rank_block_i=block_i, rank_block_j=block_j,
                    rank_warps=warps)
   rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
