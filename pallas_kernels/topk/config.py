@@ -38,7 +38,7 @@ class TopkConfig:
   rank_max_rows, rank_min_k: the "auto" rule above.
   rank_block_i, rank_block_j: the rank finish's tile (powers of two >= 16); rank_warps: the
     warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
-    us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.1 / 19.5 at 64 x
+    us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2 / 19.5 at 64 x
     256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow, long tiles win.
   threshold_warps: warps of the bisection threshold kernel (GPU). 8: at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
