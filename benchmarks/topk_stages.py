@@ -45,7 +45,7 @@ def _label(c: TopkConfig) -> str:
 # session 15, so a label keeps its meaning when the defaults move; session 15's first call
 # also swept fused_max_n, a one-program-per-row filter since removed: benchmarks/NOTES.md)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
-                  rank_block_j=256, rank_warps=4, threshold_warps=8)
+                  rank_block_j=256, rank_warps=4, threshold_warps=8, bisect_points=1)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -67,8 +67,9 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
                                            interpret=interp))
   gm = f_gm(x, lens)
   gp = pad_axis(gm, 1, next_pow2(gm.shape[1]), value=float("-inf"))
-  thr_fns = {it: jax.jit(lambda gp, it=it: kg.threshold(gp, k, iters=it, num_warps=8,
-                                                         interpret=interp))
+  thr_fns = {it: jax.jit(lambda gp, it=it: kg.threshold(
+      gp, k, iters=it, num_warps=8, interpret=interp,
+      points=config.bisect_points if it == config.bisect_iters else 1))
              for it in (config.bisect_iters, 8)}
   thr = thr_fns[config.bisect_iters](gp)
   f_cnt = jax.jit(lambda x, l, t: kg.count(x, l, t, chunk=chunk, num_warps=nw, interpret=interp))

@@ -150,6 +150,23 @@ def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j, warps):
     np.testing.assert_array_equal(np.asarray(v), rv[r:r + 1])
 
 
+@pytest.mark.parametrize("points,iters", [(4, 6), (8, 4), (16, 4)])
+@pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (1 << 20, 512, False)])
+def test_topk_gpu_multisection(n, k, lengths, points, iters):
+  """The whole call compiled with the multisection threshold (`TopkConfig.bisect_points`):
+  the hard rows of `_hard_rows` together (bitonic finish) and one at a time (rank finish at
+  k >= 1024), against numpy."""
+  from pallas_kernels.topk import TopkConfig
+  x, lens = _hard_rows(n, k, lengths)
+  cfg = TopkConfig(bisect_points=points, bisect_iters=iters)
+  rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
+  for r0, r1 in ((0, 8), (0, 1), (4, 5), (7, 8)):
+    v, i = jaxsparse.topk(jnp.asarray(x[r0:r1]), k, implementation="pallas", config=cfg,
+                          lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
+    np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
+    np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 def test_topk_gpu_block_map(ordered):
   """Compiled: indices mapped to slots through SPIN's block ids in the merge kernel."""
@@ -184,8 +201,9 @@ def test_decode_group_max_gpu():
   np.testing.assert_array_equal(np.asarray(gm), want)
 
 
-@pytest.mark.parametrize("group", [2, 8, 64])
-def test_topk_group_max_and_threshold_gpu(group):
+@pytest.mark.parametrize("group,points,iters", [(2, 1, 20), (8, 1, 20), (64, 1, 20), (8, 4, 9),
+                                                (8, 16, 5)])
+def test_topk_group_max_and_threshold_gpu(group, points, iters):
   from pallas_kernels.topk import gpu as kgpu
   rng = np.random.default_rng(group)
   x = jnp.asarray(rng.standard_normal((4, 65536)), jnp.float32)
@@ -193,7 +211,8 @@ def test_topk_group_max_and_threshold_gpu(group):
   gm = kgpu.group_max(x, lens, chunk=4096, group=group, num_warps=4, interpret=False)
   xm = np.where(np.arange(65536)[None] < np.asarray(lens)[:, None], np.asarray(x), -np.inf)
   np.testing.assert_array_equal(np.asarray(gm), xm.reshape(4, -1, group).max(-1))
-  thr = np.asarray(kgpu.threshold(gm, 100, iters=20, num_warps=8, interpret=False))
+  thr = np.asarray(kgpu.threshold(gm, 100, iters=iters, num_warps=8, interpret=False,
+                                  points=points))
   counts = (np.asarray(gm) >= thr[:, None]).sum(1)
   assert (counts[[0, 1, 3]] >= 100).all() and thr[2] == -np.inf
   kth = -np.sort(-np.asarray(gm), axis=1)[:, 99]
@@ -202,8 +221,10 @@ def test_topk_group_max_and_threshold_gpu(group):
   part = gm[:, :gm.shape[1] * 5 // 8]
   padded = jnp.pad(part, ((0, 0), (0, gm.shape[1] - part.shape[1])), constant_values=-np.inf)
   np.testing.assert_array_equal(
-      np.asarray(kgpu.threshold(part, 100, iters=14, num_warps=8, interpret=False)),
-      np.asarray(kgpu.threshold(padded, 100, iters=14, num_warps=8, interpret=False)))
+      np.asarray(kgpu.threshold(part, 100, iters=14, num_warps=8, interpret=False,
+                                points=points)),
+      np.asarray(kgpu.threshold(padded, 100, iters=14, num_warps=8, interpret=False,
+                                points=points)))
 
 
 def test_fp8_queries_gpu():

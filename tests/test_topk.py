@@ -401,6 +401,41 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
     _check(out, x, k, lens)
 
 
+@pytest.mark.parametrize("points,iters", [(1, 14), (4, 6), (8, 4), (16, 3)])
+def test_threshold_multisection(points, iters):
+  """The threshold kernel's multisection (interpret): over maxima with ties, -inf groups and
+  pieces that are not one power of two, the threshold is valid (at least k maxima reach it),
+  no higher than the k-th largest maximum and within (max - min) / (points + 1)**iters of it;
+  a row with fewer than k finite maxima gets -inf. The whole call with it matches numpy."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(points)
+  k, g = 100, 5120
+  m = rng.standard_normal((4, g)).astype(np.float32)
+  m[1] = np.round(m[1] * 2)  # heavy ties at the k-th value
+  m[2, ::3] = -np.inf
+  m[3, 90:] = -np.inf  # fewer finite maxima than k
+  thr = np.asarray(kg.threshold(jnp.asarray(m), k, iters=iters, num_warps=8, interpret=True,
+                                points=points))
+  for r in range(3):
+    fin = m[r][m[r] > -np.inf]
+    kth = np.sort(fin)[-k]
+    assert (m[r] >= thr[r]).sum() >= k and thr[r] <= kth
+    assert kth - thr[r] <= (fin.max() - fin.min()) / (points + 1) ** iters * (1 + 1e-5)
+  assert thr[3] == -np.inf
+  with pytest.raises(ValueError, match="points"):
+    kg.threshold(jnp.asarray(m), k, iters=iters, num_warps=8, interpret=True, points=3)
+  with pytest.raises(ValueError, match="bisect_points"):
+    ktopk.TopkConfig(bisect_points=6)
+  x = rng.standard_normal((2, 20000)).astype(np.float32)
+  x[1] = np.round(x[1] * 4)
+  lens = np.array([20000, 12345])
+  cfg = ktopk.TopkConfig(bisect_points=points, bisect_iters=iters)
+  _check(_rows(x, lens, 512, KernelPlatform("gpu", True), cfg), x, 512, lens)
+  export_for(lambda x: kg.threshold(x, 2048, iters=iters, num_warps=8, interpret=False,
+                                    points=points), "cuda",
+             jax.ShapeDtypeStruct((1, 8192), jnp.float32))
+
+
 @pytest.mark.parametrize("g", [8192, 5120, 300, 4095])
 def test_threshold_on_widths_that_are_not_powers_of_two(g):
   """The bisection threshold over G group maxima kept as power-of-two pieces (G = 5120: SPIN's

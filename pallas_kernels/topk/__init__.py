@@ -183,6 +183,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   ctr = None  # the compaction's row counters, from the threshold kernel
   if config.threshold == "bisect":
     thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
+                                      points=config.bisect_points,
                                       num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place),
                                       list_width=capacity if gather else 0)

@@ -22,6 +22,10 @@ class TopkConfig:
     threshold kernel 6.8 -> 5.4 us at 64 x 128K on the H200 against 20 steps
     (benchmarks/results/session10/topk_variants_b64.json); on random rows the candidates stay
     far under the buffer (benchmarks/NOTES.md, session 9).
+  bisect_points: values the threshold kernel counts per step (a power of two): 1 is
+    bisection; p > 1 is a multisection that narrows the bracket (p + 1)-fold per step, so
+    fewer steps (each one CTA-wide reduction) reach the same precision: `bisect_iters` steps
+    give (max - min) / (p + 1)**bisect_iters.
   finish: how the candidates become the sorted top-k (GPU): "bitonic" (one Pallas program
     per row sorts its candidates by (value, index) with a bitonic network in registers;
     order-free, so the candidates are compacted in one pass, chunk ranges reserved by an
@@ -95,6 +99,7 @@ class TopkConfig:
   num_warps: int = 4
   threshold: str = "bisect"
   bisect_iters: int = 14
+  bisect_points: int = 1
   finish: str = "auto"
   rank_max_rows: int = 1
   rank_min_k: int = 1024
@@ -151,6 +156,8 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
+    if not isinstance(self.bisect_points, int) or not is_pow2(self.bisect_points):
+      raise ValueError(f"bisect_points={self.bisect_points!r} must be a power of two >= 1")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")

@@ -310,35 +310,43 @@ def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   return out
 
 
-def _bisect(ms: list, k: int, iters: int):
+def _bisect(ms: list, k: int, iters: int, points: int = 1):
   """Group maxima of one row, held in registers as pieces ms ([size] float32 each, -inf for
-  empty groups) -> a valid threshold (float32 scalar): bisection on the value keeps the
-  invariant count(m >= lo) >= k, so k groups each hold an entry >= lo; `iters` steps bring
-  it within (max - min) / 2**iters of the k-th largest maximum. -inf when fewer than k
-  groups are non-empty (every valid entry is then a candidate)."""
+  empty groups) -> a valid threshold (float32 scalar). Multisection on the value: each step
+  counts the maxima at `points` (a power of two) evenly spaced values inside (lo, hi] and
+  keeps the sub-interval where the count crosses k, with the invariant count(m >= lo) >= k,
+  so k groups each hold an entry >= lo. points=1 is bisection. `iters` steps bring lo within
+  (max - min) / (points + 1)**iters of the k-th largest maximum, with one CTA-wide reduction
+  (of a [points] vector) per step: the steps, not the compares, bound the kernel at one row.
+  -inf when fewer than k groups are non-empty (every valid entry is then a candidate)."""
   def total(f):
     return functools.reduce(lambda a, b: a + b, [jnp.sum(f(m).astype(jnp.int32)) for m in ms])
 
   nfin = total(lambda m: m > NEG_INF)
   hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
   lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(m > NEG_INF, m, jnp.inf)) for m in ms])
+  frac = (lax.broadcasted_iota(jnp.int32, (points,), 0) + 1).astype(jnp.float32) / (points + 1)
 
   def body(i, c):
     lo, hi = c
-    mid = lo + (hi - lo) * 0.5
-    ok = total(lambda m: m >= mid) >= k
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+    t = lo + (hi - lo) * frac  # [points], ascending
+    n = functools.reduce(lambda a, b: a + b, [
+        jnp.sum((m[None, :] >= t[:, None]).astype(jnp.int32), axis=1) for m in ms])
+    ok = n >= k  # a prefix of the points (counts fall as t rises)
+    # the new bracket from values that were counted (no recomputation to round differently)
+    return jnp.max(jnp.where(ok, t, lo)), jnp.min(jnp.where(ok, hi, t))
 
   lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
   return jnp.where(nfin >= k, lo, NEG_INF)
 
 
-def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
+def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, points: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
-  Bisection on the value keeps the invariant count(m >= lo) >= k, so `lo` is always a valid
-  threshold (k groups, each holding an entry >= lo); `iters` steps bring it within
-  (max - min) / 2**iters of the k-th largest maximum. The row stays in registers, as
+  Multisection on the value (`_bisect`; points=1: bisection) keeps the invariant
+  count(m >= lo) >= k, so `lo` is always a valid threshold (k groups, each holding an entry
+  >= lo); `iters` steps bring it within (max - min) / (points + 1)**iters of the k-th
+  largest maximum. The row stays in registers, as
   power-of-two pieces when G is not one (no padded copy of the maxima).
   refs (all optional, in this order): the compaction's zeroed row counters; with list_width
   > 0, the ids of the groups that can hold a candidate (maximum >= lo and > -inf, or NaN),
@@ -348,7 +356,7 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
   then starts past the capacity, which sends the row to the repair kernel.
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-  thr = _bisect(ms, k, iters)
+  thr = _bisect(ms, k, iters, points)
   o_ref[...] = thr.reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
@@ -373,9 +381,10 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int):
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter=None, list_width: int = 0):
+              counter=None, list_width: int = 0, points: int = 1):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
+  points: values counted per step (a power of two; 1: bisection).
   counter=dtype (`counter_dtype(placement)`) -> also [R, COUNTER_STRIDE] zeros of it: the
   row counters `compact_atomic` / `compact_groups` count in, written by this kernel instead
   of a separate XLA fill.
@@ -390,6 +399,8 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     g = gmax.shape[1]
   if list_width and counter is None:
     raise ValueError("list_width needs counter= (the list's overflow is flagged in it)")
+  if not (isinstance(points, int) and is_pow2(points)):
+    raise ValueError(f"points={points!r} must be a power of two >= 1")
   one = pl.BlockSpec((1,), lambda i: (i,))
   specs, shapes = [one], [jax.ShapeDtypeStruct((r,), jnp.float32)]
   if counter is not None:
@@ -400,7 +411,8 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     specs += [pl.BlockSpec((None, width), lambda i: (i, 0)), one]
     shapes += [jax.ShapeDtypeStruct((r, width), jnp.int32), jax.ShapeDtypeStruct((r,), jnp.int32)]
   out = pl.pallas_call(
-      functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width),
+      functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width,
+                        points=points),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
       out_specs=specs,
@@ -660,12 +672,13 @@ def _rank_count_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, o_ref):
     o_ref[...] = jnp.sum(before.astype(jnp.int32), axis=1)
 
 
-def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, row_ref, vo_ref, io_ref, *, k: int,
+def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, vo_ref, io_ref, *, k: int,
                        block_j: int):
   """One (row, block of candidates): rank = the sum of its count tiles over the live j-blocks;
-  candidates ranked below k are written to that slot. The block also writes the -inf / -1
-  tail into its share of the slots [n_ok, k) (n_ok: the row's live finite candidates), which
-  no rank reaches, so the output needs no fill."""
+  candidates ranked below k are written to that slot (index -1 for a -inf value). The live
+  candidates' ranks are a permutation of [0, live) (distinct indices), so the slots [live, k)
+  are the only ones no candidate reaches: the block writes the -inf / -1 tail into its share
+  of them, and the output needs no fill and no count of the finite candidates."""
   bs = v_ref.shape[0]
   c0 = pl.program_id(1) * bs
   live = live_ref[0]
@@ -673,15 +686,12 @@ def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, row_ref, vo_ref, io_ref, *
   jb = lax.broadcasted_iota(jnp.int32, (p_ref.shape[0], 1), 0) * block_j
   rank = jnp.sum(jnp.where(jb < live, p_ref[...], 0), axis=0)
   v = v_ref[...]
-  keep = (c0 + lane < live) & (v > NEG_INF) & (rank < k)
+  keep = (c0 + lane < live) & (rank < k)
   trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
   dest = jnp.where(keep, rank, trash)
   plgpu.store(vo_ref.at[dest], v, mask=keep)
-  plgpu.store(io_ref.at[dest], i_ref[...], mask=keep)
-  row = row_ref[...]
-  slot = lax.broadcasted_iota(jnp.int32, row.shape, 0)
-  n_ok = jnp.sum(((slot < live) & (row > NEG_INF)).astype(jnp.int32))
-  tail = (c0 + lane >= n_ok) & (c0 + lane < k)
+  plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, i_ref[...], -1), mask=keep)
+  tail = (c0 + lane >= live) & (c0 + lane < k)
   dest = jnp.where(tail, c0 + lane, trash)
   plgpu.store(vo_ref.at[dest], jnp.full((bs,), NEG_INF, jnp.float32), mask=tail)
   plgpu.store(io_ref.at[dest], jnp.full((bs,), -1, jnp.int32), mask=tail)
@@ -725,14 +735,13 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
       functools.partial(_rank_place_kernel, k=k, block_j=block_j),
       grid=(r, cap // block_i),
       in_specs=[pl.BlockSpec((None, block_i), lambda r, c: (r, c))] * 2
-      + [_PER_ROW, pl.BlockSpec((None, nj, block_i), lambda r, c: (r, 0, c)),
-         pl.BlockSpec((None, cap), lambda r, c: (r, 0))],
+      + [_PER_ROW, pl.BlockSpec((None, nj, block_i), lambda r, c: (r, 0, c))],
       out_specs=[out, out],
       out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_rank_place",
-  )(cv, ci, live, partial, cv)
+  )(cv, ci, live, partial)
   return v[:, :k], i[:, :k]
 
 
