@@ -43,9 +43,11 @@ def _label(c: TopkConfig) -> str:
 
 # fields a label names as +field=value where they differ from these (the values before
 # session 15, so a label keeps its meaning when the defaults move; session 15's first call
-# also swept fused_max_n, a one-program-per-row filter since removed: benchmarks/NOTES.md)
+# also swept fused_max_n, a one-program-per-row filter, and session 16's first bisect_points,
+# a multisection threshold, both since removed: benchmarks/NOTES.md)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
-                  rank_block_j=256, rank_warps=4, threshold_warps=8, bisect_points=1)
+                  rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
+                  falsi_slack=64)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -69,7 +71,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   gp = pad_axis(gm, 1, next_pow2(gm.shape[1]), value=float("-inf"))
   thr_fns = {it: jax.jit(lambda gp, it=it: kg.threshold(
       gp, k, iters=it, num_warps=8, interpret=interp,
-      points=config.bisect_points if it == config.bisect_iters else 1))
+      slack=config.falsi_slack if it == config.bisect_iters and config.threshold == "falsi"
+      else 0))
              for it in (config.bisect_iters, 8)}
   thr = thr_fns[config.bisect_iters](gp)
   f_cnt = jax.jit(lambda x, l, t: kg.count(x, l, t, chunk=chunk, num_warps=nw, interpret=interp))

@@ -401,38 +401,50 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
     _check(out, x, k, lens)
 
 
-@pytest.mark.parametrize("points,iters", [(1, 14), (4, 6), (8, 4), (16, 3)])
-def test_threshold_multisection(points, iters):
-  """The threshold kernel's multisection (interpret): over maxima with ties, -inf groups and
-  pieces that are not one power of two, the threshold is valid (at least k maxima reach it),
-  no higher than the k-th largest maximum and within (max - min) / (points + 1)**iters of it;
-  a row with fewer than k finite maxima gets -inf. The whole call with it matches numpy."""
+@pytest.mark.parametrize("slack,iters", [(0, 14), (64, 14), (8, 40)])
+def test_threshold_search(slack, iters):
+  """The threshold kernel's search (interpret), bisection (slack 0) and regula falsi: over
+  normal, heavy-tailed and tied maxima, -inf groups and pieces that are not one power of two,
+  the threshold is valid (at least k maxima reach it) and no higher than the k-th largest
+  maximum; bisection is within (max - min) / 2**iters of it, regula falsi within k + slack
+  maxima (a tied row: exactly the maxima tied with the k-th, given enough probes); fewer
+  than k finite maxima give -inf. The whole call with it matches numpy; it lowers for cuda."""
   from pallas_kernels.topk import gpu as kg
-  rng = np.random.default_rng(points)
+  rng = np.random.default_rng(slack)
   k, g = 100, 5120
-  m = rng.standard_normal((4, g)).astype(np.float32)
+  m = rng.standard_normal((5, g)).astype(np.float32)
   m[1] = np.round(m[1] * 2)  # heavy ties at the k-th value
   m[2, ::3] = -np.inf
   m[3, 90:] = -np.inf  # fewer finite maxima than k
+  m[4] = rng.standard_t(1.5, g)  # heavy tail: the maximum far out
   thr = np.asarray(kg.threshold(jnp.asarray(m), k, iters=iters, num_warps=8, interpret=True,
-                                points=points))
-  for r in range(3):
+                                slack=slack))
+  for r in (0, 1, 2, 4):
     fin = m[r][m[r] > -np.inf]
     kth = np.sort(fin)[-k]
-    assert (m[r] >= thr[r]).sum() >= k and thr[r] <= kth
-    assert kth - thr[r] <= (fin.max() - fin.min()) / (points + 1) ** iters * (1 + 1e-5)
+    n = (m[r] >= thr[r]).sum()
+    assert n >= k and thr[r] <= kth
+    if slack == 0:
+      assert kth - thr[r] <= (fin.max() - fin.min()) / 2 ** iters * (1 + 1e-5)
+    elif r == 1:
+      assert n <= max(k + slack, (fin >= kth).sum())
+    else:
+      assert n <= k + slack
   assert thr[3] == -np.inf
-  with pytest.raises(ValueError, match="points"):
-    kg.threshold(jnp.asarray(m), k, iters=iters, num_warps=8, interpret=True, points=3)
-  with pytest.raises(ValueError, match="bisect_points"):
-    ktopk.TopkConfig(bisect_points=6)
+  with pytest.raises(ValueError, match="slack"):
+    kg.threshold(jnp.asarray(m), k, iters=iters, num_warps=8, interpret=True, slack=-1)
+  with pytest.raises(ValueError, match="falsi_slack"):
+    ktopk.TopkConfig(falsi_slack=0)
+  with pytest.raises(ValueError, match="threshold"):
+    ktopk.TopkConfig(threshold="secant")
   x = rng.standard_normal((2, 20000)).astype(np.float32)
   x[1] = np.round(x[1] * 4)
   lens = np.array([20000, 12345])
-  cfg = ktopk.TopkConfig(bisect_points=points, bisect_iters=iters)
+  cfg = ktopk.TopkConfig(threshold="falsi" if slack else "bisect", falsi_slack=slack or 64,
+                         bisect_iters=iters)
   _check(_rows(x, lens, 512, KernelPlatform("gpu", True), cfg), x, 512, lens)
   export_for(lambda x: kg.threshold(x, 2048, iters=iters, num_warps=8, interpret=False,
-                                    points=points), "cuda",
+                                    slack=slack), "cuda",
              jax.ShapeDtypeStruct((1, 8192), jnp.float32))
 
 

@@ -175,15 +175,16 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
   # an order-free finish takes a one-pass compaction; from the group list (gather) when the
   # bisection kernel can write one
-  gather = order_free and config.gathers(r, n_pad) and config.threshold == "bisect"
+  in_kernel = config.threshold in ("bisect", "falsi")  # the threshold kernel, not a sort
+  gather = order_free and config.gathers(r, n_pad) and in_kernel
   place = config.placement(r, n_pad, k, gather=gather)
   gather_lanes = min(config.chunk, capacity * g)  # entries per gathering program
   if gather and place == "rows" and gather_lanes < 64:
     place = "scan"
   ctr = None  # the compaction's row counters, from the threshold kernel
-  if config.threshold == "bisect":
+  if in_kernel:
     thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
-                                      points=config.bisect_points,
+                                      slack=config.falsi_slack * (config.threshold == "falsi"),
                                       num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place),
                                       list_width=capacity if gather else 0)

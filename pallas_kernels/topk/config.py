@@ -17,15 +17,15 @@ class TopkConfig:
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
     (sets the group size, `group_size`).
   num_warps: Triton launch option (GPU only).
-  threshold: "bisect" (GPU kernel, no sort) or "sort" (`lax.top_k` over the group maxima).
+  threshold: "bisect" (GPU kernel, no sort: bisection on the value), "falsi" (the same kernel,
+    regula falsi: probes interpolated between the bracket's counts, `gpu._bisect`; stops
+    within `falsi_slack` maxima of k) or "sort" (`lax.top_k` over the group maxima).
   bisect_iters: bisection steps for the threshold (more: fewer surplus candidates). 14: the
     threshold kernel 6.8 -> 5.4 us at 64 x 128K on the H200 against 20 steps
     (benchmarks/results/session10/topk_variants_b64.json); on random rows the candidates stay
     far under the buffer (benchmarks/NOTES.md, session 9).
-  bisect_points: values the threshold kernel counts per step (a power of two): 1 is
-    bisection; p > 1 is a multisection that narrows the bracket (p + 1)-fold per step, so
-    fewer steps (each one CTA-wide reduction) reach the same precision: `bisect_iters` steps
-    give (max - min) / (p + 1)**bisect_iters.
+  falsi_slack: for threshold="falsi", how many maxima above k may reach the threshold when
+    the search stops (at most `bisect_iters` probes either way).
   finish: how the candidates become the sorted top-k (GPU): "bitonic" (one Pallas program
     per row sorts its candidates by (value, index) with a bitonic network in registers;
     order-free, so the candidates are compacted in one pass, chunk ranges reserved by an
@@ -99,7 +99,7 @@ class TopkConfig:
   num_warps: int = 4
   threshold: str = "bisect"
   bisect_iters: int = 14
-  bisect_points: int = 1
+  falsi_slack: int = 64
   finish: str = "auto"
   rank_max_rows: int = 1
   rank_min_k: int = 1024
@@ -144,8 +144,8 @@ class TopkConfig:
       raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
     if self.finish not in ("sort", "rank", "bitonic", "auto"):
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
-    if self.threshold not in ("bisect", "sort"):
-      raise ValueError(f"threshold={self.threshold!r} must be 'bisect' or 'sort'")
+    if self.threshold not in ("bisect", "falsi", "sort"):
+      raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
     if not isinstance(self.skip_groups, bool):
@@ -156,14 +156,12 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
-    if not isinstance(self.bisect_points, int) or not is_pow2(self.bisect_points):
-      raise ValueError(f"bisect_points={self.bisect_points!r} must be a power of two >= 1")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps"):
+                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps", "falsi_slack"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -310,43 +310,87 @@ def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   return out
 
 
-def _bisect(ms: list, k: int, iters: int, points: int = 1):
+def _bisect(ms: list, k: int, iters: int, slack: int = 0):
   """Group maxima of one row, held in registers as pieces ms ([size] float32 each, -inf for
-  empty groups) -> a valid threshold (float32 scalar). Multisection on the value: each step
-  counts the maxima at `points` (a power of two) evenly spaced values inside (lo, hi] and
-  keeps the sub-interval where the count crosses k, with the invariant count(m >= lo) >= k,
-  so k groups each hold an entry >= lo. points=1 is bisection. `iters` steps bring lo within
-  (max - min) / (points + 1)**iters of the k-th largest maximum, with one CTA-wide reduction
-  (of a [points] vector) per step: the steps, not the compares, bound the kernel at one row.
-  -inf when fewer than k groups are non-empty (every valid entry is then a candidate)."""
+  empty groups) -> a valid threshold (float32 scalar): a search on the value that keeps the
+  invariant count(m >= lo) >= k, so k groups each hold an entry >= lo. -inf when fewer than k
+  groups are non-empty (every valid entry is then a candidate).
+
+  slack 0: bisection, `iters` steps, within (max - min) / 2**iters of the k-th largest
+  maximum. slack > 0: regula falsi (Illinois): each probe interpolates where the count
+  crosses k + slack / 2 between the bracket's counts (the count above the maximum is 0), the
+  end that stays twice has its weight halved; it stops once at most k + slack maxima reach
+  lo, or after `iters` probes. A step is one count over every maximum (most of its time,
+  benchmarks/NOTES.md session 16), and on smooth rows interpolation needs a few probes where
+  bisection needs 14; on flat or tied rows it makes no more probes than bisection."""
   def total(f):
     return functools.reduce(lambda a, b: a + b, [jnp.sum(f(m).astype(jnp.int32)) for m in ms])
 
   nfin = total(lambda m: m > NEG_INF)
   hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
   lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(m > NEG_INF, m, jnp.inf)) for m in ms])
-  frac = (lax.broadcasted_iota(jnp.int32, (points,), 0) + 1).astype(jnp.float32) / (points + 1)
 
-  def body(i, c):
-    lo, hi = c
-    t = lo + (hi - lo) * frac  # [points], ascending
-    n = functools.reduce(lambda a, b: a + b, [
-        jnp.sum((m[None, :] >= t[:, None]).astype(jnp.int32), axis=1) for m in ms])
-    ok = n >= k  # a prefix of the points (counts fall as t rises)
-    # the new bracket from values that were counted (no recomputation to round differently)
-    return jnp.max(jnp.where(ok, t, lo)), jnp.min(jnp.where(ok, hi, t))
+  if not slack:
+    def body(i, c):
+      lo, hi = c
+      mid = lo + (hi - lo) * 0.5
+      ok = total(lambda m: m >= mid) >= k
+      return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
+    lo, _ = lax.fori_loop(0, iters, body, (lo, hi))
+    return jnp.where(nfin >= k, lo, NEG_INF)
+
+  target = k + 0.5 * slack
+  # first probe: where the k-th largest would sit if the maxima were normal (mean + z std,
+  # z the upper (target / nfin) quantile, Abramowitz & Stegun 26.2.23); moments about lo
+  d = [jnp.where(m > NEG_INF, m - lo, 0.0) for m in ms]
+  nf = jnp.maximum(nfin, 1).astype(jnp.float32)
+  mean = functools.reduce(lambda a, b: a + b, [jnp.sum(x) for x in d]) / nf
+  var = functools.reduce(lambda a, b: a + b, [jnp.sum(x * x) for x in d]) / nf - mean * mean
+  p = jnp.clip(target / nf, 1e-7, 1 - 1e-7)
+  q = jnp.minimum(p, 1 - p)
+  u = jnp.sqrt(-2 * jnp.log(q))
+  z = u - (2.515517 + u * (0.802853 + u * 0.010328)) / (
+      1 + u * (1.432788 + u * (0.189269 + u * 0.001308)))
+  z = jnp.where(p > 0.5, -z, z)
+  first = lo + mean + z * jnp.sqrt(jnp.maximum(var, 0.0))
+
+  def probe(c, t):
+    i, lo, hi, n_lo, w_lo, w_hi, side = c
+    t = jnp.clip(jnp.where(t == t, t, lo + (hi - lo) * 0.5),
+                 lo + (hi - lo) * (1 / 64), lo + (hi - lo) * (63 / 64))
+    n = total(lambda m: m >= t)
+    ok = n >= k
+    f = n.astype(jnp.float32) - target
+    # Illinois: the end that stays a second time in a row counts half as much (side: +1, the
+    # last probe moved lo; -1, hi; 0, none yet). Arithmetic, not selects of constants or
+    # bool-to-float casts, which the Triton lowering gets wrong for scalars.
+    w_lo = jnp.where(ok, f, w_lo * (1 + 0.5 * jnp.minimum(side, 0.0)))
+    w_hi = jnp.where(ok, w_hi * (1 - 0.5 * jnp.maximum(side, 0.0)), f)
+    side = (2 * ok.astype(jnp.int32) - 1).astype(jnp.float32)
+    return (i + 1, jnp.where(ok, t, lo), jnp.where(ok, hi, t), jnp.where(ok, n, n_lo),
+            w_lo, w_hi, side)
+
+  def cond(c):
+    i, lo, hi, n_lo, _, _, _ = c
+    return (i < iters) & (n_lo > k + slack) & (lo < hi)
+
+  def body(c):
+    _, lo, hi, _, w_lo, w_hi, _ = c
+    return probe(c, lo + (hi - lo) * (w_lo / (w_lo - w_hi)))
+
+  c = (jnp.int32(0), lo, hi, nfin, nfin.astype(jnp.float32) - target, jnp.float32(-target),
+       jnp.float32(0))
+  lo = lax.while_loop(cond, body, probe(c, first))[1]
   return jnp.where(nfin >= k, lo, NEG_INF)
 
 
-def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, points: int):
+def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, slack: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
-  Multisection on the value (`_bisect`; points=1: bisection) keeps the invariant
-  count(m >= lo) >= k, so `lo` is always a valid threshold (k groups, each holding an entry
-  >= lo); `iters` steps bring it within (max - min) / (points + 1)**iters of the k-th
-  largest maximum. The row stays in registers, as
+  The search on the value (`_bisect`: bisection, or regula falsi with slack > 0) keeps the
+  invariant count(m >= lo) >= k, so `lo` is always a valid threshold (k groups, each
+  holding an entry >= lo). The row stays in registers, as
   power-of-two pieces when G is not one (no padded copy of the maxima).
   refs (all optional, in this order): the compaction's zeroed row counters; with list_width
   > 0, the ids of the groups that can hold a candidate (maximum >= lo and > -inf, or NaN),
@@ -356,7 +400,7 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
   then starts past the capacity, which sends the row to the repair kernel.
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-  thr = _bisect(ms, k, iters, points)
+  thr = _bisect(ms, k, iters, slack)
   o_ref[...] = thr.reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
@@ -381,10 +425,11 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter=None, list_width: int = 0, points: int = 1):
+              counter=None, list_width: int = 0, slack: int = 0):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
-  points: values counted per step (a power of two; 1: bisection).
+  slack: 0, `iters` steps of bisection; > 0, at most `iters` probes of regula falsi, stopping
+  once at most k + slack maxima reach the threshold (`_bisect`).
   counter=dtype (`counter_dtype(placement)`) -> also [R, COUNTER_STRIDE] zeros of it: the
   row counters `compact_atomic` / `compact_groups` count in, written by this kernel instead
   of a separate XLA fill.
@@ -399,8 +444,8 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     g = gmax.shape[1]
   if list_width and counter is None:
     raise ValueError("list_width needs counter= (the list's overflow is flagged in it)")
-  if not (isinstance(points, int) and is_pow2(points)):
-    raise ValueError(f"points={points!r} must be a power of two >= 1")
+  if not (isinstance(slack, int) and slack >= 0):
+    raise ValueError(f"slack={slack!r} must be an int >= 0")
   one = pl.BlockSpec((1,), lambda i: (i,))
   specs, shapes = [one], [jax.ShapeDtypeStruct((r,), jnp.float32)]
   if counter is not None:
@@ -412,7 +457,7 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     shapes += [jax.ShapeDtypeStruct((r, width), jnp.int32), jax.ShapeDtypeStruct((r,), jnp.int32)]
   out = pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width,
-                        points=points),
+                        slack=slack),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
       out_specs=specs,
