@@ -104,16 +104,26 @@ def test_rank_finish_matches_numpy(n, k):
 
 
 def test_auto_finish_ranks_single_rows():
-  """finish="auto" (the default) sorts one row at k >= 1024 by counting and everything else
-  with the bitonic network; the single-row path matches numpy (interpret), ties included."""
+  """finish="auto" (the default) sorts one row at k >= 512 by counting and everything else
+  with the bitonic network; calls of at most 2**18 scores filter in chunks of 512; the
+  single-row path (regula falsi threshold, chunks of 512, rank finish) matches numpy
+  (interpret), ties included."""
   cfg = ktopk.TopkConfig()
-  assert [cfg.finish_for(r, k) for r, k in ((1, 2048), (1, 1024), (1, 512), (2, 2048))] == [
-      "rank", "rank", "bitonic", "bitonic"]
+  assert [cfg.finish_for(r, k) for r, k in ((1, 2048), (1, 1024), (1, 512), (1, 256),
+                                            (2, 2048))] == [
+      "rank", "rank", "rank", "bitonic", "bitonic"]
   assert ktopk.TopkConfig(finish="sort").finish_for(1, 2048) == "sort"
+  assert [cfg.chunk_for(r, n) for r, n in ((1, 1 << 17), (8, 1 << 15), (1, 1 << 19),
+                                           (64, 1 << 17))] == [512, 512, 2048, 2048]
+  assert ktopk.TopkConfig(small_chunk_entries=0).chunk_for(1, 1024) == 2048
+  for bad in (dict(small_chunk=100), dict(small_chunk_entries=-1)):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+      ktopk.TopkConfig(**bad)
   rng = np.random.default_rng(7)
   x = np.round(rng.standard_normal((1, 20000)) * 8).astype(np.float32)
   for lens in (np.array([20000]), np.array([777])):
-    _check(_rows(x, lens, 1024, KernelPlatform("gpu", True)), x, 1024, lens)
+    for k in (1024, 512):
+      _check(_rows(x, lens, k, KernelPlatform("gpu", True)), x, k, lens)
 
 
 @pytest.mark.parametrize("cap,k,block_i,block_j", [(64, 16, 16, 16), (256, 100, 32, 64),

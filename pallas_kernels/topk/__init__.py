@@ -134,7 +134,8 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
   if g == 0 or n <= k:
     return *full_sort(x, lengths, k), False, False
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
-  chunk = g * _tpu.LANES if platform.kind == "tpu" else max(min(config.chunk, next_pow2(n)), g)
+  chunk = (g * _tpu.LANES if platform.kind == "tpu"
+           else max(min(config.chunk_for(r, n), next_pow2(n)), g))
   n_pad = -(-n // chunk) * chunk
   xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
   capacity = next_pow2(config.capacity_factor * k)
@@ -178,7 +179,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   in_kernel = config.threshold in ("bisect", "falsi")  # the threshold kernel, not a sort
   gather = order_free and config.gathers(r, n_pad) and in_kernel
   place = config.placement(r, n_pad, k, gather=gather)
-  gather_lanes = min(config.chunk, capacity * g)  # entries per gathering program
+  gather_lanes = min(config.chunk_for(r, n_pad), capacity * g)  # entries per gathering program
   if gather and place == "rows" and gather_lanes < 64:
     place = "scan"
   ctr = None  # the compaction's row counters, from the threshold kernel

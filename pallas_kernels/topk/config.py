@@ -12,15 +12,27 @@ class TopkConfig:
     x 2048 on the H200 the whole call's kernels take 65.4 us at 2048, 66.5 at 1024 and 71.1 at
     4096 (4 warps), 85.1 at 8192 (8 warps; benchmarks/results/session9/); one row of 128K /
     1M takes 36.5 / 43.1 us at 2048 against 39.0 / 44.4 at 4096.
+  small_chunk, small_chunk_entries: calls of at most small_chunk_entries scores (rows x N;
+    0: none) use chunks of small_chunk instead (GPU): there the filter passes are one short
+    wave, and more, shorter programs finish sooner. On the H200 (benchmarks/results/
+    session16/topk_falsi_*_s16b.json, kernel time of the whole call) chunks of 512 took one
+    row of 32K x 2048 from 13.39 to 12.79 us, 128K 13.82 -> 13.34, 32K x 512 10.03 -> 9.35,
+    8 x 32K x 2048 20.46 -> 20.13, but 1M 16.55 -> 17.27 and 64 x 128K 40.26 -> 45.38.
   capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
     (sets the group size, `group_size`).
   num_warps: Triton launch option (GPU only).
-  threshold: "bisect" (GPU kernel, no sort: bisection on the value), "falsi" (the same kernel,
-    regula falsi: probes interpolated between the bracket's counts, `gpu._bisect`; stops
-    within `falsi_slack` maxima of k) or "sort" (`lax.top_k` over the group maxima).
-  bisect_iters: bisection steps for the threshold (more: fewer surplus candidates). 14: the
+  threshold: "falsi" (the default: GPU kernel, no sort; regula falsi on the value, the first
+    probe from the maxima's mean and deviation, later ones interpolated between the
+    bracket's counts, `gpu._bisect`; stops within `falsi_slack` maxima of k), "bisect" (the
+    same kernel, `bisect_iters` steps of bisection) or "sort" (`lax.top_k` over the group
+    maxima). A step is one count over all the maxima, so the kernel's time is steps x
+    maxima: on the H200 (benchmarks/results/session16/topk_falsi_*_s16b.json, kernel time)
+    falsi took the threshold kernel at one row of 128K x 2048 from 5.10 to 3.07 us (the
+    whole call 15.85 -> 13.82), 1M 7.31 -> 3.16 (20.30 -> 16.55), 8 x 32K 5.11 -> 3.06
+    (22.56 -> 20.46), 64 x 128K 9.12 -> 6.29 (42.99 -> 40.26).
+  bisect_iters: bisection steps for the threshold, the most probes for "falsi". 14: the
     threshold kernel 6.8 -> 5.4 us at 64 x 128K on the H200 against 20 steps
     (benchmarks/results/session10/topk_variants_b64.json); on random rows the candidates stay
     far under the buffer (benchmarks/NOTES.md, session 9).
@@ -39,7 +51,9 @@ class TopkConfig:
     one row of 128K from 21.9 to 18.8 us (32 x 256 tiles; 19.5 at 64 x 256), 1M 27.1 ->
     23.7, 32K 21.6 -> 19.1, but 8 rows of 32K 22.8 -> 37.7 (the compares fill the GPU); at
     k = 512 it ties with bitonic (13.3-20.2 us).
-  rank_max_rows, rank_min_k: the "auto" rule above.
+  rank_max_rows, rank_min_k: the "auto" rule above. rank_min_k 512: at one row of 32K /
+    128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
+    (benchmarks/results/session16/topk_k512_s16a.json).
   rank_block_i, rank_block_j: the rank finish's tile (powers of two >= 16); rank_warps: the
     warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
     us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2 / 19.5 at 64 x
@@ -94,15 +108,17 @@ class TopkConfig:
   gather_min_entries: the "auto" rule above.
   """
   chunk: int = 2048
+  small_chunk: int = 512
+  small_chunk_entries: int = 1 << 18
   capacity_factor: int = 2
   groups_per_k: int = 4
   num_warps: int = 4
-  threshold: str = "bisect"
+  threshold: str = "falsi"
   bisect_iters: int = 14
   falsi_slack: int = 64
   finish: str = "auto"
   rank_max_rows: int = 1
-  rank_min_k: int = 1024
+  rank_min_k: int = 512
   bitonic_warps: int = 16
   bitonic_run: int = 512
   bitonic_run_warps: int = 4
@@ -123,6 +139,10 @@ class TopkConfig:
       return "rank" if rows <= self.rank_max_rows and k >= self.rank_min_k else "bitonic"
     return self.finish
 
+  def chunk_for(self, rows: int, n: int) -> int:
+    """The filter passes' chunk for rows x n scores (GPU; the small-call rule resolved)."""
+    return self.small_chunk if rows * n <= self.small_chunk_entries else self.chunk
+
   def gathers(self, rows: int, n: int) -> bool:
     """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
     if self.gather == "auto":
@@ -140,8 +160,12 @@ class TopkConfig:
     return "scan" if p == "lane" and n > 1 << 24 else p
 
   def __post_init__(self):
-    if not isinstance(self.chunk, int) or not is_pow2(self.chunk) or self.chunk < 128:
-      raise ValueError(f"chunk={self.chunk!r} must be a power of two >= 128")
+    for name in ("chunk", "small_chunk"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or not is_pow2(v) or v < 128:
+        raise ValueError(f"{name}={v!r} must be a power of two >= 128")
+    if not isinstance(self.small_chunk_entries, int) or self.small_chunk_entries < 0:
+      raise ValueError(f"small_chunk_entries={self.small_chunk_entries!r} must be an int >= 0")
     if self.finish not in ("sort", "rank", "bitonic", "auto"):
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
     if self.threshold not in ("bisect", "falsi", "sort"):
