@@ -47,7 +47,8 @@ def _label(c: TopkConfig) -> str:
 # a multisection threshold, both since removed: benchmarks/NOTES.md)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
-                  falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4)
+                  falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
+                  max_group=64)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,

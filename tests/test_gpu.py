@@ -168,6 +168,23 @@ def test_topk_gpu_falsi(n, k, lengths, slack):
     np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
 
 
+@pytest.mark.parametrize("n,k,lengths", [(1 << 20, 512, False), (1 << 19, 512, True),
+                                         (1 << 20, 2048, True)])
+def test_topk_gpu_large_groups(n, k, lengths):
+  """TopkConfig(max_group=256) compiled (groups of up to 256 scores on long rows): the hard
+  rows together and one at a time, against numpy."""
+  from pallas_kernels.topk import TopkConfig, group_size
+  cfg = TopkConfig(max_group=256)
+  assert group_size(n, k, cfg, "gpu") > 64
+  x, lens = _hard_rows(n, k, lengths)
+  rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
+  for r0, r1 in ((0, 8), (0, 1), (4, 5)):
+    v, i = jaxsparse.topk(jnp.asarray(x[r0:r1]), k, implementation="pallas", config=cfg,
+                          lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
+    np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
+    np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 def test_topk_gpu_block_map(ordered):
   """Compiled: indices mapped to slots through SPIN's block ids in the merge kernel."""

@@ -126,6 +126,24 @@ def test_auto_finish_ranks_single_rows():
       _check(_rows(x, lens, k, KernelPlatform("gpu", True)), x, k, lens)
 
 
+def test_large_groups():
+  """TopkConfig.max_group: groups past 64 entries on GPU (TPU stays at 64), and a long row
+  with groups of 256 matches numpy (interpret)."""
+  cfg = ktopk.TopkConfig(max_group=256)
+  assert ktopk.group_size(1 << 20, 512, cfg, "gpu") == 256
+  assert ktopk.group_size(1 << 20, 512, ktopk.TopkConfig(), "gpu") == 64
+  assert ktopk.group_size(1 << 20, 512, cfg, "tpu") == 64
+  with pytest.raises(ValueError, match="max_group"):
+    ktopk.TopkConfig(max_group=96)
+  rng = np.random.default_rng(3)
+  n, k = 1 << 18, 128
+  assert ktopk.group_size(n, k, cfg, "gpu") == 256
+  x = rng.standard_normal((1, n)).astype(np.float32)
+  x[0, 1000:1300] = 9.0  # ties across the threshold
+  for lens in (np.array([n]), np.array([n - 5000])):
+    _check(_rows(x, lens, k, KernelPlatform("gpu", True), cfg), x, k, lens)
+
+
 @pytest.mark.parametrize("cap,k,block_i,block_j", [(64, 16, 16, 16), (256, 100, 32, 64),
                                                    (1024, 512, 64, 256)])
 def test_rank_finish_tiles(cap, k, block_i, block_j):

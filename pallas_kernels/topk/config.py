@@ -22,6 +22,9 @@ class TopkConfig:
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
     (sets the group size, `group_size`).
+  max_group: the largest group (GPU; a power of two; TPU groups stay <= 64). Past N =
+    2 * max_group * groups_per_k * k the maxima outnumber groups_per_k * k, and the
+    threshold kernel's time grows with them.
   num_warps: Triton launch option (GPU only).
   threshold: "falsi" (the default: GPU kernel, no sort; regula falsi on the value, the first
     probe from the maxima's mean and deviation, later ones interpolated between the
@@ -112,6 +115,7 @@ class TopkConfig:
   small_chunk_entries: int = 1 << 18
   capacity_factor: int = 2
   groups_per_k: int = 4
+  max_group: int = 64
   num_warps: int = 4
   threshold: str = "falsi"
   bisect_iters: int = 14
@@ -160,6 +164,8 @@ class TopkConfig:
     return "scan" if p == "lane" and n > 1 << 24 else p
 
   def __post_init__(self):
+    if not isinstance(self.max_group, int) or not is_pow2(self.max_group) or self.max_group < 2:
+      raise ValueError(f"max_group={self.max_group!r} must be a power of two >= 2")
     for name in ("chunk", "small_chunk"):
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 128:
