@@ -48,7 +48,7 @@ def _label(c: TopkConfig) -> str:
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
-                  max_group=64)
+                  max_group=64, max_group_rows=8)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -61,7 +61,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   interp = plat.interpret
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
   lens = jnp.full((bsz,), n, jnp.int32)
-  g = group_size(n, k, config, "gpu")
+  g = group_size(n, k, config, "gpu", rows=bsz)
   chunk = max(min(config.chunk_for(bsz, n), next_pow2(n)), g)
   capacity = next_pow2(config.capacity_factor * k)
   nw = config.num_warps

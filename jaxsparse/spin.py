@@ -846,7 +846,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     gm = None
     if kernels:  # in place, only the scored blocks; the same read of z emits the top-K's maxima
       new, gm = update_batched(state, z, sel, None, lengths, config,
-                               group=_fused_group(z.shape[1], config, topk_config),
+                               group=_fused_group(*z.shape, config, topk_config),
                                interpret=plat.interpret, stepped=True)
     elif config.reduction == "A2":  # block states only: V and D are never read under A2
       new = update_block_states(state, z, sel, pos, lengths, config)
@@ -892,13 +892,13 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   return vals, top_slots, new_state, info
 
 
-def _fused_group(n: int, config: SpinConfig, topk_config) -> int:
+def _fused_group(rows: int, n: int, config: SpinConfig, topk_config) -> int:
   """Group size of the top-K's first pass over n scored slots when the update kernel can
   emit it (a power of two dividing the block), else 0 (the top-K computes its own)."""
   from pallas_kernels import topk as ktopk
   if n <= config.topk:
     return 0
-  g = ktopk.group_size(n, config.topk, topk_config or ktopk.TopkConfig(), "gpu")
+  g = ktopk.group_size(n, config.topk, topk_config or ktopk.TopkConfig(), "gpu", rows=rows)
   return g if g and config.block_size % g == 0 else 0
 
 

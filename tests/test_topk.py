@@ -130,14 +130,15 @@ def test_large_groups():
   """TopkConfig.max_group: groups past 64 entries on GPU (TPU stays at 64), and a long row
   with groups of 256 matches numpy (interpret)."""
   cfg = ktopk.TopkConfig(max_group=256)
-  assert ktopk.group_size(1 << 20, 512, cfg, "gpu") == 256
-  assert ktopk.group_size(1 << 20, 512, ktopk.TopkConfig(), "gpu") == 64
-  assert ktopk.group_size(1 << 20, 512, cfg, "tpu") == 64
+  assert ktopk.group_size(1 << 20, 512, cfg, "gpu", rows=8) == 256
+  assert ktopk.group_size(1 << 20, 512, cfg, "gpu", rows=9) == 64  # max_group_rows
+  assert ktopk.group_size(1 << 20, 512, ktopk.TopkConfig(max_group=64), "gpu", rows=1) == 64
+  assert ktopk.group_size(1 << 20, 512, cfg, "tpu", rows=1) == 64
   with pytest.raises(ValueError, match="max_group"):
     ktopk.TopkConfig(max_group=96)
   rng = np.random.default_rng(3)
   n, k = 1 << 18, 128
-  assert ktopk.group_size(n, k, cfg, "gpu") == 256
+  assert ktopk.group_size(n, k, cfg, "gpu", rows=1) == 256
   x = rng.standard_normal((1, n)).astype(np.float32)
   x[0, 1000:1300] = 9.0  # ties across the threshold
   for lens in (np.array([n]), np.array([n - 5000])):
@@ -217,7 +218,7 @@ def test_gather_compaction_lists_groups_and_overflows():
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(21)
   n, k = 16384, 64
-  g = ktopk.group_size(n, k, ktopk.TopkConfig(), "gpu")
+  g = ktopk.group_size(n, k, ktopk.TopkConfig(), "gpu", rows=5)
   cap = 2 * k
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.repeat(np.arange(n // g) % 3 > 0, g).astype(np.float32)  # 2 of 3 groups tie at 1
@@ -420,7 +421,7 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
     rv, ri = index_ordered(*np_topk(x, k, lens))
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
-  g = ktopk.group_size(n, k, ktopk.TopkConfig(chunk=1024), "gpu")
+  g = ktopk.group_size(n, k, ktopk.TopkConfig(chunk=1024), "gpu", rows=4)
   if n % g == 0:  # maxima from outside, NaN as -inf, past-length entries -inf (as emitted)
     xm = np.where((np.arange(n) < lens[:, None]) & ~np.isnan(x), x, -np.inf)
     gm = jnp.asarray(xm.reshape(4, n // g, g).max(-1))
@@ -544,7 +545,7 @@ def test_filter_path_keeps_few_candidates_on_random_rows(n, bound):
   x = jnp.asarray(rng.standard_normal((2, n)), jnp.float32)
   lens = jnp.asarray([n, n], jnp.int32)
   cfg = ktopk.TopkConfig()
-  g = ktopk.group_size(n, k, cfg, "gpu")
+  g = ktopk.group_size(n, k, cfg, "gpu", rows=2)
   assert g >= 4
   gm = kgpu.group_max(x, lens, chunk=4096, group=g, num_warps=4, interpret=True)
   gp = jnp.pad(gm, ((0, 0), (0, next_pow2(gm.shape[1]) - gm.shape[1])),

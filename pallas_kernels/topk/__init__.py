@@ -45,15 +45,16 @@ __all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots"]
 NEG_INF = float("-inf")
 
 
-def group_size(n: int, k: int, config: TopkConfig, kind: str) -> int:
-  """Entries per group (a power of two <= config.max_group on GPU, 64 on TPU) so that the group maxima, padded to a power of
+def group_size(n: int, k: int, config: TopkConfig, kind: str, *, rows: int) -> int:
+  """Entries per group for a call of `rows` rows (a power of two <= 64, or on GPU for at most
+  config.max_group_rows rows, <= config.max_group) so that the group maxima, padded to a power of
   two as the GPU threshold kernel takes them, number >= groups_per_k * k (so there are more
   than groups_per_k * k / 2 real groups); 0 means "sort directly". Counting the padded size
   keeps a row that is not a power of two from paying for a padded array twice as long
   (SPIN's 80K-slot compacted width: 10240 groups of 8 padded to 16384 took the H200 10.0 us
   of bisection where 8192 took 6.9, benchmarks/results/session9/spin_A*_128k_donated.json;
   now 5120 groups of 16, padded to 8192)."""
-  cap = config.max_group if kind == "gpu" else 64
+  cap = config.max_group if kind == "gpu" and rows <= config.max_group_rows else 64
   g = 1
   while g < cap and next_pow2(max(n // (2 * g), 1)) >= config.groups_per_k * k:
     g *= 2
@@ -129,11 +130,14 @@ def block_slots(sel, p, page: int):
 def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, block_map=None):
   """-> (values, indices, in_index_order, indices already mapped through block_map)."""
   r, n = x.shape
-  g = group_size(n, k, config, platform.kind)
+  g = group_size(n, k, config, platform.kind, rows=r)
   if lengths is None and (platform.kind != "gpu" or g == 0 or n <= k):
     lengths = jnp.full((r,), n, jnp.int32)  # the GPU kernels take None: no lengths input
   if g == 0 or n <= k:
     return *full_sort(x, lengths, k), False, False
+  if gmax is not None and gmax.shape != (r, -(-n // g)):
+    raise ValueError(f"gmax {gmax.shape} must be [{r}, {-(-n // g)}]: the maxima of groups of "
+                     f"group_size(...) = {g} scores")
   # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
   chunk = (g * _tpu.LANES if platform.kind == "tpu"
            else max(min(config.chunk_for(r, n), next_pow2(n)), g))

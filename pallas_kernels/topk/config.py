@@ -22,9 +22,14 @@ class TopkConfig:
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
     (sets the group size, `group_size`).
-  max_group: the largest group (GPU; a power of two; TPU groups stay <= 64). Past N =
-    2 * max_group * groups_per_k * k the maxima outnumber groups_per_k * k, and the
-    threshold kernel's time grows with them.
+  max_group, max_group_rows: the largest group (a power of two) for calls of at most
+    max_group_rows rows on GPU; other calls (and TPU) stop at 64. Past N = 2 * max_group *
+    groups_per_k * k the maxima outnumber groups_per_k * k, and the threshold kernel's time
+    grows with them. On the H200 (benchmarks/results/session16/topk_groups_*_s16e.json,
+    kernel time of the whole call) groups of up to 256 took one row of 512K x 512 from 12.31
+    to 11.34 us, 1M x 512 15.64 -> 13.05, 8 x 1M x 512 27.2 -> 22.1 (the threshold kernel
+    11.0 -> 3.5), but 64 x 512K x 512 58.8 -> 76.7 and 64 x 1M x 512 97.7 -> 107.8 (there
+    the gathering compaction reads four times as many entries per listed group).
   num_warps: Triton launch option (GPU only).
   threshold: "falsi" (the default: GPU kernel, no sort; regula falsi on the value, the first
     probe from the maxima's mean and deviation, later ones interpolated between the
@@ -115,7 +120,8 @@ class TopkConfig:
   small_chunk_entries: int = 1 << 18
   capacity_factor: int = 2
   groups_per_k: int = 4
-  max_group: int = 64
+  max_group: int = 256
+  max_group_rows: int = 8
   num_warps: int = 4
   threshold: str = "falsi"
   bisect_iters: int = 14
@@ -191,7 +197,8 @@ class TopkConfig:
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps", "falsi_slack"):
+                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps", "falsi_slack",
+                 "max_group_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
