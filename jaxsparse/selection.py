@@ -136,8 +136,10 @@ def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_
   bsz, rows = q.shape[:2]
   slots = block_table.shape[1] * k_cache.shape[1]
   kk = min(k, slots)
-  g = ktopk.group_size(slots, kk, topk_config, plat.kind, rows=bsz * rows)
   step = decode_config.pages_per_step * k_cache.shape[1]
+  if fuse_group_max:  # groups the scoring kernel can emit
+    topk_config = ktopk.fused_groups(topk_config, step)
+  g = ktopk.group_size(slots, kk, topk_config, plat.kind, rows=bsz * rows)
   lens = _indexer.row_lengths(lengths, rows).reshape(-1)
   if fuse_group_max and g and step % g == 0:
     z, gm = indexer_decode.decode_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,

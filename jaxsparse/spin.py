@@ -822,6 +822,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
                       implementation, decode_config, topk_config, warm=None, ordered=True):
   from jaxsparse import backend, selection
   from jaxsparse.indexer import paged_indexer_scores, paged_indexer_scores_xla
+  from pallas_kernels import topk as ktopk
   bsz = q.shape[0]
   nb = block_table.shape[1]
   b = config.block_size
@@ -844,16 +845,17 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 
   def finish(z, sel):
     gm = None
+    # the top-K's groups, when the update kernel emits their maxima: ones that tile a block
+    tcfg = ktopk.fused_groups(topk_config or ktopk.TopkConfig(), b)
     if kernels:  # in place, only the scored blocks; the same read of z emits the top-K's maxima
       new, gm = update_batched(state, z, sel, None, lengths, config,
-                               group=_fused_group(*z.shape, config, topk_config),
+                               group=_fused_group(*z.shape, config, tcfg),
                                interpret=plat.interpret, stepped=True)
     elif config.reduction == "A2":  # block states only: V and D are never read under A2
       new = update_block_states(state, z, sel, pos, lengths, config)
     else:
       new = upd(state, z, sel, pos, lengths, config)
     # top-K over the scored slots only (the compacted width, not N), then map to slots
-    from pallas_kernels import topk as ktopk
     if gm is None:
       vals, idx = selection.topk(z, config.topk, implementation=implementation,
                                  config=topk_config, sorted=ordered)
@@ -863,7 +865,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
       # ascend), so columns at or past the length hold -inf anyway and the cut is exact; an
       # array already on the device, where a constant row of widths costs XLA a kernel
       vals, top = ktopk.topk_rows(z, lengths, config.topk,
-                                  topk_config or ktopk.TopkConfig(), plat, gm, ordered=ordered,
+                                  tcfg, plat, gm, ordered=ordered,
                                   block_map=(sel, b))
     return vals, top, new
 

@@ -127,8 +127,9 @@ def test_auto_finish_ranks_single_rows():
 
 
 def test_large_groups():
-  """TopkConfig.max_group: groups past 64 entries on GPU (TPU stays at 64), and a long row
-  with groups of 256 matches numpy (interpret)."""
+  """TopkConfig.max_group: groups past 64 entries on GPU for calls of at most 8 rows (TPU
+  stays at 64; groups whose maxima another kernel emits tile its tiles, `fused_groups`), and
+  a long row with groups of 256 matches numpy (interpret)."""
   cfg = ktopk.TopkConfig(max_group=256)
   assert ktopk.group_size(1 << 20, 512, cfg, "gpu", rows=8) == 256
   assert ktopk.group_size(1 << 20, 512, cfg, "gpu", rows=9) == 64  # max_group_rows
@@ -136,6 +137,10 @@ def test_large_groups():
   assert ktopk.group_size(1 << 20, 512, cfg, "tpu", rows=1) == 64
   with pytest.raises(ValueError, match="max_group"):
     ktopk.TopkConfig(max_group=96)
+  # groups that another kernel emits (decode scoring steps, SPIN blocks) must tile its tiles
+  assert ktopk.fused_groups(cfg, 128).max_group == 64
+  assert ktopk.fused_groups(cfg, 48).max_group == 16
+  assert ktopk.group_size(1 << 20, 512, ktopk.fused_groups(cfg, 128), "gpu", rows=1) == 64
   rng = np.random.default_rng(3)
   n, k = 1 << 18, 128
   assert ktopk.group_size(n, k, cfg, "gpu", rows=1) == 256

@@ -5,13 +5,14 @@ is a lower bound on the k-th largest entry, because k groups each hold an entry 
 top-k entry is >= t, and the entries >= t (typically ~k of them) are the only candidates.
   1. group maxima (one streaming pass; fused into decode scoring by `jaxsparse.indexer_topk`),
   2. t = k-th largest group maximum (`lax.top_k` over N / g entries), or on GPU a value found
-     by bisection that keeps >= k group maxima above it (one program per row, no sort),
+     by a search that keeps >= k group maxima above it (one program per row, no sort:
+     regula falsi, stopping within TopkConfig.falsi_slack maxima of k, or bisection),
   3. count and compact the candidates in index order into a [R, C] buffer (before an
      order-free finish on GPU, for large calls, TopkConfig.gather: the threshold kernel lists
      the groups whose maximum reaches t, and the compaction gathers only their entries),
   4. on GPU by default (TopkConfig(finish="auto")) the candidates are sorted by (value,
      index) with a bitonic network in registers (programs sort runs, one program per row
-     merges them; finish="bitonic"), or for a single row at k >= 1024 by counting: a grid of
+     merges them; finish="bitonic"), or for a single row at k >= 512 by counting: a grid of
      tiles counts, for every candidate, the candidates before it, and a second kernel puts
      each in its place (finish="rank"). Both are order-free, which lets step 3 be one pass
      (no count pass: chunk ranges, or for many long rows single slots, reserved by atomic
@@ -28,6 +29,8 @@ one full `lax.top_k` of the masked rows through a `lax.cond`. Both are slow but 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 
 import jax
@@ -40,7 +43,7 @@ from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
 from pallas_kernels.topk import tpu as _tpu
 
-__all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots"]
+__all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots", "fused_groups"]
 
 NEG_INF = float("-inf")
 
@@ -60,6 +63,14 @@ def group_size(n: int, k: int, config: TopkConfig, kind: str, *, rows: int) -> i
     g *= 2
   min_g = 8 if kind == "tpu" else 2
   return g if g >= min_g else 0
+
+
+def fused_groups(config: TopkConfig, tile: int) -> TopkConfig:
+  """`config` for a top-K whose group maxima another kernel emits over tiles of `tile` scores
+  (the decode scoring step, SPIN's block): groups capped at 64 (what the emitting kernels are
+  built and tested for) and at the largest power of two dividing the tile, so that the
+  groups `topk_rows` expects are ones the kernel can emit."""
+  return dataclasses.replace(config, max_group=min(config.max_group, 64, tile & -tile))
 
 
 def masked_rows(x, lengths):
@@ -180,7 +191,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   else:  # emitted for the unpadded row: the padding's groups are -inf
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
   # an order-free finish takes a one-pass compaction; from the group list (gather) when the
-  # bisection kernel can write one
+  # threshold kernel can write one
   in_kernel = config.threshold in ("bisect", "falsi")  # the threshold kernel, not a sort
   gather = order_free and config.gathers(r, n_pad) and in_kernel
   place = config.placement(r, n_pad, k, gather=gather)

@@ -66,7 +66,7 @@ class TopkConfig:
     warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
     us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2 / 19.5 at 64 x
     256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow, long tiles win.
-  threshold_warps: warps of the bisection threshold kernel (GPU). 8: at one row of 128K it
+  threshold_warps: warps of the threshold kernel (GPU). 8: with bisection, at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
     (benchmarks/results/session15/topk_thr_*_s15b.json).
   bitonic_warps: warps of the bitonic finish's program (GPU; 16: 25.8-27.7 us at 4K
@@ -98,7 +98,7 @@ class TopkConfig:
     27.1 -> 30.0), since every candidate's atomic waits for the one before it. "rows" (the
     scan split over rows of 32 lanes) measured no faster than "scan" anywhere.
   lane_min_rows, lane_min_ratio: the "auto" rule above.
-  gather: True, before an order-free finish with the bisection threshold (GPU), the threshold
+  gather: True, before an order-free finish with the threshold kernel (GPU), the threshold
     kernel also lists the groups whose maximum reaches the threshold (each holds at least one
     candidate, so a row lists at most `capacity` of them unless it overflows anyway) and the
     compaction gathers only those groups' entries, `chunk` entries per program
@@ -197,8 +197,8 @@ class TopkConfig:
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps", "falsi_slack",
-                 "max_group_rows"):
+                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps",
+                 "falsi_slack", "max_group_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
