@@ -30,7 +30,6 @@ one full `lax.top_k` of the masked rows through a `lax.cond`. Both are slow but 
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 
 import jax
@@ -50,13 +49,13 @@ NEG_INF = float("-inf")
 
 def group_size(n: int, k: int, config: TopkConfig, kind: str, *, rows: int) -> int:
   """Entries per group for a call of `rows` rows (a power of two <= 64, or on GPU for at most
-  config.max_group_rows rows, <= config.max_group) so that the group maxima, padded to a power of
-  two as the GPU threshold kernel takes them, number >= groups_per_k * k (so there are more
-  than groups_per_k * k / 2 real groups); 0 means "sort directly". Counting the padded size
-  keeps a row that is not a power of two from paying for a padded array twice as long
-  (SPIN's 80K-slot compacted width: 10240 groups of 8 padded to 16384 took the H200 10.0 us
-  of bisection where 8192 took 6.9, benchmarks/results/session9/spin_A*_128k_donated.json;
-  now 5120 groups of 16, padded to 8192)."""
+  config.max_group_rows rows, <= config.max_group) so that the group maxima, padded to a
+  power of two as the GPU threshold kernel takes them, number >= groups_per_k * k (so there
+  are more than groups_per_k * k / 2 real groups); 0 means "sort directly". Counting the
+  padded size keeps a row that is not a power of two from paying for a padded array twice as
+  long (SPIN's 80K-slot compacted width: 10240 groups of 8 padded to 16384 took the H200
+  10.0 us of bisection where 8192 took 6.9, benchmarks/results/session9/
+  spin_A*_128k_donated.json; now 5120 groups of 16, padded to 8192)."""
   cap = config.max_group if kind == "gpu" and rows <= config.max_group_rows else 64
   g = 1
   while g < cap and next_pow2(max(n // (2 * g), 1)) >= config.groups_per_k * k:

@@ -58,7 +58,8 @@ class TopkConfig:
     topk_small_*_s15a.json, kernel time of the whole call, k = 2048) the rank finish took
     one row of 128K from 21.9 to 18.8 us (32 x 256 tiles; 19.5 at 64 x 256), 1M 27.1 ->
     23.7, 32K 21.6 -> 19.1, but 8 rows of 32K 22.8 -> 37.7 (the compares fill the GPU); at
-    k = 512 it ties with bitonic (13.3-20.2 us).
+    k = 512 it then tied with bitonic (13.3-20.2 us); since session 16's place kernel (no
+    read of the whole candidate row) it wins there too (`rank_min_k`).
   rank_max_rows, rank_min_k: the "auto" rule above. rank_min_k 512: at one row of 32K /
     128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
     (benchmarks/results/session16/topk_k512_s16a.json).

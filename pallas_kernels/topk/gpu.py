@@ -317,10 +317,12 @@ def _bisect(ms: list, k: int, iters: int, slack: int = 0):
   groups are non-empty (every valid entry is then a candidate).
 
   slack 0: bisection, `iters` steps, within (max - min) / 2**iters of the k-th largest
-  maximum. slack > 0: regula falsi (Illinois): each probe interpolates where the count
-  crosses k + slack / 2 between the bracket's counts (the count above the maximum is 0), the
-  end that stays twice has its weight halved; it stops once at most k + slack maxima reach
-  lo, or after `iters` probes. A step is one count over every maximum (most of its time,
+  maximum. slack > 0: regula falsi (Illinois): the first probe is where the k-th largest
+  would sit if the maxima were normal (from their mean and deviation); each later one
+  interpolates where the count crosses k + slack / 2 between the bracket's counts (the count
+  above the maximum is 0), and the end that stays twice has its weight halved; probes keep
+  1/64 of the bracket from either end; it stops once at most k + slack maxima reach lo, or
+  after `iters` probes. A step is one count over every maximum (most of its time,
   benchmarks/NOTES.md session 16), and on smooth rows interpolation needs a few probes where
   bisection needs 14; on flat or tied rows it makes no more probes than bisection."""
   def total(f):
