@@ -244,11 +244,11 @@ def test_topk_group_max_and_threshold_gpu(group, slack, iters):
   padded = jnp.pad(part, ((0, 0), (0, gm.shape[1] - part.shape[1])), constant_values=-np.inf)
   # (regula falsi's first probe sums the maxima piece by piece, so there the two may round
   # apart: both must be valid and within the slack)
-  for m in (part, padded):
-    t = np.asarray(kgpu.threshold(m, 100, iters=14, num_warps=8, interpret=False, slack=slack))
-    if not slack:
-      np.testing.assert_array_equal(t, np.asarray(kgpu.threshold(
-          padded, 100, iters=14, num_warps=8, interpret=False)))
+  ts = [np.asarray(kgpu.threshold(m, 100, iters=14, num_warps=8, interpret=False, slack=slack))
+        for m in (part, padded)]
+  if not slack:
+    np.testing.assert_array_equal(*ts)
+  for m, t in zip((part, padded), ts):
     n = (np.asarray(m) >= t[:, None]).sum(1)
     assert (n[[0, 1, 3]] >= 100).all() and (slack == 0 or (n[[0, 1, 3]] <= 100 + slack).all())
 
