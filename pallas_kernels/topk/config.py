@@ -33,7 +33,7 @@ class TopkConfig:
   num_warps: Triton launch option (GPU only).
   threshold: "falsi" (the default: GPU kernel, no sort; regula falsi on the value, the first
     probe from the maxima's mean and deviation, later ones interpolated between the
-    bracket's counts, `gpu._bisect`; stops within `falsi_slack` maxima of k), "bisect" (the
+    bracket's counts, `gpu._search`; stops within `falsi_slack` maxima of k), "bisect" (the
     same kernel, `bisect_iters` steps of bisection) or "sort" (`lax.top_k` over the group
     maxima). A step is one count over all the maxima, so the kernel's time is steps x
     maxima: on the H200 (benchmarks/results/session16/topk_falsi_*_s16b.json, kernel time)

@@ -310,7 +310,7 @@ def _pow2_pieces(g: int) -> list[tuple[int, int]]:
   return out
 
 
-def _bisect(ms: list, k: int, iters: int, slack: int = 0):
+def _search(ms: list, k: int, iters: int, slack: int = 0):
   """Group maxima of one row, held in registers as pieces ms ([size] float32 each, -inf for
   empty groups) -> a valid threshold (float32 scalar): a search on the value that keeps the
   invariant count(m >= lo) >= k, so k groups each hold an entry >= lo. -inf when fewer than k
@@ -390,7 +390,7 @@ def _bisect(ms: list, k: int, iters: int, slack: int = 0):
 def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, slack: int):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
-  The search on the value (`_bisect`: bisection, or regula falsi with slack > 0) keeps the
+  The search on the value (`_search`: bisection, or regula falsi with slack > 0) keeps the
   invariant count(m >= lo) >= k, so `lo` is always a valid threshold (k groups, each
   holding an entry >= lo). The row stays in registers, as
   power-of-two pieces when G is not one (no padded copy of the maxima).
@@ -402,7 +402,7 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
   then starts past the capacity, which sends the row to the repair kernel.
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-  thr = _bisect(ms, k, iters, slack)
+  thr = _search(ms, k, iters, slack)
   o_ref[...] = thr.reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
@@ -431,7 +431,7 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
   slack: 0, `iters` steps of bisection; > 0, at most `iters` probes of regula falsi, stopping
-  once at most k + slack maxima reach the threshold (`_bisect`).
+  once at most k + slack maxima reach the threshold (`_search`).
   counter=dtype (`counter_dtype(placement)`) -> also [R, COUNTER_STRIDE] zeros of it: the
   row counters `compact_atomic` / `compact_groups` count in, written by this kernel instead
   of a separate XLA fill.
