@@ -44,11 +44,13 @@ def _label(c: TopkConfig) -> str:
 # fields a label names as +field=value where they differ from these (the values before
 # session 15, so a label keeps its meaning when the defaults move; session 15's first call
 # also swept fused_max_n, a one-program-per-row filter, and session 16's first bisect_points,
-# a multisection threshold, both since removed: benchmarks/NOTES.md)
+# a multisection threshold, both since removed: benchmarks/NOTES.md; the persist_* fields
+# from session 17)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
-                  max_group=64, max_group_rows=8)
+                  max_group=64, max_group_rows=8, persist_max_rows=0, persist_programs=0,
+                  persist_block_i=16, persist_block_j=512, persist_warps=8)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -193,7 +195,7 @@ def _parse(spec: str) -> TopkConfig:
                      "[:compact[:run_warps[:gather]]]]]")
   names = ("chunk", "num_warps", "bisect_iters", "bitonic_run", "skip_groups", "compact",
            "bitonic_run_warps", "gather")
-  kw = dict(zip(names, v))
+  kw = dict(LABEL_BASE, **dict(zip(names, v)))  # a field the label leaves out: LABEL_BASE's
   kw.setdefault("compact", 0)  # a label without the field: "scan", as before session 13
   kw.setdefault("gather", 0)  # a label without it: every chunk read, as before session 14
   kw["gather"] = (False, True, "auto")[kw["gather"]]

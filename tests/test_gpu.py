@@ -45,7 +45,7 @@ def test_prefill_gpu(key_dtype, kernel):
   assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
 
 
-@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic"])
+@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic", "persistent"])
 @pytest.mark.parametrize("n,k", [(131072, 2048), (1 << 20, 512), (40000, 2048)])
 def test_topk_gpu(n, k, finish):
   rng = np.random.default_rng(n)
@@ -183,6 +183,47 @@ def test_topk_gpu_large_groups(n, k, lengths):
                           lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
     np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
     np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
+
+
+@pytest.mark.parametrize("n,k,lengths,dtype", [
+    (32768, 2048, True, "float32"), (131072, 2048, False, "float32"),
+    (1 << 20, 512, True, "float32"), (1 << 20, 4096, False, "bfloat16"),
+    (100000, 300, True, "float32"), (524288, 2048, False, "float32")])
+def test_topk_gpu_persistent(n, k, lengths, dtype):
+  """The persistent kernel compiled (threshold, compaction, barrier and rank finish in one
+  launch): the hard rows of `_hard_rows` one at a time (its default use), two and eight at a
+  time, against numpy."""
+  from pallas_kernels.topk import TopkConfig
+  x, lens = _hard_rows(n, k, lengths)
+  x = np.asarray(jnp.asarray(x, dtype).astype(jnp.float32))
+  rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
+  cfg = TopkConfig(persist_max_rows=8)
+  for r0, r1 in ((0, 1), (1, 2), (4, 5), (6, 8), (0, 8)):
+    v, i = jaxsparse.topk(jnp.asarray(x[r0:r1], dtype), k, implementation="pallas", config=cfg,
+                          lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
+    np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
+    np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
+
+
+@pytest.mark.parametrize("spin,parties", [(0, 16), (1 << 20, 2), (1 << 20, 64)])
+def test_topk_gpu_persistent_barrier(spin, parties):
+  """`persistent_select` compiled with its barrier forced to time out (spin 0: every program
+  but a row's last arrival repairs the row alone, racing the rank finish of the others with
+  the same values) and with 2 and 64 programs per row (2 rows), against numpy."""
+  from pallas_kernels.topk import TopkConfig, group_size
+  from pallas_kernels.topk import gpu as kg
+  n, k = 65536, 2048
+  x, lens = _hard_rows(n, k, True)
+  if parties > 16:  # every program resident: at most one per SM
+    x, lens = x[:2], lens[:2]
+  rv, ri = np_topk(x, k, lens)
+  g = group_size(n, k, TopkConfig(), "gpu", rows=len(x))
+  gm, ctr = kg.group_max(jnp.asarray(x), jnp.asarray(lens), chunk=2048, group=g, num_warps=4,
+                         interpret=False, zeros=kg.PERSIST_SLOTS)
+  v, i = kg.persistent_select(jnp.asarray(x), jnp.asarray(lens), gm, ctr, k=k, capacity=4096,
+                              parties=parties, chunk=512, iters=14, slack=64, spin=spin)
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_array_equal(np.asarray(v), rv)
 
 
 @pytest.mark.parametrize("ordered", [True, False])

@@ -157,6 +157,12 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
   interp = platform.interpret
   if platform.kind == "gpu":
     finish_ = config.finish_for(r, k) if ordered else "set"
+    if finish_ == "persistent":
+      parties = config.persist_parties(r, 0 if interp else _gpu.sm_count())
+      if parties and config.threshold != "sort":
+        return *_gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
+                                parties), False, False
+      finish_ = config.finish_for(r, k, persistent=False)
     cv, ci, live = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
                                    order_free=finish_ in ("bitonic", "rank"))
     return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map)
@@ -229,6 +235,26 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   return _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
                      chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
                      interpret=interp)
+
+
+def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, parties):
+  """GPU, a few rows: group maxima (and the zeroed counters) in one kernel, then threshold,
+  compaction and the sorted finish in one more (`gpu.persistent_select`)."""
+  r, n_pad = xp.shape
+  if gmax is None:
+    gmax, counters = _gpu.group_max(xp, lengths, chunk=chunk, group=g,
+                                    num_warps=config.num_warps, interpret=interp,
+                                    zeros=_gpu.PERSIST_SLOTS)
+  else:  # emitted for the unpadded row: the padding's groups are -inf
+    gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
+    counters = jnp.zeros((r, _gpu.PERSIST_SLOTS), jnp.int32)
+  # chunks of the filter: at most a few per program, at least 128 entries
+  part = min(chunk, max(128, next_pow2(-(-n_pad // parties))))
+  return _gpu.persistent_select(
+      xp, lengths, gmax, counters, k=k, capacity=capacity, parties=parties, chunk=part,
+      iters=config.bisect_iters, slack=config.falsi_slack * (config.threshold == "falsi"),
+      block_i=config.persist_block_i, block_j=config.persist_block_j,
+      num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp)
 
 
 def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map):

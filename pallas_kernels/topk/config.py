@@ -143,12 +143,32 @@ class TopkConfig:
   rank_block_j: int = 512
   rank_warps: int = 4
   threshold_warps: int = 8
+  persist_max_rows: int = 1
+  persist_programs: int = 0
+  persist_block_i: int = 16
+  persist_block_j: int = 512
+  persist_warps: int = 8
+  persist_spin: int = 1 << 20
 
-  def finish_for(self, rows: int, k: int) -> str:
-    """The sorted finish for rows of top-k ("auto" resolved): "bitonic", "rank" or "sort"."""
+  def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
+    """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
+    or "sort"; persistent=False: what "auto" takes where the persistent kernel cannot run."""
     if self.finish == "auto":
+      if persistent and rows <= self.persist_max_rows and self.threshold != "sort":
+        return "persistent"
       return "rank" if rows <= self.rank_max_rows and k >= self.rank_min_k else "bitonic"
     return self.finish
+
+  def persist_parties(self, rows: int, sms: int) -> int:
+    """Programs per row of the persistent kernel for `rows` rows on a GPU of `sms` SMs (0:
+    unknown, as in interpret mode): persist_programs if set, else the largest power of two
+    with rows * programs <= sms (8 when sms is 0); 0 when fewer than 2 fit."""
+    if self.persist_programs:
+      return self.persist_programs
+    if not sms:
+      return 8
+    per = sms // rows
+    return 1 << (per.bit_length() - 1) if per >= 2 else 0
 
   def chunk_for(self, rows: int, n: int) -> int:
     """The filter passes' chunk for rows x n scores (GPU; the small-call rule resolved)."""
@@ -179,8 +199,9 @@ class TopkConfig:
         raise ValueError(f"{name}={v!r} must be a power of two >= 128")
     if not isinstance(self.small_chunk_entries, int) or self.small_chunk_entries < 0:
       raise ValueError(f"small_chunk_entries={self.small_chunk_entries!r} must be an int >= 0")
-    if self.finish not in ("sort", "rank", "bitonic", "auto"):
-      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic' or 'auto'")
+    if self.finish not in ("sort", "rank", "bitonic", "persistent", "auto"):
+      raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic', "
+                       "'persistent' or 'auto'")
     if self.threshold not in ("bisect", "falsi", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
@@ -189,17 +210,21 @@ class TopkConfig:
       raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):
       raise ValueError(f"gather={self.gather!r} must be True, False or 'auto'")
-    for name in ("rank_block_i", "rank_block_j"):
+    for name in ("rank_block_i", "rank_block_j", "persist_block_i", "persist_block_j"):
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
+    for name in ("persist_programs", "persist_max_rows"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name}={v!r} must be an int >= 0")
     v = self.bitonic_run
     if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
       raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
                  "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps",
-                 "falsi_slack", "max_group_rows"):
+                 "falsi_slack", "max_group_rows", "persist_warps", "persist_spin"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -56,9 +56,14 @@ def _lengths_in(kernel, lengths, spec):
   return (lambda x_ref, *refs: kernel(x_ref, None, *refs)), [], []
 
 
-def _group_max_kernel(x_ref, len_ref, o_ref, *, chunk: int, group: int):
+def _group_max_kernel(x_ref, len_ref, o_ref, *z_ref, chunk: int, group: int):
   x, _ = _valid(x_ref, len_ref, chunk)
   o_ref[...] = x.reshape(chunk // group, group).max(axis=1)
+  if z_ref:  # the row's zeroed counters, written by its first program
+
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+      z_ref[0][...] = jnp.zeros(z_ref[0].shape, jnp.int32)
 
 
 def _live_lanes(g_ref, thr, chunk: int):
@@ -477,20 +482,29 @@ def _row_chunk_specs(chunk):
 _PER_ROW = pl.BlockSpec((1,), lambda r, c: (r,))  # one value per row (length, threshold)
 
 
-def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool):
-  """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32."""
+def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool,
+              zeros: int = 0):
+  """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32.
+  zeros > 0 -> also [R, zeros] int32 zeros (counters for `persistent_select`, made here
+  rather than by a fill kernel of their own)."""
   r, n = x.shape
   kernel, len_in, len_spec = _lengths_in(
       functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _PER_ROW)
-  return pl.pallas_call(
+  out_specs = [pl.BlockSpec((None, chunk // group), lambda r, c: (r, c))]
+  out_shape = [jax.ShapeDtypeStruct((r, n // group), jnp.float32)]
+  if zeros:
+    out_specs.append(pl.BlockSpec((None, zeros), lambda r, c: (r, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((r, zeros), jnp.int32))
+  out = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + len_spec,
-      out_specs=pl.BlockSpec((None, chunk // group), lambda r, c: (r, c)),
-      out_shape=jax.ShapeDtypeStruct((r, n // group), jnp.float32),
+      out_specs=out_specs,
+      out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_group_max",
   )(x, *len_in)
+  return tuple(out) if zeros else out[0]
 
 
 def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=None):
@@ -539,19 +553,28 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
 def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, *, n: int,
                    chunk: int, capacity: int, k: int):
   """Rows whose candidates overflowed the buffer (tot > capacity) get their exact top-k set
-  written into it instead, in index order; every other row returns at once.
-
-  One program per row, sequential over the row: the k-th largest key is found bit by bit (32
-  counting sweeps), then entries above it and the first ties (by index) up to k are compacted
-  with a running offset. Slow (the row is read 34 times by one program) but only runs for
-  adversarial rows (long runs of near-equal scores), and it keeps the whole call branch-free:
-  no device-to-host predicate, which on GPU costs more than all the filter passes together.
+  written into it instead, in index order (`_exact_set`); every other row returns at once.
+  Slow (the row is read 34 times by one program) but only runs for adversarial rows (long
+  runs of near-equal scores), and it keeps the whole call branch-free: no device-to-host
+  predicate, which on GPU costs more than all the filter passes together.
   """
   del v_in, i_in
   # live slots of the row for the finish: the count, or k for a repaired row
   tot = tot_ref[0].astype(jnp.int32)
   live_ref[...] = jnp.where(tot > capacity, k, tot).reshape(1)
-  length = n if len_ref is None else len_ref[0]
+
+  @pl.when(tot > capacity)
+  def _():
+    _exact_set(x_ref, n if len_ref is None else len_ref[0], v_ref, i_ref, n=n, chunk=chunk,
+               k=k)
+
+
+def _exact_set(x_ref, length, v_ref, i_ref, *, n: int, chunk: int, k: int):
+  """One program: the exact top-k set of the row x_ref [n] (entries at or past `length`,
+  NaN and -inf never chosen; ties to the lower index) written in index order into the first
+  slots of v_ref / i_ref [W] (W a multiple of chunk, >= k), the other slots -inf / -1. The
+  k-th largest key is found bit by bit (32 counting sweeps), then entries above it and the
+  first ties up to k are compacted with a running offset."""
   nchunks = n // chunk
   iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
 
@@ -568,37 +591,35 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, 
       return acc + jnp.sum((ok & (key >= cand)).astype(jnp.int32))
     return lax.fori_loop(0, nchunks, body, jnp.int32(0))
 
-  @pl.when(tot > capacity)
-  def _():
-    def bit(i, t):
-      cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
-      return jnp.where(count_ge(cand) >= k, cand, t)
+  def bit(i, t):
+    cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    return jnp.where(count_ge(cand) >= k, cand, t)
 
-    t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
-    n_gt = count_ge(t + jnp.uint32(1))
-    quota = k - n_gt
-    width = v_ref.shape[0]
+  t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
+  n_gt = count_ge(t + jnp.uint32(1))
+  quota = k - n_gt
+  width = v_ref.shape[0]
 
-    def clear(c, carry):
-      v_ref[pl.ds(c * chunk, chunk)] = jnp.full((chunk,), NEG_INF, jnp.float32)
-      i_ref[pl.ds(c * chunk, chunk)] = jnp.full((chunk,), -1, jnp.int32)
-      return carry
+  def clear(c, carry):
+    v_ref[pl.ds(c * chunk, chunk)] = jnp.full((chunk,), NEG_INF, jnp.float32)
+    i_ref[pl.ds(c * chunk, chunk)] = jnp.full((chunk,), -1, jnp.int32)
+    return carry
 
-    lax.fori_loop(0, width // chunk, clear, 0)
+  lax.fori_loop(0, width // chunk, clear, 0)
 
-    def emit(c, carry):
-      off, ties = carry
-      x, idx, ok, key = load(c)
-      tie = ok & (key == t)
-      tie_rank = ties + jnp.cumsum(tie.astype(jnp.int32))
-      take = (ok & (key > t)) | (tie & (tie_rank <= quota))
-      pos = off + jnp.cumsum(take.astype(jnp.int32)) - 1
-      pos = jnp.where(take, pos, width - 1)
-      plgpu.store(v_ref.at[pos], x, mask=take)
-      plgpu.store(i_ref.at[pos], idx, mask=take)
-      return off + jnp.sum(take.astype(jnp.int32)), ties + jnp.sum(tie.astype(jnp.int32))
+  def emit(c, carry):
+    off, ties = carry
+    x, idx, ok, key = load(c)
+    tie = ok & (key == t)
+    tie_rank = ties + jnp.cumsum(tie.astype(jnp.int32))
+    take = (ok & (key > t)) | (tie & (tie_rank <= quota))
+    pos = off + jnp.cumsum(take.astype(jnp.int32)) - 1
+    pos = jnp.where(take, pos, width - 1)
+    plgpu.store(v_ref.at[pos], x, mask=take)
+    plgpu.store(i_ref.at[pos], idx, mask=take)
+    return off + jnp.sum(take.astype(jnp.int32)), ties + jnp.sum(tie.astype(jnp.int32))
 
-    lax.fori_loop(0, nchunks, emit, (jnp.int32(0), jnp.int32(0)))
+  lax.fori_loop(0, nchunks, emit, (jnp.int32(0), jnp.int32(0)))
 
 
 def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_warps: int,
@@ -790,6 +811,229 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
       interpret=interpret, name="jaxsparse_topk_rank_place",
   )(cv, ci, live, partial)
   return v[:, :k], i[:, :k]
+
+
+PERSIST_SLOTS = 2 * COUNTER_STRIDE  # a row's counters: [0] candidates, [COUNTER_STRIDE] arrivals
+_PRELOAD = 8  # at most this many chunks per program are loaded before the threshold search
+
+
+def sm_count() -> int:
+  """Streaming multiprocessors of the first GPU (0 when there is none or it is unknown)."""
+  try:
+    return int(getattr(jax.devices("gpu")[0], "core_count", 0) or 0)
+  except RuntimeError:
+    return 0
+
+
+def _grid_sync(ctr_ref, slot, parties: int, limit: int, interpret: bool):
+  """A barrier between the programs of one row: each adds 1 to the row's arrival counter
+  ctr_ref[slot] (zeroed before the call) and polls it until `parties` have arrived, at most
+  `limit` times -> whether they all did. The CTA barrier before the arrival orders every
+  lane's earlier stores before it; the atomics are acquire-release at GPU scope (the Pallas
+  Triton default), so what the other programs stored before arriving is visible after. All
+  the row's programs must be resident at once (`persistent_select` launches at most one per
+  SM); the poll limit keeps a launch where they are not from hanging."""
+  if not interpret:
+    plgpu.debug_barrier()
+  seen = plgpu.atomic_add(ctr_ref, (slot,), jnp.int32(1)) + 1
+  if interpret:  # programs run one after another: polling could not see a later arrival
+    return seen >= parties
+
+  def cond(c):
+    return (c[0] < parties) & (c[1] < limit)
+
+  def body(c):
+    return plgpu.atomic_add(ctr_ref, (slot,), jnp.int32(0)), c[1] + 1
+
+  seen, _ = lax.while_loop(cond, body, (seen, jnp.int32(0)))
+  plgpu.debug_barrier()
+  return seen >= parties
+
+
+def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: int,
+                       parties: int, chunk: int, capacity: int, block_i: int, block_j: int,
+                       phase: str, spin: int, interpret: bool):
+  """One program (row, p) of `persistent_select`; phase "all" (compiled: filter, barrier,
+  rank), or "filter" / "rank" (the two halves as separate calls, for interpret mode)."""
+  refs = refs[3:] if phase == "rank" else refs[1:]  # inputs aliased to the outputs
+  c_ref, v_ref, i_ref, vo_ref, io_ref, rv_ref, ri_ref = refs
+  p = pl.program_id(1)
+  zero = p * 0  # a traced zero made at the top level (see _place)
+  n = x_ref.shape[0]
+  if phase in ("all", "filter"):
+    nchunks = n // chunk
+    trips = -(-nchunks // parties)
+    iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+    def load(t):  # chunk p + t * parties of the row (-inf past the row)
+      c = p + t * parties
+      idx = c * chunk + iota
+      x = plgpu.load(x_ref.at[pl.ds(jnp.minimum(c, nchunks - 1) * chunk, chunk)],
+                     mask=idx < n, other=NEG_INF)
+      return _as_candidates(x, idx, len_ref), idx
+
+    # this program's chunks are loaded first, so their latency hides behind the search
+    pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
+    ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
+    thr = _search(ms, k, iters, slack)
+
+    def place(x, idx):
+      _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
+             placement="scan", zero=zero)
+
+    for x, idx in pre:
+      place(x, idx)
+    if not pre:
+      lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
+  if phase == "filter":
+    return
+  ok = _grid_sync(c_ref, zero + COUNTER_STRIDE, parties, spin, interpret) if phase == "all" \
+      else jnp.bool_(True)
+  total = plgpu.atomic_add(c_ref, (zero,), jnp.int32(0))
+  over = total > capacity
+  live = jnp.minimum(total, capacity)
+  kw = next_pow2(k)
+
+  @pl.when(ok & ~over)
+  def _():
+    _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, k=k, parties=parties, block_i=block_i,
+                block_j=block_j, capacity=capacity)
+
+  # overflow (program 0 of the row), or a barrier that timed out: this program alone writes
+  # the row's exact top-k (the same values the rank share writes, so a race is harmless)
+  @pl.when(~ok | (over & (p == 0)))
+  def _():
+    _exact_set(x_ref, n if len_ref is None else len_ref[0], rv_ref, ri_ref, n=n,
+               chunk=min(chunk, kw), k=k)
+    if not interpret:
+      plgpu.debug_barrier()  # the set's scattered stores, read back by other lanes below
+    v, i = rv_ref[pl.ds(0, kw)], ri_ref[pl.ds(0, kw)]
+    lane = lax.broadcasted_iota(jnp.int32, (kw,), 0)
+    live_ = (lane < k) & (v > NEG_INF)
+    key, idx = _bitonic_sort(jnp.where(live_, _ordered_key(v), jnp.uint32(0)),
+                             jnp.where(live_, i, jnp.iinfo(jnp.int32).max))
+    good = key != 0
+    vo_ref[pl.ds(0, kw)] = jnp.where(good, _from_ordered_key(key), NEG_INF)
+    io_ref[pl.ds(0, kw)] = jnp.where(good, idx, -1)
+
+
+def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, block_i: int,
+                block_j: int, capacity: int):
+  """Program p's part of the row's sorted output: candidate blocks p, p + parties, ... of
+  block_i slots below `live`, each ranked against every live candidate (the count of those
+  before it, as `_rank_count_kernel`), written to its rank if below k; and its share of the
+  -inf / -1 tail, slots [live, k). The live candidates are loaded once, block_j at a time,
+  before any compare; blocks of them past `live` are skipped."""
+  INT_MAX = jnp.iinfo(jnp.int32).max
+  js = []
+  for b in range(capacity // block_j):
+    pj = b * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
+    sl = pl.ds(b * block_j, block_j)
+    js.append((plgpu.load(v_ref.at[sl], mask=pj < live, other=NEG_INF),
+               plgpu.load(i_ref.at[sl], mask=pj < live, other=INT_MAX)))
+  lane = lax.broadcasted_iota(jnp.int32, (block_i,), 0)
+  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
+  blocks = (live + block_i - 1) // block_i
+
+  def body(t, carry):
+    a = (p + t * parties) * block_i
+    vi, ii = v_ref[pl.ds(a, block_i)], i_ref[pl.ds(a, block_i)]
+    rank = jnp.zeros((block_i,), jnp.int32)
+    for b, (vj, ij) in enumerate(js):
+      def count(vj=vj, ij=ij):
+        before = (vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
+                                                & (ij[None, :] < ii[:, None]))
+        return jnp.sum(before.astype(jnp.int32), axis=1)
+
+      rank = rank + lax.cond(b * block_j < live, count,
+                             lambda: jnp.zeros((block_i,), jnp.int32))
+    keep = (a + lane < live) & (rank < k)
+    dest = jnp.where(keep, rank, trash)
+    plgpu.store(vo_ref.at[dest], vi, mask=keep)
+    plgpu.store(io_ref.at[dest], ii, mask=keep)  # candidates are > -inf
+    return carry
+
+  lax.fori_loop(0, jnp.maximum(blocks - p + parties - 1, 0) // parties, body, 0)
+  per = max(next_pow2(k) // parties, 16)
+  lane = lax.broadcasted_iota(jnp.int32, (per,), 0)
+  s = p * per + lane
+  tail = (s >= live) & (s < k)
+  dest = jnp.where(tail, s, vo_ref.shape[0] - 1 - lane)
+  plgpu.store(vo_ref.at[dest], jnp.full((per,), NEG_INF, jnp.float32), mask=tail)
+  plgpu.store(io_ref.at[dest], jnp.full((per,), -1, jnp.int32), mask=tail)
+
+
+def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
+                      chunk: int, iters: int, slack: int, block_i: int = 16,
+                      block_j: int = 512, num_warps: int = 8, spin: int = 1 << 20,
+                      interpret: bool = False, phases: int = 0):
+  """Threshold, compaction and sorted finish of a few rows in one kernel: x [R, N] float32
+  (N % chunk == 0), lengths [R] int32 or None, gmax [R, N / group] group maxima, counters
+  [R, PERSIST_SLOTS] int32 zeros (`group_max(..., zeros=PERSIST_SLOTS)`) -> values [R, k]
+  float32 descending (ties: lower index first; -inf tail) and indices [R, k] int32 (-1 tail).
+
+  A grid of (R, parties) programs; each
+    1. loads its chunks of the row (chunk p, p + parties, ...),
+    2. finds the row's threshold from all its group maxima (`_search`: every program of the
+       row computes the same value, so none waits for another),
+    3. appends its candidates to the row's buffer (a range per chunk, reserved by an atomic
+       add on the row's counter),
+    4. waits at a barrier for the row's other programs (`_grid_sync`),
+    5. ranks its share of the candidates against all of them and writes each to its place
+       (`_rank_share`), and its share of the tail.
+  The barrier needs every program of the call resident at once: R * parties must not
+  exceed the SMs (`sm_count`), each program taking one. A row with more than `capacity`
+  candidates, or a program whose barrier times out after `spin` polls, gets the row's exact
+  top-k from one program (`_exact_set`, then a bitonic sort): slow, but exact and with no
+  branch on the host. phases 0: one call compiled, two in interpret mode (its programs run
+  one after another, so none could wait for a later one); 1 or 2 force either (1 in
+  interpret mode: every program but the row's last times out and repairs the row)."""
+  r, n = x.shape
+  if not (is_pow2(chunk) and n % chunk == 0):
+    raise ValueError(f"chunk={chunk} must be a power of two dividing the row length {n}")
+  if not (is_pow2(capacity) and capacity >= k and capacity % block_j == 0
+          and capacity % block_i == 0 and is_pow2(block_i) and is_pow2(block_j)):
+    raise ValueError(f"capacity={capacity} must be a power of two >= k={k}, and a multiple of "
+                     f"block_i={block_i} and block_j={block_j} (powers of two)")
+  if parties < 1 or gmax.shape[0] != r or counters.shape != (r, PERSIST_SLOTS):
+    raise ValueError(f"parties={parties} must be >= 1, gmax {gmax.shape} and counters "
+                     f"{counters.shape} must have {r} rows ({PERSIST_SLOTS} counters)")
+  if len(_pow2_pieces(gmax.shape[1])) > 4:
+    gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(gmax.shape[1]) - gmax.shape[1])),
+                   constant_values=NEG_INF)
+  kw = next_pow2(k)
+  width = kw + (max(block_i, kw // parties, 16) if interpret else 0)  # interpret: trash slots
+  cap_w = _scatter_width(capacity, interpret)
+  rep_w = _scatter_width(kw, interpret)
+  phases = phases or (2 if interpret else 1)
+  row = lambda w: pl.BlockSpec((None, w), lambda r, p: (r, 0))
+  kernel, len_in, len_spec = _lengths_in(functools.partial(
+      _persistent_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
+      capacity=capacity, block_i=block_i, block_j=block_j, spin=spin,
+      interpret=interpret), lengths, pl.BlockSpec((1,), lambda r, p: (r,)))
+  out_specs = [row(PERSIST_SLOTS), row(cap_w), row(cap_w), row(width), row(width), row(rep_w),
+               row(rep_w)]
+  out_shape = [jax.ShapeDtypeStruct((r, PERSIST_SLOTS), jnp.int32)] + [
+      jax.ShapeDtypeStruct((r, w), dt) for w in (cap_w, width, rep_w)
+      for dt in (jnp.float32, jnp.int32)]
+
+  def call(phase, *state):
+    n_in = 2 + len(len_in)
+    return pl.pallas_call(
+        functools.partial(kernel, phase=phase),
+        grid=(r, parties),
+        in_specs=[row(n)] + len_spec + [row(gmax.shape[1])] + out_specs[:len(state)],
+        out_specs=out_specs, out_shape=out_shape,
+        input_output_aliases={n_in + j: j for j in range(len(state))},
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name=f"jaxsparse_topk_persistent_{phase}",
+    )(x, *len_in, gmax.astype(jnp.float32), *state)
+
+  if phases == 1:
+    out = call("all", counters)
+  else:
+    out = call("rank", *call("filter", counters)[:3])
+  return out[3][:, :k], out[4][:, :k]
 
 
 def _index_order_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref, *, k: int):
