@@ -1007,10 +1007,10 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
   rep_w = _scatter_width(kw, interpret)
   phases = phases or (2 if interpret else 1)
   row = lambda w: pl.BlockSpec((None, w), lambda r, p: (r, 0))
-  kernel, len_in, len_spec = _lengths_in(functools.partial(
+  kernel = functools.partial(
       _persistent_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
-      capacity=capacity, block_i=block_i, block_j=block_j, spin=spin,
-      interpret=interpret), lengths, pl.BlockSpec((1,), lambda r, p: (r,)))
+      capacity=capacity, block_i=block_i, block_j=block_j, spin=spin, interpret=interpret)
+  len_in = [] if lengths is None else [lengths]
   out_specs = [row(PERSIST_SLOTS), row(cap_w), row(cap_w), row(width), row(width), row(rep_w),
                row(rep_w)]
   out_shape = [jax.ShapeDtypeStruct((r, PERSIST_SLOTS), jnp.int32)] + [
@@ -1019,8 +1019,10 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
 
   def call(phase, *state):
     n_in = 2 + len(len_in)
+    body, _, len_spec = _lengths_in(functools.partial(kernel, phase=phase), lengths,
+                                    pl.BlockSpec((1,), lambda r, p: (r,)))
     return pl.pallas_call(
-        functools.partial(kernel, phase=phase),
+        body,
         grid=(r, parties),
         in_specs=[row(n)] + len_spec + [row(gmax.shape[1])] + out_specs[:len(state)],
         out_specs=out_specs, out_shape=out_shape,
