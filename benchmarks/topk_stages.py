@@ -20,7 +20,7 @@ from jaxsparse import backend, selection
 from jaxsparse.bench import _emit
 from jaxsparse.benchtools import environment, kernel_time, print_table, time_in_graph, write_json
 from pallas_kernels._util import next_pow2, pad_axis
-from pallas_kernels.topk import TopkConfig, group_size
+from pallas_kernels.topk import TopkConfig, group_size, persist_chunk
 from pallas_kernels.topk import gpu as kg
 
 
@@ -151,6 +151,21 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
       "whole topk, no fallback cond": (jax.jit(no_cond), (x,)),
       "lax.top_k": (jax.jit(lambda x: lax.top_k(x, k)), (x,)),
   }
+  parties = config.persist_parties(bsz, 0 if interp else kg.sm_count())
+  if parties:  # the persistent kernel cut after each step (its steps' cumulative times)
+    def persistent(x, stop):
+      gm, ctr = kg.group_max(x, None, chunk=chunk, group=g, num_warps=nw, interpret=interp,
+                             zeros=kg.PERSIST_SLOTS)
+      return kg.persistent_select(
+          x, None, gm, ctr, k=k, capacity=capacity, parties=parties,
+          chunk=persist_chunk(x.shape[1], chunk, parties), iters=config.bisect_iters,
+          slack=config.falsi_slack * (config.threshold == "falsi"),
+          block_i=config.persist_block_i, block_j=config.persist_block_j,
+          num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp, stop=stop)
+
+    for stop in ("search", "filter", "barrier", ""):
+      timed[f"persistent to {stop or 'the end'}"] = (
+          jax.jit(lambda x, stop=stop: persistent(x, stop)), (x,))
   timed["whole topk, set"] = (jax.jit(lambda x: selection.topk(
       x, k, implementation="pallas", config=config, sorted=False)), (x,))
   if only:  # overrides brief's list; "=name" keeps that stage only

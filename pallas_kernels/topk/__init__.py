@@ -42,7 +42,7 @@ from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
 from pallas_kernels.topk import tpu as _tpu
 
-__all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots", "fused_groups"]
+__all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots", "fused_groups", "persist_chunk"]
 
 NEG_INF = float("-inf")
 
@@ -248,13 +248,18 @@ def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, pa
   else:  # emitted for the unpadded row: the padding's groups are -inf
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
     counters = jnp.zeros((r, _gpu.PERSIST_SLOTS), jnp.int32)
-  # chunks of the filter: at most a few per program, at least 128 entries
-  part = min(chunk, max(128, next_pow2(-(-n_pad // parties))))
   return _gpu.persistent_select(
-      xp, lengths, gmax, counters, k=k, capacity=capacity, parties=parties, chunk=part,
+      xp, lengths, gmax, counters, k=k, capacity=capacity, parties=parties,
+      chunk=persist_chunk(n_pad, chunk, parties),
       iters=config.bisect_iters, slack=config.falsi_slack * (config.threshold == "falsi"),
       block_i=config.persist_block_i, block_j=config.persist_block_j,
       num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp)
+
+
+def persist_chunk(n_pad: int, chunk: int, parties: int) -> int:
+  """The persistent kernel's filter chunk for rows of n_pad scores (padded to `chunk`) split
+  over `parties` programs: a few chunks per program, each of at least 128 entries."""
+  return min(chunk, max(128, next_pow2(-(-n_pad // parties))))
 
 
 def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map):

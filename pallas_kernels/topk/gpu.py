@@ -852,7 +852,7 @@ def _grid_sync(ctr_ref, slot, parties: int, limit: int, interpret: bool):
 
 def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: int,
                        parties: int, chunk: int, capacity: int, block_i: int, block_j: int,
-                       phase: str, spin: int, interpret: bool):
+                       phase: str, spin: int, interpret: bool, stop: str = ""):
   """One program (row, p) of `persistent_select`; phase "all" (compiled: filter, barrier,
   rank), or "filter" / "rank" (the two halves as separate calls, for interpret mode)."""
   refs = refs[3:] if phase == "rank" else refs[1:]  # inputs aliased to the outputs
@@ -876,6 +876,10 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
     pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
     ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
     thr = _search(ms, k, iters, slack)
+    if stop == "search":
+      got = functools.reduce(jnp.maximum, [jnp.max(x) for x, _ in pre], thr)  # keep the loads
+      vo_ref[pl.ds(0, 16)] = jnp.full((16,), got, jnp.float32)
+      return
 
     def place(x, idx):
       _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
@@ -885,10 +889,13 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
       place(x, idx)
     if not pre:
       lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
-  if phase == "filter":
+  if phase == "filter" or stop == "filter":
     return
   ok = _grid_sync(c_ref, zero + COUNTER_STRIDE, parties, spin, interpret) if phase == "all" \
       else jnp.bool_(True)
+  if stop == "barrier":
+    vo_ref[pl.ds(0, 16)] = jnp.full((16,), ok.astype(jnp.float32), jnp.float32)
+    return
   total = plgpu.atomic_add(c_ref, (zero,), jnp.int32(0))
   over = total > capacity
   live = jnp.minimum(total, capacity)
@@ -929,8 +936,9 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
   for b in range(capacity // block_j):
     pj = b * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
     sl = pl.ds(b * block_j, block_j)
-    js.append((plgpu.load(v_ref.at[sl], mask=pj < live, other=NEG_INF),
-               plgpu.load(i_ref.at[sl], mask=pj < live, other=INT_MAX)))
+    # [1, block_j]: the layout the compares broadcast, made once rather than per use
+    js.append((plgpu.load(v_ref.at[sl], mask=pj < live, other=NEG_INF)[None, :],
+               plgpu.load(i_ref.at[sl], mask=pj < live, other=INT_MAX)[None, :]))
   lane = lax.broadcasted_iota(jnp.int32, (block_i,), 0)
   trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
   blocks = (live + block_i - 1) // block_i
@@ -938,11 +946,11 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
   def body(t, carry):
     a = (p + t * parties) * block_i
     vi, ii = v_ref[pl.ds(a, block_i)], i_ref[pl.ds(a, block_i)]
+    vc, ic = vi[:, None], ii[:, None]
     rank = jnp.zeros((block_i,), jnp.int32)
     for b, (vj, ij) in enumerate(js):
       def count(vj=vj, ij=ij):
-        before = (vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None])
-                                                & (ij[None, :] < ii[:, None]))
+        before = (vj > vc) | ((vj == vc) & (ij < ic))
         return jnp.sum(before.astype(jnp.int32), axis=1)
 
       rank = rank + lax.cond(b * block_j < live, count,
@@ -966,7 +974,7 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
 def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
                       chunk: int, iters: int, slack: int, block_i: int = 16,
                       block_j: int = 512, num_warps: int = 8, spin: int = 1 << 20,
-                      interpret: bool = False, phases: int = 0):
+                      interpret: bool = False, phases: int = 0, stop: str = ""):
   """Threshold, compaction and sorted finish of a few rows in one kernel: x [R, N] float32
   (N % chunk == 0), lengths [R] int32 or None, gmax [R, N / group] group maxima, counters
   [R, PERSIST_SLOTS] int32 zeros (`group_max(..., zeros=PERSIST_SLOTS)`) -> values [R, k]
@@ -987,7 +995,9 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
   top-k from one program (`_exact_set`, then a bitonic sort): slow, but exact and with no
   branch on the host. phases 0: one call compiled, two in interpret mode (its programs run
   one after another, so none could wait for a later one); 1 or 2 force either (1 in
-  interpret mode: every program but the row's last times out and repairs the row)."""
+  interpret mode: every program but the row's last times out and repairs the row).
+  stop (for timing the steps, benchmarks/topk_stages.py; the output is then not the top-k):
+  "search", "filter" or "barrier" end every program after that step."""
   r, n = x.shape
   if not (is_pow2(chunk) and n % chunk == 0):
     raise ValueError(f"chunk={chunk} must be a power of two dividing the row length {n}")
@@ -1009,7 +1019,8 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
   row = lambda w: pl.BlockSpec((None, w), lambda r, p: (r, 0))
   kernel = functools.partial(
       _persistent_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
-      capacity=capacity, block_i=block_i, block_j=block_j, spin=spin, interpret=interpret)
+      capacity=capacity, block_i=block_i, block_j=block_j, spin=spin, interpret=interpret,
+      stop=stop)
   len_in = [] if lengths is None else [lengths]
   out_specs = [row(PERSIST_SLOTS), row(cap_w), row(cap_w), row(width), row(width), row(rep_w),
                row(rep_w)]
