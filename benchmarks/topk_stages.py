@@ -50,7 +50,7 @@ LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_bloc
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
                   max_group=64, max_group_rows=8, persist_max_rows=0, persist_programs=0,
-                  persist_block_i=16, persist_block_j=512, persist_warps=8)
+                  persist_block_i=16, persist_block_j=512, persist_warps=8, persist_rank="cond")
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -161,7 +161,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
           chunk=persist_chunk(x.shape[1], chunk, parties), iters=config.bisect_iters,
           slack=config.falsi_slack * (config.threshold == "falsi"),
           block_i=config.persist_block_i, block_j=config.persist_block_j,
-          num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp, stop=stop)
+          num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp, stop=stop,
+          rank=config.persist_rank)
 
     for stop in ("search", "filter", "barrier", ""):
       timed[f"persistent to {stop or 'the end'}"] = (

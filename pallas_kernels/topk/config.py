@@ -149,6 +149,7 @@ class TopkConfig:
   persist_block_j: int = 512
   persist_warps: int = 8
   persist_spin: int = 1 << 20
+  persist_rank: str = "cond"
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -204,6 +205,8 @@ class TopkConfig:
                        "'persistent' or 'auto'")
     if self.threshold not in ("bisect", "falsi", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
+    if self.persist_rank not in ("cond", "masked", "loop"):
+      raise ValueError(f"persist_rank={self.persist_rank!r} must be 'cond', 'masked' or 'loop'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
     if not isinstance(self.skip_groups, bool):
