@@ -45,12 +45,13 @@ def _label(c: TopkConfig) -> str:
 # session 15, so a label keeps its meaning when the defaults move; session 15's first call
 # also swept fused_max_n, a one-program-per-row filter, and session 16's first bisect_points,
 # a multisection threshold, both since removed: benchmarks/NOTES.md; the persist_* fields
-# from session 17)
+# from session 17, whose fourth call also swept persist_rank, the persistent kernel's rank
+# step, since removed)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
                   max_group=64, max_group_rows=8, persist_max_rows=0, persist_programs=0,
-                  persist_block_i=16, persist_block_j=512, persist_warps=8, persist_rank="cond")
+                  persist_block_i=16, persist_block_j=512, persist_warps=8)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -161,8 +162,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
           chunk=persist_chunk(x.shape[1], chunk, parties), iters=config.bisect_iters,
           slack=config.falsi_slack * (config.threshold == "falsi"),
           block_i=config.persist_block_i, block_j=config.persist_block_j,
-          num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp, stop=stop,
-          rank=config.persist_rank)
+          num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp, stop=stop)
 
     for stop in ("search", "filter", "barrier", ""):
       timed[f"persistent to {stop or 'the end'}"] = (

@@ -126,6 +126,72 @@ def test_auto_finish_ranks_single_rows():
       _check(_rows(x, lens, k, KernelPlatform("gpu", True)), x, k, lens)
 
 
+@pytest.mark.parametrize("phases", [2, 1])
+def test_persistent_select(phases):
+  """`persistent_select` (interpret): threshold, compaction and rank finish in one kernel.
+  phases 2 runs it as two calls (its default in interpret mode); phases 1 as the one call it
+  is compiled into, where interpret mode's programs run one after another, so every program
+  but a row's last finds the barrier short and writes the row's exact top-k alone, and the
+  last ranks its share over it. Ties across the threshold, a row that overflows the
+  candidate buffer (repaired by one program), fewer valid entries than k, NaN, -0.0, -inf
+  and ragged rows, with and without lengths, against numpy."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(phases)
+  n, k, cap = 8192, 300, 1024
+  x = rng.standard_normal((4, n)).astype(np.float32)
+  x[1] = np.round(x[1] * 2)  # heavy ties: more candidates than the buffer holds
+  x[2] = -np.inf
+  x[2, ::97] = rng.standard_normal(len(x[2, ::97]))  # 85 valid entries < k
+  x[3, ::3] = np.nan
+  x[3, 1::3] = -0.0
+  cfg = ktopk.TopkConfig(persist_max_rows=4, persist_programs=4)
+  g = ktopk.group_size(n, k, cfg, "gpu", rows=4)
+  for lens in (np.array([n, n - 5, n, 1000]), None):
+    lj = None if lens is None else jnp.asarray(lens, jnp.int32)
+    gm, ctr = kg.group_max(jnp.asarray(x), lj, chunk=512, group=g, num_warps=4,
+                           interpret=True, zeros=kg.PERSIST_SLOTS)
+    out = kg.persistent_select(jnp.asarray(x), lj, gm, ctr, k=k, capacity=cap, parties=4,
+                               chunk=512, iters=14, slack=64, interpret=True, phases=phases)
+    _check(out, x, k, np.full(4, n) if lens is None else lens)
+  with pytest.raises(ValueError, match="counters"):
+    kg.persistent_select(jnp.asarray(x), None, gm, ctr[:, :8], k=k, capacity=cap, parties=4,
+                         chunk=512, iters=14, slack=64, interpret=True)
+  with pytest.raises(ValueError, match="capacity"):
+    kg.persistent_select(jnp.asarray(x), None, gm, ctr, k=k, capacity=200, parties=4,
+                         chunk=512, iters=14, slack=64, interpret=True)
+
+
+def test_persistent_finish_rule():
+  """TopkConfig's persistent finish: off under "auto" by default (it measured slower on the
+  H200), taken for at most persist_max_rows rows, with programs per row from the GPU's SMs
+  (a power of two, rows * programs <= SMs; 8 when unknown); the whole call through it
+  matches numpy (interpret, bfloat16 input; at k = N / 2 too few groups send the call to the
+  full sort) and lowers for cuda."""
+  cfg = ktopk.TopkConfig()
+  assert cfg.finish_for(1, 2048) == "rank"
+  on = ktopk.TopkConfig(persist_max_rows=8)
+  assert [on.finish_for(r, 2048) for r in (1, 8, 9)] == ["persistent", "persistent", "bitonic"]
+  assert on.finish_for(1, 2048, persistent=False) == "rank"
+  assert ktopk.TopkConfig(persist_max_rows=8, threshold="sort").finish_for(1, 2048) == "rank"
+  assert [on.persist_parties(r, 132) for r in (1, 8, 66, 67)] == [128, 16, 2, 0]
+  assert on.persist_parties(1, 0) == 8
+  assert ktopk.TopkConfig(persist_programs=4).persist_parties(1, 132) == 4
+  for bad in (dict(persist_max_rows=-1), dict(persist_programs=-2), dict(persist_spin=0),
+              dict(persist_block_i=24), dict(finish="persist")):
+    with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
+      ktopk.TopkConfig(**bad)
+  rng = np.random.default_rng(11)
+  x = np.asarray(jnp.asarray(rng.standard_normal((2, 6000)), jnp.bfloat16).astype(jnp.float32))
+  lens = np.array([6000, 4321])
+  for k in (3000, 700):
+    _check(_rows(jnp.asarray(x, jnp.bfloat16), lens, k, KernelPlatform("gpu", True), on), x, k,
+           lens)
+  S = jax.ShapeDtypeStruct
+  export_for(lambda x: ktopk.topk_rows(x, None, 2048, ktopk.TopkConfig(finish="persistent"),
+                                       KernelPlatform("gpu", False)), "cuda",
+             S((1, 32768), jnp.float32))
+
+
 def test_large_groups():
   """TopkConfig.max_group: groups past 64 entries on GPU for calls of at most 8 rows (TPU
   stays at 64; groups whose maxima another kernel emits tile its tiles, `fused_groups`), and

@@ -253,8 +253,7 @@ def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, pa
       chunk=persist_chunk(n_pad, chunk, parties),
       iters=config.bisect_iters, slack=config.falsi_slack * (config.threshold == "falsi"),
       block_i=config.persist_block_i, block_j=config.persist_block_j,
-      num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp,
-      rank=config.persist_rank)
+      num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp)
 
 
 def persist_chunk(n_pad: int, chunk: int, parties: int) -> int:

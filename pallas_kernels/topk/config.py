@@ -53,13 +53,17 @@ class TopkConfig:
     H200 whatever the batch), "rank" (sorting by counting, `gpu.rank_finish`: a grid of
     rank_block_i x rank_block_j tiles counts, for every candidate, the candidates before it,
     then a second kernel puts each in its place; O(candidates^2) compares but no dependent
-    chain; order-free too) or "auto" (the default: rank for at most `rank_max_rows` rows
-    when k >= `rank_min_k`, else bitonic). On the H200 (benchmarks/results/session15/
+    chain; order-free too), "persistent" (below) or "auto" (the default: persistent for at
+    most `persist_max_rows` rows, none by default; else rank for at most `rank_max_rows`
+    rows when k >= `rank_min_k`, else bitonic). On the H200 (benchmarks/results/session15/
     topk_small_*_s15a.json, kernel time of the whole call, k = 2048) the rank finish took
     one row of 128K from 21.9 to 18.8 us (32 x 256 tiles; 19.5 at 64 x 256), 1M 27.1 ->
     23.7, 32K 21.6 -> 19.1, but 8 rows of 32K 22.8 -> 37.7 (the compares fill the GPU); at
     k = 512 it then tied with bitonic (13.3-20.2 us); since session 16's place kernel (no
-    read of the whole candidate row) it wins there too (`rank_min_k`).
+    read of the whole candidate row) it wins there too (`rank_min_k`). "persistent"
+    (`gpu.persistent_select`): after the group maxima, one
+    kernel of (rows, programs) programs does the threshold, the compaction, a barrier
+    between the row's programs and a rank finish (see persist_max_rows for its times).
   rank_max_rows, rank_min_k: the "auto" rule above. rank_min_k 512: at one row of 32K /
     128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
     (benchmarks/results/session16/topk_k512_s16a.json).
@@ -67,6 +71,21 @@ class TopkConfig:
     warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
     us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2 / 19.5 at 64 x
     256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow, long tiles win.
+  persist_max_rows: "auto" takes the persistent finish for calls of at most this many rows
+    (0, the default: never). Exact on the H200 (compiled tests) but slower there: one row of
+    32K x 2048 took 19.1 us of kernels (group maxima 1.0, the persistent kernel 18.1)
+    against 12.6 for the six-kernel path; the kernel cut after its barrier took 5.5 us, so
+    its rank step is what loses (benchmarks/results/session17/topk_steps_s17c.json,
+    benchmarks/NOTES.md session 17).
+  persist_programs: programs per row of the persistent kernel; 0 (the default): the largest
+    power of two with rows * programs <= the GPU's SMs, which the kernel's barrier needs
+    (each program stays resident while it waits).
+  persist_block_i, persist_block_j: the candidates each program ranks at a time, and the
+    block size in which it reads the others (powers of two >= 16); persist_warps: warps of
+    the persistent kernel's programs.
+  persist_spin: how many times a program polls the barrier before it gives up and writes
+    its row's top-k alone (exact, slow; the safeguard against programs that are not all
+    resident).
   threshold_warps: warps of the threshold kernel (GPU). 8: with bisection, at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
     (benchmarks/results/session15/topk_thr_*_s15b.json).
@@ -143,13 +162,12 @@ class TopkConfig:
   rank_block_j: int = 512
   rank_warps: int = 4
   threshold_warps: int = 8
-  persist_max_rows: int = 1
+  persist_max_rows: int = 0
   persist_programs: int = 0
   persist_block_i: int = 16
   persist_block_j: int = 512
   persist_warps: int = 8
   persist_spin: int = 1 << 20
-  persist_rank: str = "cond"
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -205,8 +223,6 @@ class TopkConfig:
                        "'persistent' or 'auto'")
     if self.threshold not in ("bisect", "falsi", "sort"):
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
-    if self.persist_rank not in ("cond", "masked", "loop"):
-      raise ValueError(f"persist_rank={self.persist_rank!r} must be 'cond', 'masked' or 'loop'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
     if not isinstance(self.skip_groups, bool):

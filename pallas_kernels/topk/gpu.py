@@ -852,8 +852,7 @@ def _grid_sync(ctr_ref, slot, parties: int, limit: int, interpret: bool):
 
 def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: int,
                        parties: int, chunk: int, capacity: int, block_i: int, block_j: int,
-                       phase: str, spin: int, interpret: bool, stop: str = "",
-                       rank: str = "cond"):
+                       phase: str, spin: int, interpret: bool, stop: str = ""):
   """One program (row, p) of `persistent_select`; phase "all" (compiled: filter, barrier,
   rank), or "filter" / "rank" (the two halves as separate calls, for interpret mode)."""
   refs = refs[3:] if phase == "rank" else refs[1:]  # inputs aliased to the outputs
@@ -905,7 +904,7 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
   @pl.when(ok & ~over)
   def _():
     _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, k=k, parties=parties, block_i=block_i,
-                block_j=block_j, capacity=capacity, mode=rank)
+                block_j=block_j, capacity=capacity)
 
   # overflow (program 0 of the row), or a barrier that timed out: this program alone writes
   # the row's exact top-k (the same values the rank share writes, so a race is harmless)
@@ -926,24 +925,22 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
 
 
 def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, block_i: int,
-                block_j: int, capacity: int, mode: str):
+                block_j: int, capacity: int):
   """Program p's part of the row's sorted output: candidate blocks p, p + parties, ... of
   block_i slots below `live`, each ranked against every live candidate (the count of those
   before it, as `_rank_count_kernel`), written to its rank if below k; and its share of the
-  -inf / -1 tail, slots [live, k). The other candidates come block_j at a time; mode "cond":
-  all loaded once before any compare, blocks past `live` skipped by a `lax.cond`; "masked":
-  the same with every block compared (past `live` they are -inf and count for nothing);
-  "loop": a loop over the live blocks only, each loaded where it is compared."""
+  -inf / -1 tail, slots [live, k). The other candidates are loaded once, block_j at a time,
+  before any compare; blocks of them past `live` are skipped by a `lax.cond`. (On the H200
+  comparing every block instead, or a loop over the live blocks loading each where it is
+  compared, measured slower: benchmarks/NOTES.md, session 17.)"""
   INT_MAX = jnp.iinfo(jnp.int32).max
-  iota_j = lax.broadcasted_iota(jnp.int32, (block_j,), 0)
-
-  def load_j(start):  # [1, block_j]: the layout the compares broadcast
-    sl = pl.ds(start, block_j)
-    ok = start + iota_j < live
-    return (plgpu.load(v_ref.at[sl], mask=ok, other=NEG_INF)[None, :],
-            plgpu.load(i_ref.at[sl], mask=ok, other=INT_MAX)[None, :])
-
-  js = [load_j(b * block_j) for b in range(capacity // block_j)] if mode != "loop" else []
+  js = []
+  for b in range(capacity // block_j):
+    pj = b * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
+    sl = pl.ds(b * block_j, block_j)
+    # [1, block_j]: the layout the compares broadcast, made once rather than per use
+    js.append((plgpu.load(v_ref.at[sl], mask=pj < live, other=NEG_INF)[None, :],
+               plgpu.load(i_ref.at[sl], mask=pj < live, other=INT_MAX)[None, :]))
   lane = lax.broadcasted_iota(jnp.int32, (block_i,), 0)
   trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
   blocks = (live + block_i - 1) // block_i
@@ -957,16 +954,9 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
     def count(vj, ij):
       return jnp.sum(((vj > vc) | ((vj == vc) & (ij < ic))).astype(jnp.int32), axis=1)
 
-    if mode == "loop":
-      rank = lax.fori_loop(0, (live + block_j - 1) // block_j,
-                           lambda b, r: r + count(*load_j(b * block_j)), zeros())
-    else:
-      rank = zeros()
-      for b, (vj, ij) in enumerate(js):
-        if mode == "cond":
-          rank = rank + lax.cond(b * block_j < live, lambda vj=vj, ij=ij: count(vj, ij), zeros)
-        else:
-          rank = rank + count(vj, ij)
+    rank = zeros()
+    for b, (vj, ij) in enumerate(js):
+      rank = rank + lax.cond(b * block_j < live, lambda vj=vj, ij=ij: count(vj, ij), zeros)
     keep = (a + lane < live) & (rank < k)
     dest = jnp.where(keep, rank, trash)
     plgpu.store(vo_ref.at[dest], vi, mask=keep)
@@ -986,8 +976,7 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
 def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
                       chunk: int, iters: int, slack: int, block_i: int = 16,
                       block_j: int = 512, num_warps: int = 8, spin: int = 1 << 20,
-                      interpret: bool = False, phases: int = 0, stop: str = "",
-                      rank: str = "cond"):
+                      interpret: bool = False, phases: int = 0, stop: str = ""):
   """Threshold, compaction and sorted finish of a few rows in one kernel: x [R, N] float32
   (N % chunk == 0), lengths [R] int32 or None, gmax [R, N / group] group maxima, counters
   [R, PERSIST_SLOTS] int32 zeros (`group_max(..., zeros=PERSIST_SLOTS)`) -> values [R, k]
@@ -1010,10 +999,7 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
   one after another, so none could wait for a later one); 1 or 2 force either (1 in
   interpret mode: every program but the row's last times out and repairs the row).
   stop (for timing the steps, benchmarks/topk_stages.py; the output is then not the top-k):
-  "search", "filter" or "barrier" end every program after that step. rank: how step 5 walks
-  the candidates (`_rank_share`'s mode)."""
-  if rank not in ("cond", "masked", "loop"):
-    raise ValueError(f"rank={rank!r} must be 'cond', 'masked' or 'loop'")
+  "search", "filter" or "barrier" end every program after that step."""
   r, n = x.shape
   if not (is_pow2(chunk) and n % chunk == 0):
     raise ValueError(f"chunk={chunk} must be a power of two dividing the row length {n}")
@@ -1036,7 +1022,7 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
   kernel = functools.partial(
       _persistent_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
       capacity=capacity, block_i=block_i, block_j=block_j, spin=spin, interpret=interpret,
-      stop=stop, rank=rank)
+      stop=stop)
   len_in = [] if lengths is None else [lengths]
   out_specs = [row(PERSIST_SLOTS), row(cap_w), row(cap_w), row(width), row(width), row(rep_w),
                row(rep_w)]
