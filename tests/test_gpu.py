@@ -207,9 +207,10 @@ def test_topk_gpu_persistent(n, k, lengths, dtype):
 
 @pytest.mark.parametrize("spin,parties", [(0, 16), (1 << 20, 2), (1 << 20, 64)])
 def test_topk_gpu_persistent_barrier(spin, parties):
-  """`persistent_select` compiled with its barrier forced to time out (spin 0: every program
-  but a row's last arrival repairs the row alone, racing the rank finish of the others with
-  the same values) and with 2 and 64 programs per row (2 rows), against numpy."""
+  """`persistent_select` compiled with its barrier forced to time out (spin 0: programs that
+  arrive before a row's last one give up at once; the first of them claims the row and
+  writes its exact top-k alone, racing the last arrival's rank share with the same values)
+  and with 2 and 64 programs per row (2 rows), against numpy."""
   from pallas_kernels.topk import TopkConfig, group_size
   from pallas_kernels.topk import gpu as kg
   n, k = 65536, 2048

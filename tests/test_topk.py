@@ -131,10 +131,11 @@ def test_persistent_select(phases):
   """`persistent_select` (interpret): threshold, compaction and rank finish in one kernel.
   phases 2 runs it as two calls (its default in interpret mode); phases 1 as the one call it
   is compiled into, where interpret mode's programs run one after another, so every program
-  but a row's last finds the barrier short and writes the row's exact top-k alone, and the
-  last ranks its share over it. Ties across the threshold, a row that overflows the
-  candidate buffer (repaired by one program), fewer valid entries than k, NaN, -0.0, -inf
-  and ragged rows, with and without lengths, against numpy."""
+  but a row's last finds the barrier short: the first claims the row and writes its exact
+  top-k alone, the others leave, and the last ranks its share over it. Ties across the
+  threshold, a row that overflows the candidate buffer (repaired by one program), fewer
+  valid entries than k, NaN, -0.0, -inf and ragged rows, with and without lengths, against
+  numpy."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(phases)
   n, k, cap = 8192, 300, 1024
@@ -173,6 +174,7 @@ def test_persistent_finish_rule():
   assert [on.finish_for(r, 2048) for r in (1, 8, 9)] == ["persistent", "persistent", "bitonic"]
   assert on.finish_for(1, 2048, persistent=False) == "rank"
   assert ktopk.TopkConfig(persist_max_rows=8, threshold="sort").finish_for(1, 2048) == "rank"
+  assert ktopk.TopkConfig(finish="persistent", threshold="sort").finish_for(8, 2048) == "bitonic"
   assert [on.persist_parties(r, 132) for r in (1, 8, 66, 67)] == [128, 16, 2, 0]
   assert on.persist_parties(1, 0) == 8
   assert ktopk.TopkConfig(persist_programs=4).persist_parties(1, 132) == 4

@@ -159,7 +159,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     finish_ = config.finish_for(r, k) if ordered else "set"
     if finish_ == "persistent":
       parties = config.persist_parties(r, 0 if interp else _gpu.sm_count())
-      if parties and config.threshold != "sort":
+      if parties:
         return *_gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
                                 parties), False, False
       finish_ = config.finish_for(r, k, persistent=False)

@@ -171,12 +171,16 @@ class TopkConfig:
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
-    or "sort"; persistent=False: what "auto" takes where the persistent kernel cannot run."""
-    if self.finish == "auto":
-      if persistent and rows <= self.persist_max_rows and self.threshold != "sort":
-        return "persistent"
+    or "sort". persistent=False (no room for the persistent kernel's programs), or
+    threshold="sort": "persistent" becomes what "auto" takes without it."""
+    how = self.finish
+    if how == "auto" and rows <= self.persist_max_rows:
+      how = "persistent"
+    if how == "persistent" and (not persistent or self.threshold == "sort"):
+      how = "auto"  # the persistent kernel searches the threshold itself
+    if how == "auto":
       return "rank" if rows <= self.rank_max_rows and k >= self.rank_min_k else "bitonic"
-    return self.finish
+    return how
 
   def persist_parties(self, rows: int, sms: int) -> int:
     """Programs per row of the persistent kernel for `rows` rows on a GPU of `sms` SMs (0:

@@ -813,7 +813,9 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   return v[:, :k], i[:, :k]
 
 
-PERSIST_SLOTS = 2 * COUNTER_STRIDE  # a row's counters: [0] candidates, [COUNTER_STRIDE] arrivals
+# a row's counters for `persistent_select`, each on its own 128 bytes: candidates, arrivals at
+# the barrier, claims of the repair, and one unused (Triton's arrays are powers of two)
+PERSIST_SLOTS = 4 * COUNTER_STRIDE
 _PRELOAD = 8  # at most this many chunks per program are loaded before the threshold search
 
 
@@ -899,29 +901,43 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
   total = plgpu.atomic_add(c_ref, (zero,), jnp.int32(0))
   over = total > capacity
   live = jnp.minimum(total, capacity)
-  kw = next_pow2(k)
 
   @pl.when(ok & ~over)
   def _():
     _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, k=k, parties=parties, block_i=block_i,
                 block_j=block_j, capacity=capacity)
 
-  # overflow (program 0 of the row), or a barrier that timed out: this program alone writes
-  # the row's exact top-k (the same values the rank share writes, so a race is harmless)
-  @pl.when(~ok | (over & (p == 0)))
+  # overflow, or a barrier that timed out: the first such program of the row (a claim on the
+  # row's third counter) writes the row's exact top-k alone, through the row's scratch; any
+  # rank shares that run write the same values, so that race is harmless
+  @pl.when(~ok | over)
   def _():
-    _exact_set(x_ref, n if len_ref is None else len_ref[0], rv_ref, ri_ref, n=n,
-               chunk=min(chunk, kw), k=k)
-    if not interpret:
-      plgpu.debug_barrier()  # the set's scattered stores, read back by other lanes below
-    v, i = rv_ref[pl.ds(0, kw)], ri_ref[pl.ds(0, kw)]
-    lane = lax.broadcasted_iota(jnp.int32, (kw,), 0)
-    live_ = (lane < k) & (v > NEG_INF)
-    key, idx = _bitonic_sort(jnp.where(live_, _ordered_key(v), jnp.uint32(0)),
-                             jnp.where(live_, i, jnp.iinfo(jnp.int32).max))
-    good = key != 0
-    vo_ref[pl.ds(0, kw)] = jnp.where(good, _from_ordered_key(key), NEG_INF)
-    io_ref[pl.ds(0, kw)] = jnp.where(good, idx, -1)
+    first = plgpu.atomic_add(c_ref, (zero + 2 * COUNTER_STRIDE,), jnp.int32(1)) == 0
+
+    @pl.when(first)
+    def _():
+      _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, n=n, chunk=chunk, k=k,
+                     interpret=interpret)
+
+
+def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, chunk: int,
+                   k: int, interpret: bool):
+  """One program: the row's exact top-k set (`_exact_set`) into the scratch rv / ri, read
+  back, sorted by a bitonic network and written to vo / io (values descending, ties to the
+  lower index, -inf / -1 tail)."""
+  kw = next_pow2(k)
+  _exact_set(x_ref, n if len_ref is None else len_ref[0], rv_ref, ri_ref, n=n,
+             chunk=min(chunk, kw), k=k)
+  if not interpret:
+    plgpu.debug_barrier()  # the set's scattered stores, read back by other lanes below
+  v, i = rv_ref[pl.ds(0, kw)], ri_ref[pl.ds(0, kw)]
+  lane = lax.broadcasted_iota(jnp.int32, (kw,), 0)
+  live_ = (lane < k) & (v > NEG_INF)
+  key, idx = _bitonic_sort(jnp.where(live_, _ordered_key(v), jnp.uint32(0)),
+                           jnp.where(live_, i, jnp.iinfo(jnp.int32).max))
+  good = key != 0
+  vo_ref[pl.ds(0, kw)] = jnp.where(good, _from_ordered_key(key), NEG_INF)
+  io_ref[pl.ds(0, kw)] = jnp.where(good, idx, -1)
 
 
 def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, block_i: int,
@@ -993,11 +1009,11 @@ def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, part
        (`_rank_share`), and its share of the tail.
   The barrier needs every program of the call resident at once: R * parties must not
   exceed the SMs (`sm_count`), each program taking one. A row with more than `capacity`
-  candidates, or a program whose barrier times out after `spin` polls, gets the row's exact
-  top-k from one program (`_exact_set`, then a bitonic sort): slow, but exact and with no
+  candidates, or whose barrier times out after `spin` polls in some program, gets its exact
+  top-k from the first program to claim it (`_repair_sorted`): slow, but exact and with no
   branch on the host. phases 0: one call compiled, two in interpret mode (its programs run
   one after another, so none could wait for a later one); 1 or 2 force either (1 in
-  interpret mode: every program but the row's last times out and repairs the row).
+  interpret mode: every program but a row's last times out; the first repairs the row).
   stop (for timing the steps, benchmarks/topk_stages.py; the output is then not the top-k):
   "search", "filter" or "barrier" end every program after that step."""
   r, n = x.shape
