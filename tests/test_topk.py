@@ -645,3 +645,17 @@ def test_whole_rows_without_lengths(platform):
     for g, w in zip(got, want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     _check(got, x[:, :n], min(k, n), np.full(3, n))
+
+
+def test_stage_labels_round_trip():
+  """benchmarks/topk_stages.py's config labels: a label names every field that differs from
+  LABEL_BASE, and parsing it gives the same TopkConfig back (a field it leaves out reads as
+  LABEL_BASE's value, so a label keeps its meaning when a default moves)."""
+  from benchmarks.topk_stages import LABEL_BASE, _label, _parse
+  for cfg in (ktopk.TopkConfig(), ktopk.TopkConfig(persist_max_rows=8, persist_warps=4),
+              ktopk.TopkConfig(finish="bitonic", max_group=64, gather=True, compact="lane")):
+    assert _parse(_label(cfg)) == cfg
+  old = _parse("2048:4:14:512:0")  # a label from before session 15's fields
+  assert all(getattr(old, f) == v for f, v in LABEL_BASE.items())
+  with pytest.raises(ValueError, match="persist_rank"):
+    _parse("2048:4:14:512:0+persist_rank=loop")
