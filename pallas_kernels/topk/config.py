@@ -74,9 +74,9 @@ class TopkConfig:
   persist_max_rows: "auto" takes the persistent finish for calls of at most this many rows
     (0, the default: never). Exact on the H200 (compiled tests) but slower there: one row of
     32K x 2048 took 19.1 us of kernels (group maxima 1.0, the persistent kernel 18.1)
-    against 12.6 for the six-kernel path; the kernel cut after its barrier took 5.5 us, so
-    its rank step is what loses (benchmarks/results/session17/topk_steps_s17c.json,
-    benchmarks/NOTES.md session 17).
+    against 12.6 for the six-kernel path (topk_persist_k2048_s17b.json); the kernel cut
+    after its barrier took 5.5 us, so its rank step is what loses (benchmarks/results/
+    session17/topk_steps_s17c.json, benchmarks/NOTES.md session 17).
   persist_programs: programs per row of the persistent kernel; 0 (the default): the largest
     power of two with rows * programs <= the GPU's SMs, which the kernel's barrier needs
     (each program stays resident while it waits).

@@ -735,9 +735,22 @@ def _rank_count_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, o_ref):
     pj = b + lax.broadcasted_iota(jnp.int32, (bj,), 0)
     vj = jnp.where(pj < live, vj_ref[...], NEG_INF)[None, :]
     ij = jnp.where(pj < live, ij_ref[...], jnp.iinfo(jnp.int32).max)[None, :]
-    vi, ii = vi_ref[...][:, None], ii_ref[...][:, None]
-    before = (vj > vi) | ((vj == vi) & (ij < ii))
-    o_ref[...] = jnp.sum(before.astype(jnp.int32), axis=1)
+    o_ref[...] = _count_before(vj, ij, vi_ref[...][:, None], ii_ref[...][:, None])
+
+
+def _count_before(vj, ij, vi, ii):
+  """[1, J] candidates j against [I, 1] candidates i -> [I] int32: for each i, how many j come
+  before it in the sorted order (a larger value, or the same value and a lower index)."""
+  return jnp.sum(((vj > vi) | ((vj == vi) & (ij < ii))).astype(jnp.int32), axis=1)
+
+
+def _store_tail(vo_ref, io_ref, slots, live, k: int, trash):
+  """Write the -inf / -1 tail into those of `slots` [L] in [live, k) (the slots no live
+  candidate reaches); the other lanes aim at `trash` (distinct slots, see _scatter_width)."""
+  tail = (slots >= live) & (slots < k)
+  dest = jnp.where(tail, slots, trash)
+  plgpu.store(vo_ref.at[dest], jnp.full(slots.shape, NEG_INF, jnp.float32), mask=tail)
+  plgpu.store(io_ref.at[dest], jnp.full(slots.shape, -1, jnp.int32), mask=tail)
 
 
 def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, vo_ref, io_ref, *, k: int,
@@ -759,10 +772,7 @@ def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, vo_ref, io_ref, *, k: int,
   dest = jnp.where(keep, rank, trash)
   plgpu.store(vo_ref.at[dest], v, mask=keep)
   plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, i_ref[...], -1), mask=keep)
-  tail = (c0 + lane >= live) & (c0 + lane < k)
-  dest = jnp.where(tail, c0 + lane, trash)
-  plgpu.store(vo_ref.at[dest], jnp.full((bs,), NEG_INF, jnp.float32), mask=tail)
-  plgpu.store(io_ref.at[dest], jnp.full((bs,), -1, jnp.int32), mask=tail)
+  _store_tail(vo_ref, io_ref, c0 + lane, live, k, trash)
 
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
@@ -930,14 +940,9 @@ def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, ch
              chunk=min(chunk, kw), k=k)
   if not interpret:
     plgpu.debug_barrier()  # the set's scattered stores, read back by other lanes below
-  v, i = rv_ref[pl.ds(0, kw)], ri_ref[pl.ds(0, kw)]
-  lane = lax.broadcasted_iota(jnp.int32, (kw,), 0)
-  live_ = (lane < k) & (v > NEG_INF)
-  key, idx = _bitonic_sort(jnp.where(live_, _ordered_key(v), jnp.uint32(0)),
-                           jnp.where(live_, i, jnp.iinfo(jnp.int32).max))
-  good = key != 0
-  vo_ref[pl.ds(0, kw)] = jnp.where(good, _from_ordered_key(key), NEG_INF)
-  io_ref[pl.ds(0, kw)] = jnp.where(good, idx, -1)
+  head = pl.ds(0, kw)
+  key, idx = _bitonic_sort(*_sort_keys(rv_ref.at[head], ri_ref.at[head], k))
+  _write_sorted(key, idx, vo_ref.at[head], io_ref.at[head])
 
 
 def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, block_i: int,
@@ -966,13 +971,10 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
     a = (p + t * parties) * block_i
     vi, ii = v_ref[pl.ds(a, block_i)], i_ref[pl.ds(a, block_i)]
     vc, ic = vi[:, None], ii[:, None]
-
-    def count(vj, ij):
-      return jnp.sum(((vj > vc) | ((vj == vc) & (ij < ic))).astype(jnp.int32), axis=1)
-
     rank = zeros()
     for b, (vj, ij) in enumerate(js):
-      rank = rank + lax.cond(b * block_j < live, lambda vj=vj, ij=ij: count(vj, ij), zeros)
+      rank = rank + lax.cond(b * block_j < live,
+                             lambda vj=vj, ij=ij: _count_before(vj, ij, vc, ic), zeros)
     keep = (a + lane < live) & (rank < k)
     dest = jnp.where(keep, rank, trash)
     plgpu.store(vo_ref.at[dest], vi, mask=keep)
@@ -982,11 +984,7 @@ def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, 
   lax.fori_loop(0, jnp.maximum(blocks - p + parties - 1, 0) // parties, body, 0)
   per = max(next_pow2(k) // parties, 16)
   lane = lax.broadcasted_iota(jnp.int32, (per,), 0)
-  s = p * per + lane
-  tail = (s >= live) & (s < k)
-  dest = jnp.where(tail, s, vo_ref.shape[0] - 1 - lane)
-  plgpu.store(vo_ref.at[dest], jnp.full((per,), NEG_INF, jnp.float32), mask=tail)
-  plgpu.store(io_ref.at[dest], jnp.full((per,), -1, jnp.int32), mask=tail)
+  _store_tail(vo_ref, io_ref, p * per + lane, live, k, vo_ref.shape[0] - 1 - lane)
 
 
 def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
