@@ -67,6 +67,30 @@ def test_topk_gpu(n, k, finish):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("rows,n,k,compact", [(1, 32768, 2048, "auto"), (1, 1 << 20, 2048, "auto"),
+                                              (8, 131072, 2048, "auto"),
+                                              (8, 131072, 2048, "lane"), (8, 1 << 20, 512, "auto")])
+def test_topk_gpu_fused(rows, n, k, compact):
+  """TopkConfig(fused_repair=True, fused_rank=True) compiled: the repair done by each row's
+  last compaction program (scan, lane and gathering compactions; rows overflowing by ties
+  and by sorted runs next to ordinary, ragged and empty ones) and the one-kernel rank finish
+  (one row, so "auto" ranks), against numpy."""
+  from pallas_kernels.topk import TopkConfig
+  cfg = TopkConfig(fused_repair=True, fused_rank=True, compact=compact)
+  rng = np.random.default_rng(n + rows)
+  x = rng.standard_normal((8, n)).astype(np.float32)
+  x[1, :5000] = 1.5  # ties across the threshold: overflow
+  x[4] = (np.arange(n) // 256).astype(np.float32)  # sorted runs: overflow
+  lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
+  for r0 in range(0, 8, rows) if rows == 8 else (0, 1, 3, 4, 6):
+    xs, ls = x[r0:r0 + rows], lens[r0:r0 + rows]
+    v, i = jaxsparse.topk(jnp.asarray(xs), k, lengths=jnp.asarray(ls), implementation="pallas",
+                          config=cfg)
+    rv, ri = np_topk(xs, k, ls)
+    np.testing.assert_array_equal(np.asarray(i), ri)
+    np.testing.assert_array_equal(np.asarray(v), rv)
+
+
 @pytest.mark.parametrize("run,skip,compact", [
     (0, True, "scan"), (256, True, "scan"), (512, True, "scan"), (1024, True, "scan"),
     (512, False, "scan"), (512, False, "lane"), (0, True, "lane"), (512, False, "rows"),

@@ -80,6 +80,52 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
   _check(_rows(x, lens, k, plat, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
 
 
+def test_fused_repair_and_rank():
+  """TopkConfig(fused_repair=True, fused_rank=True), GPU kernels in interpret mode: the last
+  compaction program of a row repairs it (overflowing rows: ties across the k-th value,
+  all-equal runs, a group list longer than the buffer, next to ordinary, ragged and empty
+  rows), for both one-pass compactions and every placement, before the bitonic, rank and
+  fused rank finishes; the fused rank kernel gives the two-kernel rank finish's result."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(18)
+  n, k = 16384, 64
+  x = rng.standard_normal((6, n)).astype(np.float32)
+  x[0] = np.tile(np.arange(64, dtype=np.float32), n // 64) - 40.0  # overflow, ties at k-th
+  x[1, ::5] = -0.0
+  x[1, 3::11] = np.nan
+  x[3] = np.repeat(np.arange(n // 256, dtype=np.float32), 256)  # sorted runs: overflow
+  x[4] = -5.0
+  x[4, :4000] = 1.0  # many groups reach the threshold: the group list overflows
+  lens = np.array([n, n - 9, n // 3, 5000, n, 0])
+  plat = KernelPlatform("gpu", True)
+  for extra in (dict(finish="bitonic"), dict(finish="bitonic", compact="lane"),
+                dict(finish="rank"), dict(finish="rank", fused_rank=True),
+                dict(finish="rank", fused_rank=True, gather=True),
+                dict(finish="bitonic", gather=True, compact="lane")):
+    cfg = ktopk.TopkConfig(capacity_factor=1, fused_repair=True, **extra)
+    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+  # the fused rank kernel alone, against the two-kernel finish: candidates in any order
+  cap = 256
+  cv = rng.standard_normal((3, 2 * cap)).astype(np.float32)
+  cv[0, :90] = 1.0  # ties, broken by index
+  cv[2, 5] = -np.inf
+  ci = np.stack([rng.permutation(2 * cap) for _ in range(3)]).astype(np.int32)
+  args = (jnp.asarray(cv), jnp.asarray(ci), jnp.asarray([200, 60, 256], jnp.int32), 100, cap)
+  two = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True)
+  one = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, fused=True)
+  for a, b in zip(two, one):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert np.asarray(one[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
+  with pytest.raises(ValueError, match="counters"):
+    kg.rank_finish(*args, interpret=True, fused=True, counters=jnp.zeros((3, 4), jnp.int32))
+  with pytest.raises(ValueError, match="repair_chunk"):
+    kg.compact_atomic(jnp.zeros((1, 1024)), None, jnp.zeros((1,)), capacity=128, chunk=512,
+                      num_warps=4, interpret=True, repair=64, repair_chunk=96)
+  for name in ("fused_repair", "fused_rank"):
+    with pytest.raises(ValueError, match=name):
+      ktopk.TopkConfig(**{name: 1})
+
+
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
 def test_rank_finish_matches_numpy(n, k):
   """The rank-counting and bitonic finishes (GPU kernels, interpret; both after the one-pass
@@ -583,6 +629,9 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(compact="rows"), True),
                        (ktopk.TopkConfig(gather=True), True),
                        (ktopk.TopkConfig(gather=True, compact="lane"), True),
+                       (ktopk.TopkConfig(finish="rank", fused_repair=True, fused_rank=True),
+                        True),
+                       (ktopk.TopkConfig(gather=True, fused_repair=True), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
@@ -653,7 +702,8 @@ def test_stage_labels_round_trip():
   LABEL_BASE's value, so a label keeps its meaning when a default moves)."""
   from benchmarks.topk_stages import LABEL_BASE, _label, _parse
   for cfg in (ktopk.TopkConfig(), ktopk.TopkConfig(persist_max_rows=8, persist_warps=4),
-              ktopk.TopkConfig(finish="bitonic", max_group=64, gather=True, compact="lane")):
+              ktopk.TopkConfig(finish="bitonic", max_group=64, gather=True, compact="lane"),
+              ktopk.TopkConfig(fused_repair=True, fused_rank=True)):
     assert _parse(_label(cfg)) == cfg
   old = _parse("2048:4:14:512:0")  # a label from before session 15's fields
   assert all(getattr(old, f) == v for f, v in LABEL_BASE.items())

@@ -163,9 +163,13 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
         return *_gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
                                 parties), False, False
       finish_ = config.finish_for(r, k, persistent=False)
-    cv, ci, live = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
-                                   order_free=finish_ in ("bitonic", "rank"))
-    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map)
+    zeros = 0  # the fused rank finish's counters, written by the group maxima kernel
+    if finish_ == "rank" and config.fused_rank:
+      zeros = capacity // min(config.rank_block_i, capacity)
+    cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
+                                        gmax, order_free=finish_ in ("bitonic", "rank"),
+                                        zeros=zeros)
+    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, ctr)
   gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
   thr = lax.top_k(gm, k)[0][:, k - 1]
   total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
@@ -185,14 +189,20 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
                    lambda: full_sort(x, lengths, k)), False, False
 
 
-def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *, order_free):
+def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *, order_free,
+                    zeros: int = 0):
   """GPU, rows of any length: group maxima (unless given), threshold, compaction and repair
-  -> (values, indices) [R, >= capacity] candidates and live [R] slots per row. order_free:
-  the finish accepts candidates in any slot order (one-pass compaction, maybe gathering)."""
+  -> (values, indices) [R, >= capacity] candidates, live [R] slots per row, and [R, zeros]
+  int32 zeros from the group maxima kernel (None when zeros is 0 or gmax is given).
+  order_free: the finish accepts candidates in any slot order (one-pass compaction, maybe
+  gathering; with TopkConfig.fused_repair the compaction also does the repair)."""
   r, n_pad = xp.shape
+  ctr0 = None
   if gmax is None:
     gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
-                          interpret=interp)
+                          interpret=interp, zeros=zeros)
+    if zeros:
+      gmax, ctr0 = gmax
   else:  # emitted for the unpadded row: the padding's groups are -inf
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
   # an order-free finish takes a one-pass compaction; from the group list (gather) when the
@@ -213,15 +223,18 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   else:
     thr = lax.top_k(gmax, k)[0][:, k - 1]
   skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
+  # the repair fused into a one-pass compaction: its last program per row does it
+  fused = dict(repair=k, repair_chunk=min(chunk, _gpu._scatter_width(capacity, interp))
+               ) if order_free and config.fused_repair else {}
   if gather:
     cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
                                         capacity=capacity, lanes=gather_lanes,
                                         num_warps=config.num_warps, interpret=interp,
-                                        placement=place)
+                                        placement=place, **fused)
   elif order_free:  # count and compaction in one pass
     cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                         num_warps=config.num_warps, interpret=interp,
-                                        gmax=skip, counter=ctr, placement=place)
+                                        gmax=skip, counter=ctr, placement=place, **fused)
   else:
     counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                         interpret=interp, gmax=skip)
@@ -229,12 +242,14 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
     total = counts.sum(axis=1)
     cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
                           num_warps=config.num_warps, interpret=interp, gmax=skip)
+  if fused:  # total is already the live count
+    return cv, ci, total, ctr0
   # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
   # is read on the host, ~35 us on the H200, more than the filter passes together)
   # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
-  return _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
-                     chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
-                     interpret=interp)
+  return *_gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
+                      chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
+                      interpret=interp), ctr0
 
 
 def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, parties):
@@ -262,10 +277,11 @@ def persist_chunk(n_pad: int, chunk: int, parties: int) -> int:
   return min(chunk, max(128, next_pow2(-(-n_pad // parties))))
 
 
-def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map):
+def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, counters=None):
   """Candidates -> (values, indices, in_index_order, mapped through block_map): how is
   "set" (the k best in index order; the candidates must be in index order), "bitonic",
-  "rank" or "sort" (`TopkConfig.finish_for`)."""
+  "rank" or "sort" (`TopkConfig.finish_for`). counters: zeros for the fused rank finish
+  (TopkConfig.fused_rank), or None to make them there."""
   if how == "set":
     return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
   if how == "bitonic" and 0 < config.bitonic_run < capacity:
@@ -279,7 +295,8 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map):
   if how == "rank":
     return *_gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
                              block_j=config.rank_block_j, num_warps=config.rank_warps,
-                             interpret=interp), False, False
+                             interpret=interp, fused=config.fused_rank,
+                             counters=counters), False, False
   cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
   v, p = lax.top_k(cvm, k)
   return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False

@@ -86,6 +86,15 @@ class TopkConfig:
   persist_spin: how many times a program polls the barrier before it gives up and writes
     its row's top-k alone (exact, slow; the safeguard against programs that are not all
     resident).
+  fused_repair: True, a one-pass compaction (before an order-free finish, GPU) also does the
+    repair of overflowing rows: the last of a row's programs to finish (an arrival counter,
+    no waiting) reads the row's count and, for an overflowing row, writes its exact top-k
+    set; the separate repair kernel (one program per row, a no-op for every row that fits)
+    is not launched. False: that kernel runs after the compaction.
+  fused_rank: True, the rank finish is one kernel: the count tile that finishes last for a
+    block of candidates sums the block's partial counts and places the candidates (an
+    arrival counter per block, zeroed by the group maxima kernel); False, a second kernel
+    places them.
   threshold_warps: warps of the threshold kernel (GPU). 8: with bisection, at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
     (benchmarks/results/session15/topk_thr_*_s15b.json).
@@ -168,6 +177,8 @@ class TopkConfig:
   persist_block_j: int = 512
   persist_warps: int = 8
   persist_spin: int = 1 << 20
+  fused_repair: bool = False
+  fused_rank: bool = False
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -229,8 +240,9 @@ class TopkConfig:
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
-    if not isinstance(self.skip_groups, bool):
-      raise ValueError(f"skip_groups={self.skip_groups!r} must be a bool")
+    for name in ("skip_groups", "fused_repair", "fused_rank"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):
       raise ValueError(f"gather={self.gather!r} must be True, False or 'auto'")
     for name in ("rank_block_i", "rank_block_j", "persist_block_i", "persist_block_j"):

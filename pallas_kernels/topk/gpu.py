@@ -118,7 +118,7 @@ PLACEMENTS = ("scan", "rows", "lane")
 
 
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int,
-                           placement: str):
+                           placement: str, repair: dict | None = None):
   """One (row, chunk): the chunk's candidates appended to the row's buffer (count and
   compaction in one pass; the slots land in whatever order the programs run, so only an
   order-free finish such as `bitonic_finish` may consume the buffer). refs: [group maxima,]
@@ -131,11 +131,49 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity:
   own atomic add of 1 on the row's float32 counter (exact up to 2**24): no scan and no
   chunk-wide sum. (Pallas Triton lowers an atomic add of an integer tensor as a float add,
   hence the float counter; its interpret mode does not emulate per-lane atomics on one
-  address, so there "lane" places slots as "scan" does.)"""
-  *g_ref, _, ctr_ref, v_ref, i_ref = refs
+  address, so there "lane" places slots as "scan" does.)
+  repair: None, or `_tail_repair`'s keywords (the whole row and live [1] then join refs)."""
+  xf_ref = live_ref = None
+  if repair:  # [group maxima,] whole row, counter in; counter, values, indices, live
+    *g_ref, xf_ref, _, ctr_ref, v_ref, i_ref, live_ref = refs
+  else:
+    *g_ref, _, ctr_ref, v_ref, i_ref = refs
+  zero = pl.program_id(1) * 0  # the atomics' traced index (see _place)
   x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
-         placement=placement)
+         placement=placement, zero=zero)
+  if repair:
+    _tail_repair(xf_ref, len_ref, ctr_ref, v_ref, i_ref, live_ref, zero, capacity=capacity,
+                 **repair)
+
+
+def _tail_repair(xf_ref, len_ref, ctr_ref, v_ref, i_ref, live_ref, zero, *, parties: int,
+                 k: int, chunk: int, capacity: int, interpret: bool):
+  """The end of every compaction program when the repair is fused into the compaction (no
+  `repair` kernel): the program adds 1 to the row's arrival counter (ctr_ref[1]), and the
+  one that arrives last of the row's `parties` reads the row's candidate count
+  (ctr_ref[0]), writes live_ref [1] (the count, or k for an overflowing row) and, for a row
+  whose candidates overflowed the buffer, writes the row's exact top-k set into it
+  (`_exact_set` over xf_ref, the whole row). No program waits for another, so unlike a
+  barrier this needs no residency. The CTA barrier before the arrival orders every lane's
+  stores before it, and the atomics are acquire-release at GPU scope, so the last program
+  sees every other program's count and overwrites their slots after they are written."""
+  if not interpret:
+    plgpu.debug_barrier()
+  one, nil = jnp.ones((), ctr_ref.dtype), jnp.zeros((), ctr_ref.dtype)
+  seen = plgpu.atomic_add(ctr_ref, (zero + 1,), one).astype(jnp.int32)
+
+  @pl.when(seen == parties - 1)
+  def _():
+    tot = plgpu.atomic_add(ctr_ref, (zero,), nil).astype(jnp.int32)  # read at L2
+    live_ref[...] = jnp.where(tot > capacity, k, tot).reshape(1)
+
+    @pl.when(tot > capacity)
+    def _():
+      if not interpret:
+        plgpu.debug_barrier()
+      _exact_set(xf_ref, xf_ref.shape[0] if len_ref is None else len_ref[0], v_ref, i_ref,
+                 n=xf_ref.shape[0], chunk=chunk, k=k)
 
 
 def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, zero=None):
@@ -187,7 +225,8 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None, counter=None, placement: str = "scan"):
+                   interpret: bool, gmax=None, counter=None, placement: str = "scan",
+                   repair: int = 0, repair_chunk: int = 0):
   """x [R, N] (N % chunk == 0), lengths [R] (or None: whole rows), thr [R] -> (values,
   indices) [R, W >= capacity] float32 / int32 and the row counters [R, COUNTER_STRIDE]
   (element 0: the row's candidate count; `repair` reads them as they are): row r's first
@@ -196,7 +235,10 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   (optional): the maxima of contiguous groups; then only groups whose maximum reaches thr
   are read. counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
   (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
-  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24)."""
+  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24).
+  repair = k > 0: the repair of overflowing rows is fused in (`_tail_repair`, no `repair`
+  kernel; its exact set read in chunks of repair_chunk, which must divide N and the buffer
+  width) and the third result is live [R] int32 (`repair`'s) instead of the counters."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
@@ -214,29 +256,50 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
     raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
                      f"{jnp.dtype(dtype).name}")
+  fused = _repair_fused(repair, repair_chunk, n // chunk, n, width, capacity, interpret)
+  if fused:  # the whole row, for the exact set
+    extra, extra_specs = extra + [x], extra_specs + [pl.BlockSpec((None, n), lambda r, c: (r, 0))]
   kernel, len_in, len_spec = _lengths_in(functools.partial(
-      _compact_atomic_kernel, chunk=chunk, capacity=capacity,
+      _compact_atomic_kernel, chunk=chunk, capacity=capacity, repair=fused,
       placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
-  total, v, i = pl.pallas_call(
+  out = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs + [ctr],
-      out_specs=[ctr, row, row],
+      out_specs=[ctr, row, row] + [_PER_ROW] * bool(fused),
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + _live_shape(r) * bool(fused),
       input_output_aliases={2 + len(len_in) + len(extra): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
   )(x, *len_in, thr, *extra, counter)
-  return v, i, total
+  return out[1], out[2], out[3] if fused else out[0]
+
+
+def _live_shape(r):
+  return [jax.ShapeDtypeStruct((r,), jnp.int32)]
+
+
+def _repair_fused(k: int, chunk: int, parties: int, n: int, width: int, capacity: int,
+                  interpret: bool):
+  """`_tail_repair`'s keywords for a compaction of `parties` programs per row, or None for
+  k = 0 (no fused repair)."""
+  if not k:
+    return None
+  if not (is_pow2(chunk) and n % chunk == 0 and width % chunk == 0 and width >= k):
+    raise ValueError(f"repair_chunk={chunk} must be a power of two dividing the row length {n} "
+                     f"and the buffer width {width} (which must hold k={k})")
+  return dict(parties=parties, k=k, chunk=chunk, interpret=interpret)
 
 
 def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, v_ref, i_ref,
-                           *, group: int, capacity: int, list_width: int, placement: str):
+                           *live_ref, group: int, capacity: int, list_width: int,
+                           placement: str, repair: dict | None = None):
   """One (row, slice of the row's group list): the listed groups' entries are gathered (each
   group `group` contiguous scores), and those >= the threshold appended to the row's
-  candidate buffer as `_place` does. Programs past the listed count return at once."""
+  candidate buffer as `_place` does. Programs past the listed count do no work (with
+  `repair`, `_tail_repair`'s keywords, they still arrive; live [1] is then the last ref)."""
   per = gl_ref.shape[0]  # groups per program
   j = pl.program_id(1)
   zero = j * 0  # the atomic's traced index, made here (see _place)
@@ -254,9 +317,14 @@ def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, 
     _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
            placement=placement, zero=zero)
 
+  if repair:
+    _tail_repair(x_ref, len_ref, ctr_ref, v_ref, i_ref, live_ref[0], zero, capacity=capacity,
+                 **repair)
+
 
 def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capacity: int,
-                   lanes: int, num_warps: int, interpret: bool, placement: str = "scan"):
+                   lanes: int, num_warps: int, interpret: bool, placement: str = "scan",
+                   repair: int = 0, repair_chunk: int = 0):
   """`compact_atomic` that reads only the groups the threshold kernel listed
   (`threshold(..., list_width=capacity)`): x [R, N] (N % group == 0), lengths [R] or None,
   thr [R], glist [R, >= capacity] int32 group ids (the first min(nlisted, capacity) valid),
@@ -266,7 +334,8 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   lanes) programs, each gathering lanes / group listed groups; only the first ceil(listed *
   group / lanes) of a row do any work. The candidates all lie in listed groups (a group
   whose maximum is below the threshold holds none), so the result is the same candidate set
-  as `compact_atomic`'s, read from about (listed groups * group) entries instead of N."""
+  as `compact_atomic`'s, read from about (listed groups * group) entries instead of N.
+  repair, repair_chunk: as `compact_atomic` (then the third result is live [R] int32)."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
@@ -286,23 +355,24 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
+  fused = _repair_fused(repair, repair_chunk, capacity // per, n, width, capacity, interpret)
   kernel, len_in, len_spec = _lengths_in(functools.partial(
-      _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity,
+      _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity, repair=fused,
       placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
-  total, v, i = pl.pallas_call(
+  out = pl.pallas_call(
       kernel,
       grid=(r, capacity // per),
       in_specs=[pl.BlockSpec((None, n), lambda r, c: (r, 0))] + len_spec
       + [_PER_ROW, pl.BlockSpec((None, per), lambda r, c: (r, c)), _PER_ROW, ctr],
-      out_specs=[ctr, row, row],
+      out_specs=[ctr, row, row] + [_PER_ROW] * bool(fused),
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + _live_shape(r) * bool(fused),
       input_output_aliases={4 + len(len_in): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_groups",
   )(x, *len_in, thr, glist, nlisted.astype(jnp.int32), counter)
-  return v, i, total
+  return out[1], out[2], out[3] if fused else out[0]
 
 
 def _pow2_pieces(g: int) -> list[tuple[int, int]]:
@@ -764,19 +834,70 @@ def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, vo_ref, io_ref, *, k: int,
   c0 = pl.program_id(1) * bs
   live = live_ref[0]
   lane = lax.broadcasted_iota(jnp.int32, (bs,), 0)
-  jb = lax.broadcasted_iota(jnp.int32, (p_ref.shape[0], 1), 0) * block_j
-  rank = jnp.sum(jnp.where(jb < live, p_ref[...], 0), axis=0)
-  v = v_ref[...]
-  keep = (c0 + lane < live) & (rank < k)
   trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
-  dest = jnp.where(keep, rank, trash)
-  plgpu.store(vo_ref.at[dest], v, mask=keep)
-  plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, i_ref[...], -1), mask=keep)
+  _put_ranked(vo_ref, io_ref, v_ref[...], i_ref[...], _rank_of(p_ref[...], live, block_j),
+              c0 + lane < live, k, trash)
   _store_tail(vo_ref, io_ref, c0 + lane, live, k, trash)
 
 
+def _rank_of(parts, live, block_j: int):
+  """[J, I] partial counts of a block of I candidates against J blocks of block_j -> [I]
+  ranks (the blocks at or past the row's live count are left out)."""
+  jb = lax.broadcasted_iota(jnp.int32, (parts.shape[0], 1), 0) * block_j
+  return jnp.sum(jnp.where(jb < live, parts, 0), axis=0)
+
+
+def _put_ranked(vo_ref, io_ref, v, idx, rank, ok, k: int, trash):
+  """Write the candidates (v, idx) [I] whose lanes are `ok` (live) and rank below k to their
+  rank's slot (index -1 for a -inf value); the other lanes aim at `trash`."""
+  keep = ok & (rank < k)
+  dest = jnp.where(keep, rank, trash)
+  plgpu.store(vo_ref.at[dest], v, mask=keep)
+  plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, idx, -1), mask=keep)
+
+
+def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, _, p_ref, vo_ref, io_ref,
+                       c_ref, *, k: int, interpret: bool):
+  """One (row, i-block, j-block) tile of `rank_finish(..., fused=True)`: the count tile of
+  `_rank_count_kernel` written into the row's partial counts p_ref [J, cap]; then the tile
+  adds 1 to its i-block's arrival counter (c_ref [cap / block_i], zeroed before the call),
+  and the tile that arrives last of the block's live j-blocks sums the block's partials
+  (volatile loads: another SM wrote them, so this SM's L1 may hold stale lines) and writes
+  each candidate to its slot (`_rank_place_kernel`'s work, without its kernel). Tiles of
+  j-block 0 also write the -inf / -1 tail into their share of the slots [live, k). The CTA
+  barrier before the arrival orders every lane's stores before it; the atomic is
+  acquire-release at GPU scope. No tile waits for another (no residency needed)."""
+  bi, bj = vi_ref.shape[0], vj_ref.shape[0]
+  ia, jb = pl.program_id(1), pl.program_id(2)
+  a, b = ia * bi, jb * bj
+  live = live_ref[0]
+  lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
+  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
+
+  @pl.when(jb == 0)
+  def _():
+    _store_tail(vo_ref, io_ref, a + lane, live, k, trash)
+
+  @pl.when((a < live) & (b < live))
+  def _():
+    pj = b + lax.broadcasted_iota(jnp.int32, (bj,), 0)
+    vj = jnp.where(pj < live, vj_ref[...], NEG_INF)[None, :]
+    ij = jnp.where(pj < live, ij_ref[...], jnp.iinfo(jnp.int32).max)[None, :]
+    vi, ii = vi_ref[...], ii_ref[...]
+    p_ref[jb, pl.ds(a, bi)] = _count_before(vj, ij, vi[:, None], ii[:, None])
+    if not interpret:
+      plgpu.debug_barrier()
+    seen = plgpu.atomic_add(c_ref, (ia,), jnp.int32(1))
+
+    @pl.when(seen == (live + bj - 1) // bj - 1)
+    def _():
+      parts = plgpu.load(p_ref.at[:, pl.ds(a, bi)], volatile=True)
+      _put_ranked(vo_ref, io_ref, vi, ii, _rank_of(parts, live, bj), a + lane < live, k, trash)
+
+
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
-                num_warps: int = 4, interpret: bool = False):
+                num_warps: int = 4, interpret: bool = False, fused: bool = False,
+                counters=None):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
@@ -788,7 +909,10 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   candidates in a 2 k buffer does ~30% of the tiles), then (R, cap / block_i) programs sum
   each candidate's partials and write it to its slot. O(live^2) compares: cheap for a few
   rows, where a sorting network's ~78 dependent steps dominate; a bitonic finish wins for
-  many rows (the compares then fill the GPU)."""
+  many rows (the compares then fill the GPU).
+  fused: one kernel instead of two (`_rank_fused_kernel`: the last count tile of each block
+  of candidates places them); counters: its [R, cap / block_i] int32 zeros (made here when
+  None; `group_max(..., zeros=)` can make them without a fill kernel)."""
   r = cv.shape[0]
   _check_cap(cap, k, cv.shape[1])
   block_i, block_j = min(block_i, cap), min(block_j, cap)
@@ -798,6 +922,29 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   nj = cap // block_j
   bi = pl.BlockSpec((None, block_i), lambda r, a, b: (r, a))
   bj = pl.BlockSpec((None, block_j), lambda r, a, b: (r, b))
+  width = next_pow2(k) + (block_i if interpret else 0)  # interpret: trash slots past the row
+  if fused:
+    ni = cap // block_i
+    if counters is None:
+      counters = jnp.zeros((r, ni), jnp.int32)
+    if counters.shape != (r, ni) or counters.dtype != jnp.int32:
+      raise ValueError(f"counters {counters.shape} {counters.dtype} must be ({r}, {ni}) int32")
+    whole = pl.BlockSpec((None, ni), lambda r, a, b: (r, 0))
+    out = pl.BlockSpec((None, width), lambda r, a, b: (r, 0))
+    _, v, i, _ = pl.pallas_call(
+        functools.partial(_rank_fused_kernel, k=k, interpret=interpret),
+        grid=(r, ni, nj),
+        in_specs=[bi, bi, bj, bj, pl.BlockSpec((1,), lambda r, a, b: (r,)), whole],
+        out_specs=[pl.BlockSpec((None, nj, cap), lambda r, a, b: (r, 0, 0)), out, out, whole],
+        out_shape=[jax.ShapeDtypeStruct((r, nj, cap), jnp.int32),
+                   jax.ShapeDtypeStruct((r, width), jnp.float32),
+                   jax.ShapeDtypeStruct((r, width), jnp.int32),
+                   jax.ShapeDtypeStruct((r, ni), jnp.int32)],
+        input_output_aliases={5: 3},
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name="jaxsparse_topk_rank_fused",
+    )(cv, ci, cv, ci, live, counters)
+    return v[:, :k], i[:, :k]
   partial = pl.pallas_call(
       _rank_count_kernel,
       grid=(r, cap // block_i, nj),
@@ -807,7 +954,6 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_rank_count",
   )(cv, ci, cv, ci, live)
-  width = next_pow2(k) + (block_i if interpret else 0)  # interpret: trash slots past the row
   out = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   v, i = pl.pallas_call(
       functools.partial(_rank_place_kernel, k=k, block_j=block_j),
