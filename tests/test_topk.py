@@ -81,11 +81,13 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 
 
 def test_fused_repair_and_rank():
-  """TopkConfig(fused_repair=True, fused_rank=True), GPU kernels in interpret mode: the last
-  compaction program of a row repairs it (overflowing rows: ties across the k-th value,
-  all-equal runs, a group list longer than the buffer, next to ordinary, ragged and empty
-  rows), for both one-pass compactions and every placement, before the bitonic, rank and
-  fused rank finishes; the fused rank kernel gives the two-kernel rank finish's result."""
+  """TopkConfig(fused_repair=True, fused_rank=True, fused_threshold_rows), GPU kernels in
+  interpret mode: the last compaction program of a row repairs it (overflowing rows: ties
+  across the k-th value, all-equal runs, a group list longer than the buffer, next to
+  ordinary, ragged and empty rows), for both one-pass compactions, every placement and the
+  compaction that searches its own threshold (`search_compact`, 8 and 3 programs per row),
+  before the bitonic, rank and fused rank finishes; the fused rank kernel gives the
+  two-kernel rank finish's result."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(18)
   n, k = 16384, 64
@@ -101,7 +103,9 @@ def test_fused_repair_and_rank():
   for extra in (dict(finish="bitonic"), dict(finish="bitonic", compact="lane"),
                 dict(finish="rank"), dict(finish="rank", fused_rank=True),
                 dict(finish="rank", fused_rank=True, gather=True),
-                dict(finish="bitonic", gather=True, compact="lane")):
+                dict(finish="bitonic", gather=True, compact="lane"),
+                dict(finish="rank", fused_rank=True, fused_threshold_rows=6),
+                dict(finish="bitonic", fused_threshold_rows=8, persist_programs=3)):
     cfg = ktopk.TopkConfig(capacity_factor=1, fused_repair=True, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   # the fused rank kernel alone, against the two-kernel finish: candidates in any order
@@ -632,6 +636,8 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(finish="rank", fused_repair=True, fused_rank=True),
                         True),
                        (ktopk.TopkConfig(gather=True, fused_repair=True), True),
+                       (ktopk.TopkConfig(fused_threshold_rows=8, fused_rank=True,
+                                         rank_max_rows=8), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

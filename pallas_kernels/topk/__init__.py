@@ -195,20 +195,38 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   -> (values, indices) [R, >= capacity] candidates, live [R] slots per row, and [R, zeros]
   int32 zeros from the group maxima kernel (None when zeros is 0 or gmax is given).
   order_free: the finish accepts candidates in any slot order (one-pass compaction, maybe
-  gathering; with TopkConfig.fused_repair the compaction also does the repair)."""
+  gathering; with TopkConfig.fused_repair the compaction also does the repair, and for at
+  most TopkConfig.fused_threshold_rows rows it also searches the threshold)."""
   r, n_pad = xp.shape
-  ctr0 = None
+  # zeros from the group maxima kernel: search_compact's counters, then the finish's
+  searching = (order_free and r <= config.fused_threshold_rows
+               and config.threshold in ("bisect", "falsi") and not config.gathers(r, n_pad))
+  widths = ((_gpu.COUNTER_STRIDE,) if searching else ()) + ((zeros,) if zeros else ())
   if gmax is None:
-    gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
-                          interpret=interp, zeros=zeros)
-    if zeros:
-      gmax, ctr0 = gmax
+    out = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
+                         interpret=interp, zeros=widths)
+    gmax, made = (out[0], list(out[1:])) if widths else (out, [])
   else:  # emitted for the unpadded row: the padding's groups are -inf
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
+    made = [jnp.zeros((r, w), jnp.int32) for w in widths]
+  search_ctr = made.pop(0) if searching else None
+  finish_zeros = made.pop(0) if zeros else None
   # an order-free finish takes a one-pass compaction; from the group list (gather) when the
   # threshold kernel can write one
   in_kernel = config.threshold in ("bisect", "falsi")  # the threshold kernel, not a sort
   gather = order_free and config.gathers(r, n_pad) and in_kernel
+  if searching:
+    # a few rows: the compaction's programs search the threshold themselves and the last
+    # of each row repairs it (`gpu.search_compact`; no threshold or repair kernel)
+    parties = min(max(config.persist_parties(r, 0 if interp else _gpu.sm_count()), 1),
+                  n_pad // 128)
+    c = persist_chunk(n_pad, chunk, parties)
+    cv, ci, live = _gpu.search_compact(
+        xp, lengths, gmax, search_ctr, k=k, capacity=capacity, parties=min(parties, n_pad // c),
+        chunk=c, iters=config.bisect_iters,
+        slack=config.falsi_slack * (config.threshold == "falsi"),
+        num_warps=config.threshold_warps, interpret=interp)
+    return cv, ci, live, finish_zeros
   place = config.placement(r, n_pad, k, gather=gather)
   gather_lanes = min(config.chunk_for(r, n_pad), capacity * g)  # entries per gathering program
   if gather and place == "rows" and gather_lanes < 64:
@@ -243,13 +261,13 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
     cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
                           num_warps=config.num_warps, interpret=interp, gmax=skip)
   if fused:  # total is already the live count
-    return cv, ci, total, ctr0
+    return cv, ci, total, finish_zeros
   # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
   # is read on the host, ~35 us on the H200, more than the filter passes together)
   # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
   return *_gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
                       chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
-                      interpret=interp), ctr0
+                      interpret=interp), finish_zeros
 
 
 def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, parties):

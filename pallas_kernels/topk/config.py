@@ -95,6 +95,12 @@ class TopkConfig:
     block of candidates sums the block's partial counts and places the candidates (an
     arrival counter per block, zeroed by the group maxima kernel); False, a second kernel
     places them.
+  fused_threshold_rows: calls of at most this many rows (0, the default: none) whose finish
+    is order-free and whose compaction reads every chunk (no gather) skip the threshold and
+    repair kernels: the compaction's programs (`gpu.search_compact`, as many per row as
+    `persist_parties` gives, with threshold_warps warps) each search the row's threshold
+    from all its group maxima, append their candidates, and the last of a row repairs it
+    (as fused_repair). Every program repeats the search, so it pays only for a few rows.
   threshold_warps: warps of the threshold kernel (GPU). 8: with bisection, at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
     (benchmarks/results/session15/topk_thr_*_s15b.json).
@@ -179,6 +185,7 @@ class TopkConfig:
   persist_spin: int = 1 << 20
   fused_repair: bool = False
   fused_rank: bool = False
+  fused_threshold_rows: int = 0
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -249,7 +256,7 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
-    for name in ("persist_programs", "persist_max_rows"):
+    for name in ("persist_programs", "persist_max_rows", "fused_threshold_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")

@@ -63,7 +63,8 @@ def _group_max_kernel(x_ref, len_ref, o_ref, *z_ref, chunk: int, group: int):
 
     @pl.when(pl.program_id(1) == 0)
     def _():
-      z_ref[0][...] = jnp.zeros(z_ref[0].shape, jnp.int32)
+      for z in z_ref:
+        z[...] = jnp.zeros(z.shape, jnp.int32)
 
 
 def _live_lanes(g_ref, thr, chunk: int):
@@ -553,18 +554,20 @@ _PER_ROW = pl.BlockSpec((1,), lambda r, c: (r,))  # one value per row (length, t
 
 
 def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool,
-              zeros: int = 0):
+              zeros: int | tuple = 0):
   """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32.
-  zeros > 0 -> also [R, zeros] int32 zeros (counters for `persistent_select`, made here
-  rather than by a fill kernel of their own)."""
+  zeros > 0 -> also [R, zeros] int32 zeros (counters for `persistent_select` and the fused
+  kernels, made here rather than by a fill kernel of their own); a tuple of widths -> one
+  such array per width (each a power of two), all after the maxima."""
   r, n = x.shape
+  widths = tuple(w for w in (zeros if isinstance(zeros, tuple) else (zeros,)) if w)
   kernel, len_in, len_spec = _lengths_in(
       functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _PER_ROW)
   out_specs = [pl.BlockSpec((None, chunk // group), lambda r, c: (r, c))]
   out_shape = [jax.ShapeDtypeStruct((r, n // group), jnp.float32)]
-  if zeros:
-    out_specs.append(pl.BlockSpec((None, zeros), lambda r, c: (r, 0)))
-    out_shape.append(jax.ShapeDtypeStruct((r, zeros), jnp.int32))
+  for w in widths:
+    out_specs.append(pl.BlockSpec((None, w), lambda r, c: (r, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((r, w), jnp.int32))
   out = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
@@ -574,7 +577,7 @@ def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: 
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_group_max",
   )(x, *len_in)
-  return tuple(out) if zeros else out[0]
+  return tuple(out) if widths else out[0]
 
 
 def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=None):
@@ -1019,34 +1022,12 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
   zero = p * 0  # a traced zero made at the top level (see _place)
   n = x_ref.shape[0]
   if phase in ("all", "filter"):
-    nchunks = n // chunk
-    trips = -(-nchunks // parties)
-    iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
-
-    def load(t):  # chunk p + t * parties of the row (-inf past the row)
-      c = p + t * parties
-      idx = c * chunk + iota
-      x = plgpu.load(x_ref.at[pl.ds(jnp.minimum(c, nchunks - 1) * chunk, chunk)],
-                     mask=idx < n, other=NEG_INF)
-      return _as_candidates(x, idx, len_ref), idx
-
-    # this program's chunks are loaded first, so their latency hides behind the search
-    pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
-    ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-    thr = _search(ms, k, iters, slack)
+    got = _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, k=k, iters=iters,
+                        slack=slack, parties=parties, chunk=chunk, capacity=capacity,
+                        search_only=stop == "search")
     if stop == "search":
-      got = functools.reduce(jnp.maximum, [jnp.max(x) for x, _ in pre], thr)  # keep the loads
       vo_ref[pl.ds(0, 16)] = jnp.full((16,), got, jnp.float32)
       return
-
-    def place(x, idx):
-      _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
-             placement="scan", zero=zero)
-
-    for x, idx in pre:
-      place(x, idx)
-    if not pre:
-      lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
   if phase == "filter" or stop == "filter":
     return
   ok = _grid_sync(c_ref, zero + COUNTER_STRIDE, parties, spin, interpret) if phase == "all" \
@@ -1074,6 +1055,106 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
     def _():
       _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, n=n, chunk=chunk, k=k,
                      interpret=interpret)
+
+
+def _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, *, k: int, iters: int,
+                  slack: int, parties: int, chunk: int, capacity: int,
+                  search_only: bool = False):
+  """Program p of a row's `parties`: load its chunks of the row x_ref [N] (chunk p, p +
+  parties, ...; all of them first when there are at most _PRELOAD, so their latency hides
+  behind the search), find the row's threshold from all its group maxima m_ref [G]
+  (`_search`; every program of the row finds the same one, so none waits for another) and
+  append its candidates to the row's buffer (v_ref, i_ref) at ranges reserved on the
+  counter c_ref[0] ("scan" placement). zero: a traced int32 zero made at the top level.
+  search_only: stop after the search and return a value that depends on the loads (for
+  timing the steps); otherwise returns None."""
+  n = x_ref.shape[0]
+  nchunks = n // chunk
+  trips = -(-nchunks // parties)
+  iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+  def load(t):  # chunk p + t * parties of the row (-inf past the row)
+    c = p + t * parties
+    idx = c * chunk + iota
+    x = plgpu.load(x_ref.at[pl.ds(jnp.minimum(c, nchunks - 1) * chunk, chunk)],
+                   mask=idx < n, other=NEG_INF)
+    return _as_candidates(x, idx, len_ref), idx
+
+  pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
+  ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
+  thr = _search(ms, k, iters, slack)
+  if search_only:
+    return functools.reduce(jnp.maximum, [jnp.max(x) for x, _ in pre], thr)
+
+  def place(x, idx):
+    _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
+           placement="scan", zero=zero)
+
+  for x, idx in pre:
+    place(x, idx)
+  if not pre:
+    lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
+  return None
+
+
+def _search_compact_kernel(x_ref, len_ref, m_ref, _, c_ref, v_ref, i_ref, live_ref, *, k: int,
+                           iters: int, slack: int, parties: int, chunk: int, capacity: int,
+                           repair_chunk: int, interpret: bool):
+  """One program (row, p) of `search_compact`: `_search_place`, then `_tail_repair`."""
+  p = pl.program_id(1)
+  zero = p * 0  # a traced zero made at the top level (see _place)
+  _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, k=k, iters=iters,
+                slack=slack, parties=parties, chunk=chunk, capacity=capacity)
+  _tail_repair(x_ref, len_ref, c_ref, v_ref, i_ref, live_ref, zero, parties=parties, k=k,
+               chunk=repair_chunk, capacity=capacity, interpret=interpret)
+
+
+def search_compact(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
+                   chunk: int, iters: int, slack: int, num_warps: int = 8,
+                   interpret: bool = False):
+  """Threshold, one-pass compaction and repair of a few rows in one kernel (no threshold
+  kernel, no repair kernel): x [R, N] float32 (N % chunk == 0), lengths [R] int32 or None,
+  gmax [R, N / group] group maxima, counters [R, COUNTER_STRIDE] int32 zeros (`group_max(...,
+  zeros=COUNTER_STRIDE)`) -> (values, indices) [R, W >= capacity] candidates in no fixed
+  order and live [R] int32 (as `repair` gives them: the count, or k for an overflowing row,
+  whose exact top-k set then fills the first k slots in index order).
+
+  A grid of (R, parties) programs: each computes the row's threshold from all its group
+  maxima, appends the candidates of its chunks (`_search_place`, as the persistent kernel's
+  first half) and arrives on the row's counter; the last to arrive writes live and repairs
+  an overflowing row (`_tail_repair`). No program waits, so any number of programs works;
+  each repeats the search, so this pays only for a few rows (TopkConfig.fused_threshold_rows)."""
+  r, n = x.shape
+  if not (is_pow2(chunk) and n % chunk == 0) or parties < 1:
+    raise ValueError(f"chunk={chunk} must be a power of two dividing the row length {n}, and "
+                     f"parties={parties} >= 1")
+  if gmax.shape[0] != r or counters.shape != (r, COUNTER_STRIDE) or counters.dtype != jnp.int32:
+    raise ValueError(f"gmax {gmax.shape} and counters {counters.shape} {counters.dtype} must "
+                     f"have {r} rows ({COUNTER_STRIDE} int32 counters)")
+  if len(_pow2_pieces(gmax.shape[1])) > 4:
+    gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(gmax.shape[1]) - gmax.shape[1])),
+                   constant_values=NEG_INF)
+  width = _scatter_width(capacity, interpret)
+  fused = _repair_fused(k, min(chunk, width), parties, n, width, capacity, interpret)
+  row = lambda w: pl.BlockSpec((None, w), lambda r, p: (r, 0))
+  per_row = pl.BlockSpec((1,), lambda r, p: (r,))
+  kernel, len_in, len_spec = _lengths_in(functools.partial(
+      _search_compact_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
+      capacity=capacity, repair_chunk=fused["chunk"], interpret=interpret), lengths, per_row)
+  _, v, i, live = pl.pallas_call(
+      kernel,
+      grid=(r, parties),
+      in_specs=[row(n)] + len_spec + [row(gmax.shape[1]), row(COUNTER_STRIDE)],
+      out_specs=[row(COUNTER_STRIDE), row(width), row(width), per_row],
+      out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), jnp.int32),
+                 jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32),
+                 jax.ShapeDtypeStruct((r,), jnp.int32)],
+      input_output_aliases={2 + len(len_in): 0},
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_search_compact",
+  )(x, *len_in, gmax.astype(jnp.float32), counters)
+  return v, i, live
 
 
 def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, chunk: int,
