@@ -67,18 +67,17 @@ def test_topk_gpu(n, k, finish):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("rows,n,k,compact,search", [
-    (1, 32768, 2048, "auto", 1), (1, 32768, 2048, "auto", 0), (1, 1 << 20, 2048, "auto", 1),
-    (8, 131072, 2048, "auto", 8), (8, 131072, 2048, "lane", 0), (8, 1 << 20, 512, "auto", 0)])
-def test_topk_gpu_fused(rows, n, k, compact, search):
-  """TopkConfig(fused_repair=True, fused_rank=True, fused_threshold_rows=search) compiled: the
-  repair done by each row's last compaction program (scan, lane and gathering compactions,
-  and the compaction that searches its own threshold; rows overflowing by ties and by sorted
-  runs next to ordinary, ragged and empty ones) and the one-kernel rank finish (one row, so
-  "auto" ranks), against numpy."""
+@pytest.mark.parametrize("rows,n,k,compact,mid", [
+    (1, 32768, 2048, "auto", 0), (1, 1 << 20, 2048, "auto", 0), (8, 32768, 2048, "auto", 2048),
+    (8, 131072, 2048, "lane", 1024), (8, 1 << 20, 512, "auto", 0)])
+def test_topk_gpu_finish_repairs(rows, n, k, compact, mid):
+  """TopkConfig(repair_in_finish=True, fused_rank=True, bitonic_mid=mid) compiled: no repair
+  kernel; rows overflowing by ties and by sorted runs, next to ordinary, ragged and empty
+  ones, repaired by the one-kernel rank finish (one row) or the split bitonic finish's merge
+  program (8 rows; with a middle merge kernel; scan, lane and gathering compactions),
+  against numpy."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(fused_repair=True, fused_rank=True, compact=compact,
-                   fused_threshold_rows=search)
+  cfg = TopkConfig(repair_in_finish=True, fused_rank=True, compact=compact, bitonic_mid=mid)
   rng = np.random.default_rng(n + rows)
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5  # ties across the threshold: overflow

@@ -80,14 +80,13 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
   _check(_rows(x, lens, k, plat, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
 
 
-def test_fused_repair_and_rank():
-  """TopkConfig(fused_repair=True, fused_rank=True, fused_threshold_rows), GPU kernels in
-  interpret mode: the last compaction program of a row repairs it (overflowing rows: ties
-  across the k-th value, all-equal runs, a group list longer than the buffer, next to
-  ordinary, ragged and empty rows), for both one-pass compactions, every placement and the
-  compaction that searches its own threshold (`search_compact`, 8 and 3 programs per row),
-  before the bitonic, rank and fused rank finishes; the fused rank kernel gives the
-  two-kernel rank finish's result."""
+def test_finish_repairs_and_fused_rank():
+  """TopkConfig(repair_in_finish=True) with the fused rank finish and the split bitonic
+  finish (with and without a middle merge kernel), GPU kernels in interpret mode: no repair
+  kernel; the finish repairs overflowing rows itself (ties across the k-th value, all-equal
+  runs, a group list longer than the buffer, next to ordinary, ragged and empty rows), for
+  every compaction; SPIN's block map through the repairing merge; the fused rank kernel
+  gives the two-kernel rank finish's result."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(18)
   n, k = 16384, 64
@@ -100,14 +99,26 @@ def test_fused_repair_and_rank():
   x[4, :4000] = 1.0  # many groups reach the threshold: the group list overflows
   lens = np.array([n, n - 9, n // 3, 5000, n, 0])
   plat = KernelPlatform("gpu", True)
-  for extra in (dict(finish="bitonic"), dict(finish="bitonic", compact="lane"),
-                dict(finish="rank"), dict(finish="rank", fused_rank=True),
-                dict(finish="rank", fused_rank=True, gather=True),
-                dict(finish="bitonic", gather=True, compact="lane"),
-                dict(finish="rank", fused_rank=True, fused_threshold_rows=6),
-                dict(finish="bitonic", fused_threshold_rows=8, persist_programs=3)):
-    cfg = ktopk.TopkConfig(capacity_factor=1, fused_repair=True, **extra)
+  base = dict(capacity_factor=1, repair_in_finish=True)
+  for extra in (dict(finish="rank", fused_rank=True),
+                dict(finish="rank", fused_rank=True, gather=True, compact="lane"),
+                dict(finish="rank", fused_rank=False),  # the repair kernel, then two kernels
+                dict(finish="bitonic", bitonic_run=16),
+                dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
+                dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
+    cfg = ktopk.TopkConfig(**base, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+  # block-mapped rows (SPIN) through the repairing merge
+  sel = np.stack([rng.permutation(64)[:n // 256] for _ in range(6)]).astype(np.int32)
+  sel[2, 3] = -1
+  cfg = ktopk.TopkConfig(**base, finish="bitonic", bitonic_run=16, bitonic_mid=32)
+  v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
+                         block_map=(jnp.asarray(sel), 256))
+  rv, ri = np_topk(x, k, lens)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+  want = np.where(ri >= 0, np.take_along_axis(sel, np.maximum(ri, 0) // 256, 1) * 256
+                  + np.maximum(ri, 0) % 256, -1)
+  np.testing.assert_array_equal(np.asarray(i), np.where(want < 0, -1, want))
   # the fused rank kernel alone, against the two-kernel finish: candidates in any order
   cap = 256
   cv = rng.standard_normal((3, 2 * cap)).astype(np.float32)
@@ -122,12 +133,18 @@ def test_fused_repair_and_rank():
   assert np.asarray(one[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
   with pytest.raises(ValueError, match="counters"):
     kg.rank_finish(*args, interpret=True, fused=True, counters=jnp.zeros((3, 4), jnp.int32))
-  with pytest.raises(ValueError, match="repair_chunk"):
-    kg.compact_atomic(jnp.zeros((1, 1024)), None, jnp.zeros((1,)), capacity=128, chunk=512,
-                      num_warps=4, interpret=True, repair=64, repair_chunk=96)
-  for name in ("fused_repair", "fused_rank"):
-    with pytest.raises(ValueError, match=name):
-      ktopk.TopkConfig(**{name: 1})
+  with pytest.raises(ValueError, match="fused=True"):
+    kg.rank_finish(*args, interpret=True, repair=(jnp.zeros((3, 1024)), None, 256))
+  with pytest.raises(ValueError, match="mid=64"):
+    kg.bitonic_finish_split(*args, run=64, mid=64, interpret=True)
+  with pytest.raises(ValueError, match="live"):
+    kg.bitonic_finish_split(*args[:2], jnp.zeros((3, 5), jnp.int32), 100, cap, run=64,
+                            interpret=True)
+  assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
+  assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
+  for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3)):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+      ktopk.TopkConfig(**bad)
 
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
@@ -633,11 +650,10 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(compact="rows"), True),
                        (ktopk.TopkConfig(gather=True), True),
                        (ktopk.TopkConfig(gather=True, compact="lane"), True),
-                       (ktopk.TopkConfig(finish="rank", fused_repair=True, fused_rank=True),
+                       (ktopk.TopkConfig(finish="rank", repair_in_finish=True,
+                                         fused_rank=True), True),
+                       (ktopk.TopkConfig(gather=True, repair_in_finish=True, bitonic_mid=2048),
                         True),
-                       (ktopk.TopkConfig(gather=True, fused_repair=True), True),
-                       (ktopk.TopkConfig(fused_threshold_rows=8, fused_rank=True,
-                                         rank_max_rows=8), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
@@ -709,7 +725,7 @@ def test_stage_labels_round_trip():
   from benchmarks.topk_stages import LABEL_BASE, _label, _parse
   for cfg in (ktopk.TopkConfig(), ktopk.TopkConfig(persist_max_rows=8, persist_warps=4),
               ktopk.TopkConfig(finish="bitonic", max_group=64, gather=True, compact="lane"),
-              ktopk.TopkConfig(fused_repair=True, fused_rank=True)):
+              ktopk.TopkConfig(repair_in_finish=True, fused_rank=True, bitonic_mid=2048)):
     assert _parse(_label(cfg)) == cfg
   old = _parse("2048:4:14:512:0")  # a label from before session 15's fields
   assert all(getattr(old, f) == v for f, v in LABEL_BASE.items())

@@ -166,10 +166,16 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     zeros = 0  # the fused rank finish's counters, written by the group maxima kernel
     if finish_ == "rank" and config.fused_rank:
       zeros = capacity // min(config.rank_block_i, capacity)
+    # the finish repairs overflowing rows itself (no repair kernel): it gets the counters
+    repair = None
+    if config.repair_in_finish and ((finish_ == "rank" and config.fused_rank) or (
+        finish_ == "bitonic" and 0 < config.bitonic_run < capacity)):
+      repair = (xp, lengths, min(chunk, next_pow2(k)))
     cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
                                         gmax, order_free=finish_ in ("bitonic", "rank"),
-                                        zeros=zeros)
-    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, ctr)
+                                        zeros=zeros, repair=repair is None)
+    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, ctr,
+                       repair)
   gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
   thr = lax.top_k(gm, k)[0][:, k - 1]
   total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
@@ -190,43 +196,27 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
 
 
 def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *, order_free,
-                    zeros: int = 0):
+                    zeros: int = 0, repair: bool = True):
   """GPU, rows of any length: group maxima (unless given), threshold, compaction and repair
   -> (values, indices) [R, >= capacity] candidates, live [R] slots per row, and [R, zeros]
   int32 zeros from the group maxima kernel (None when zeros is 0 or gmax is given).
+  repair=False (an order-free finish that repairs overflowing rows itself): no repair
+  kernel, and live is the compaction's row counters [R, COUNTER_STRIDE] instead.
   order_free: the finish accepts candidates in any slot order (one-pass compaction, maybe
-  gathering; with TopkConfig.fused_repair the compaction also does the repair, and for at
-  most TopkConfig.fused_threshold_rows rows it also searches the threshold)."""
+  gathering)."""
   r, n_pad = xp.shape
-  # zeros from the group maxima kernel: search_compact's counters, then the finish's
-  searching = (order_free and r <= config.fused_threshold_rows
-               and config.threshold in ("bisect", "falsi") and not config.gathers(r, n_pad))
-  widths = ((_gpu.COUNTER_STRIDE,) if searching else ()) + ((zeros,) if zeros else ())
+  finish_zeros = None
   if gmax is None:
-    out = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
-                         interpret=interp, zeros=widths)
-    gmax, made = (out[0], list(out[1:])) if widths else (out, [])
+    gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
+                          interpret=interp, zeros=zeros)
+    if zeros:
+      gmax, finish_zeros = gmax
   else:  # emitted for the unpadded row: the padding's groups are -inf
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
-    made = [jnp.zeros((r, w), jnp.int32) for w in widths]
-  search_ctr = made.pop(0) if searching else None
-  finish_zeros = made.pop(0) if zeros else None
   # an order-free finish takes a one-pass compaction; from the group list (gather) when the
   # threshold kernel can write one
   in_kernel = config.threshold in ("bisect", "falsi")  # the threshold kernel, not a sort
   gather = order_free and config.gathers(r, n_pad) and in_kernel
-  if searching:
-    # a few rows: the compaction's programs search the threshold themselves and the last
-    # of each row repairs it (`gpu.search_compact`; no threshold or repair kernel)
-    parties = min(max(config.persist_parties(r, 0 if interp else _gpu.sm_count()), 1),
-                  n_pad // 128)
-    c = persist_chunk(n_pad, chunk, parties)
-    cv, ci, live = _gpu.search_compact(
-        xp, lengths, gmax, search_ctr, k=k, capacity=capacity, parties=min(parties, n_pad // c),
-        chunk=c, iters=config.bisect_iters,
-        slack=config.falsi_slack * (config.threshold == "falsi"),
-        num_warps=config.threshold_warps, interpret=interp)
-    return cv, ci, live, finish_zeros
   place = config.placement(r, n_pad, k, gather=gather)
   gather_lanes = min(config.chunk_for(r, n_pad), capacity * g)  # entries per gathering program
   if gather and place == "rows" and gather_lanes < 64:
@@ -241,18 +231,15 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   else:
     thr = lax.top_k(gmax, k)[0][:, k - 1]
   skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
-  # the repair fused into a one-pass compaction: its last program per row does it
-  fused = dict(repair=k, repair_chunk=min(chunk, _gpu._scatter_width(capacity, interp))
-               ) if order_free and config.fused_repair else {}
   if gather:
     cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
                                         capacity=capacity, lanes=gather_lanes,
                                         num_warps=config.num_warps, interpret=interp,
-                                        placement=place, **fused)
+                                        placement=place)
   elif order_free:  # count and compaction in one pass
     cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                         num_warps=config.num_warps, interpret=interp,
-                                        gmax=skip, counter=ctr, placement=place, **fused)
+                                        gmax=skip, counter=ctr, placement=place)
   else:
     counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                         interpret=interp, gmax=skip)
@@ -260,7 +247,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
     total = counts.sum(axis=1)
     cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
                           num_warps=config.num_warps, interpret=interp, gmax=skip)
-  if fused:  # total is already the live count
+  if not repair:
     return cv, ci, total, finish_zeros
   # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
   # is read on the host, ~35 us on the H200, more than the filter passes together)
@@ -295,18 +282,22 @@ def persist_chunk(n_pad: int, chunk: int, parties: int) -> int:
   return min(chunk, max(128, next_pow2(-(-n_pad // parties))))
 
 
-def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, counters=None):
+def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, counters=None,
+                repair=None):
   """Candidates -> (values, indices, in_index_order, mapped through block_map): how is
   "set" (the k best in index order; the candidates must be in index order), "bitonic",
   "rank" or "sort" (`TopkConfig.finish_for`). counters: zeros for the fused rank finish
-  (TopkConfig.fused_rank), or None to make them there."""
+  (TopkConfig.fused_rank), or None to make them there. repair: (rows, lengths, chunk) when
+  the finish repairs overflowing rows (TopkConfig.repair_in_finish; live is then the
+  compaction's counters)."""
   if how == "set":
     return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
   if how == "bitonic" and 0 < config.bitonic_run < capacity:
     return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
                                       num_warps=config.bitonic_warps,
                                       run_warps=config.bitonic_run_warps, interpret=interp,
-                                      block_map=block_map), False, block_map is not None
+                                      block_map=block_map, repair=repair,
+                                      mid=config.mid_for(capacity)), False, block_map is not None
   if how == "bitonic":
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
                                 interpret=interp), False, False
@@ -314,7 +305,7 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
     return *_gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
                              block_j=config.rank_block_j, num_warps=config.rank_warps,
                              interpret=interp, fused=config.fused_rank,
-                             counters=counters), False, False
+                             counters=counters, repair=repair), False, False
   cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
   v, p = lax.top_k(cvm, k)
   return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False

@@ -86,21 +86,20 @@ class TopkConfig:
   persist_spin: how many times a program polls the barrier before it gives up and writes
     its row's top-k alone (exact, slow; the safeguard against programs that are not all
     resident).
-  fused_repair: True, a one-pass compaction (before an order-free finish, GPU) also does the
-    repair of overflowing rows: the last of a row's programs to finish (an arrival counter,
-    no waiting) reads the row's count and, for an overflowing row, writes its exact top-k
-    set; the separate repair kernel (one program per row, a no-op for every row that fits)
-    is not launched. False: that kernel runs after the compaction.
   fused_rank: True, the rank finish is one kernel: the count tile that finishes last for a
     block of candidates sums the block's partial counts and places the candidates (an
     arrival counter per block, zeroed by the group maxima kernel); False, a second kernel
     places them.
-  fused_threshold_rows: calls of at most this many rows (0, the default: none) whose finish
-    is order-free and whose compaction reads every chunk (no gather) skip the threshold and
-    repair kernels: the compaction's programs (`gpu.search_compact`, as many per row as
-    `persist_parties` gives, with threshold_warps warps) each search the row's threshold
-    from all its group maxima, append their candidates, and the last of a row repairs it
-    (as fused_repair). Every program repeats the search, so it pays only for a few rows.
+  repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
+    whose candidates overflowed the buffer themselves (GPU): they read the compaction's
+    counters, and for such a row one program (the first rank tile, the row's merge program)
+    writes its exact sorted top-k (`gpu._repair_sorted`) while the others leave it; the
+    repair kernel (one program per row, a no-op for every row that fits) is not launched.
+    False: that kernel runs before the finish.
+  bitonic_mid: 0, the split bitonic finish's per-row program does every merge after the
+    runs; m (a power of two, bitonic_run < m < capacity), a kernel of (rows, capacity / m)
+    programs first merges the runs into blocks of m, so the per-row program does only the
+    last log2(capacity / m) merge sizes (GPU). Ignored when not between the two.
   threshold_warps: warps of the threshold kernel (GPU). 8: with bisection, at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
     (benchmarks/results/session15/topk_thr_*_s15b.json).
@@ -183,9 +182,9 @@ class TopkConfig:
   persist_block_j: int = 512
   persist_warps: int = 8
   persist_spin: int = 1 << 20
-  fused_repair: bool = False
   fused_rank: bool = False
-  fused_threshold_rows: int = 0
+  repair_in_finish: bool = False
+  bitonic_mid: int = 0
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -210,6 +209,10 @@ class TopkConfig:
       return 8
     per = sms // rows
     return 1 << (per.bit_length() - 1) if per >= 2 else 0
+
+  def mid_for(self, capacity: int) -> int:
+    """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
+    return self.bitonic_mid if self.bitonic_run < self.bitonic_mid < capacity else 0
 
   def chunk_for(self, rows: int, n: int) -> int:
     """The filter passes' chunk for rows x n scores (GPU; the small-call rule resolved)."""
@@ -247,7 +250,7 @@ class TopkConfig:
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
-    for name in ("skip_groups", "fused_repair", "fused_rank"):
+    for name in ("skip_groups", "fused_rank", "repair_in_finish"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):
@@ -256,13 +259,14 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
-    for name in ("persist_programs", "persist_max_rows", "fused_threshold_rows"):
+    for name in ("persist_programs", "persist_max_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")
-    v = self.bitonic_run
-    if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
-      raise ValueError(f"bitonic_run={v!r} must be 0 or a power of two >= 2")
+    for name in ("bitonic_run", "bitonic_mid"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
+        raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
                  "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps",

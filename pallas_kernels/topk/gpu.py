@@ -119,7 +119,7 @@ PLACEMENTS = ("scan", "rows", "lane")
 
 
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int,
-                           placement: str, repair: dict | None = None):
+                           placement: str):
   """One (row, chunk): the chunk's candidates appended to the row's buffer (count and
   compaction in one pass; the slots land in whatever order the programs run, so only an
   order-free finish such as `bitonic_finish` may consume the buffer). refs: [group maxima,]
@@ -132,49 +132,11 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity:
   own atomic add of 1 on the row's float32 counter (exact up to 2**24): no scan and no
   chunk-wide sum. (Pallas Triton lowers an atomic add of an integer tensor as a float add,
   hence the float counter; its interpret mode does not emulate per-lane atomics on one
-  address, so there "lane" places slots as "scan" does.)
-  repair: None, or `_tail_repair`'s keywords (the whole row and live [1] then join refs)."""
-  xf_ref = live_ref = None
-  if repair:  # [group maxima,] whole row, counter in; counter, values, indices, live
-    *g_ref, xf_ref, _, ctr_ref, v_ref, i_ref, live_ref = refs
-  else:
-    *g_ref, _, ctr_ref, v_ref, i_ref = refs
-  zero = pl.program_id(1) * 0  # the atomics' traced index (see _place)
+  address, so there "lane" places slots as "scan" does.)"""
+  *g_ref, _, ctr_ref, v_ref, i_ref = refs
   x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
-         placement=placement, zero=zero)
-  if repair:
-    _tail_repair(xf_ref, len_ref, ctr_ref, v_ref, i_ref, live_ref, zero, capacity=capacity,
-                 **repair)
-
-
-def _tail_repair(xf_ref, len_ref, ctr_ref, v_ref, i_ref, live_ref, zero, *, parties: int,
-                 k: int, chunk: int, capacity: int, interpret: bool):
-  """The end of every compaction program when the repair is fused into the compaction (no
-  `repair` kernel): the program adds 1 to the row's arrival counter (ctr_ref[1]), and the
-  one that arrives last of the row's `parties` reads the row's candidate count
-  (ctr_ref[0]), writes live_ref [1] (the count, or k for an overflowing row) and, for a row
-  whose candidates overflowed the buffer, writes the row's exact top-k set into it
-  (`_exact_set` over xf_ref, the whole row). No program waits for another, so unlike a
-  barrier this needs no residency. The CTA barrier before the arrival orders every lane's
-  stores before it, and the atomics are acquire-release at GPU scope, so the last program
-  sees every other program's count and overwrites their slots after they are written."""
-  if not interpret:
-    plgpu.debug_barrier()
-  one, nil = jnp.ones((), ctr_ref.dtype), jnp.zeros((), ctr_ref.dtype)
-  seen = plgpu.atomic_add(ctr_ref, (zero + 1,), one).astype(jnp.int32)
-
-  @pl.when(seen == parties - 1)
-  def _():
-    tot = plgpu.atomic_add(ctr_ref, (zero,), nil).astype(jnp.int32)  # read at L2
-    live_ref[...] = jnp.where(tot > capacity, k, tot).reshape(1)
-
-    @pl.when(tot > capacity)
-    def _():
-      if not interpret:
-        plgpu.debug_barrier()
-      _exact_set(xf_ref, xf_ref.shape[0] if len_ref is None else len_ref[0], v_ref, i_ref,
-                 n=xf_ref.shape[0], chunk=chunk, k=k)
+         placement=placement)
 
 
 def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, zero=None):
@@ -226,8 +188,7 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None, counter=None, placement: str = "scan",
-                   repair: int = 0, repair_chunk: int = 0):
+                   interpret: bool, gmax=None, counter=None, placement: str = "scan"):
   """x [R, N] (N % chunk == 0), lengths [R] (or None: whole rows), thr [R] -> (values,
   indices) [R, W >= capacity] float32 / int32 and the row counters [R, COUNTER_STRIDE]
   (element 0: the row's candidate count; `repair` reads them as they are): row r's first
@@ -236,10 +197,7 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   (optional): the maxima of contiguous groups; then only groups whose maximum reaches thr
   are read. counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
   (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
-  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24).
-  repair = k > 0: the repair of overflowing rows is fused in (`_tail_repair`, no `repair`
-  kernel; its exact set read in chunks of repair_chunk, which must divide N and the buffer
-  width) and the third result is live [R] int32 (`repair`'s) instead of the counters."""
+  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24)."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
@@ -257,50 +215,29 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
     raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
                      f"{jnp.dtype(dtype).name}")
-  fused = _repair_fused(repair, repair_chunk, n // chunk, n, width, capacity, interpret)
-  if fused:  # the whole row, for the exact set
-    extra, extra_specs = extra + [x], extra_specs + [pl.BlockSpec((None, n), lambda r, c: (r, 0))]
   kernel, len_in, len_spec = _lengths_in(functools.partial(
-      _compact_atomic_kernel, chunk=chunk, capacity=capacity, repair=fused,
+      _compact_atomic_kernel, chunk=chunk, capacity=capacity,
       placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
-  out = pl.pallas_call(
+  total, v, i = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs + [ctr],
-      out_specs=[ctr, row, row] + [_PER_ROW] * bool(fused),
+      out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + _live_shape(r) * bool(fused),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
       input_output_aliases={2 + len(len_in) + len(extra): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
   )(x, *len_in, thr, *extra, counter)
-  return out[1], out[2], out[3] if fused else out[0]
-
-
-def _live_shape(r):
-  return [jax.ShapeDtypeStruct((r,), jnp.int32)]
-
-
-def _repair_fused(k: int, chunk: int, parties: int, n: int, width: int, capacity: int,
-                  interpret: bool):
-  """`_tail_repair`'s keywords for a compaction of `parties` programs per row, or None for
-  k = 0 (no fused repair)."""
-  if not k:
-    return None
-  if not (is_pow2(chunk) and n % chunk == 0 and width % chunk == 0 and width >= k):
-    raise ValueError(f"repair_chunk={chunk} must be a power of two dividing the row length {n} "
-                     f"and the buffer width {width} (which must hold k={k})")
-  return dict(parties=parties, k=k, chunk=chunk, interpret=interpret)
+  return v, i, total
 
 
 def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, v_ref, i_ref,
-                           *live_ref, group: int, capacity: int, list_width: int,
-                           placement: str, repair: dict | None = None):
+                           *, group: int, capacity: int, list_width: int, placement: str):
   """One (row, slice of the row's group list): the listed groups' entries are gathered (each
   group `group` contiguous scores), and those >= the threshold appended to the row's
-  candidate buffer as `_place` does. Programs past the listed count do no work (with
-  `repair`, `_tail_repair`'s keywords, they still arrive; live [1] is then the last ref)."""
+  candidate buffer as `_place` does. Programs past the listed count return at once."""
   per = gl_ref.shape[0]  # groups per program
   j = pl.program_id(1)
   zero = j * 0  # the atomic's traced index, made here (see _place)
@@ -318,14 +255,9 @@ def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, 
     _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
            placement=placement, zero=zero)
 
-  if repair:
-    _tail_repair(x_ref, len_ref, ctr_ref, v_ref, i_ref, live_ref[0], zero, capacity=capacity,
-                 **repair)
-
 
 def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capacity: int,
-                   lanes: int, num_warps: int, interpret: bool, placement: str = "scan",
-                   repair: int = 0, repair_chunk: int = 0):
+                   lanes: int, num_warps: int, interpret: bool, placement: str = "scan"):
   """`compact_atomic` that reads only the groups the threshold kernel listed
   (`threshold(..., list_width=capacity)`): x [R, N] (N % group == 0), lengths [R] or None,
   thr [R], glist [R, >= capacity] int32 group ids (the first min(nlisted, capacity) valid),
@@ -335,8 +267,7 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   lanes) programs, each gathering lanes / group listed groups; only the first ceil(listed *
   group / lanes) of a row do any work. The candidates all lie in listed groups (a group
   whose maximum is below the threshold holds none), so the result is the same candidate set
-  as `compact_atomic`'s, read from about (listed groups * group) entries instead of N.
-  repair, repair_chunk: as `compact_atomic` (then the third result is live [R] int32)."""
+  as `compact_atomic`'s, read from about (listed groups * group) entries instead of N."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
@@ -356,24 +287,23 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
-  fused = _repair_fused(repair, repair_chunk, capacity // per, n, width, capacity, interpret)
   kernel, len_in, len_spec = _lengths_in(functools.partial(
-      _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity, repair=fused,
+      _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity,
       placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
-  out = pl.pallas_call(
+  total, v, i = pl.pallas_call(
       kernel,
       grid=(r, capacity // per),
       in_specs=[pl.BlockSpec((None, n), lambda r, c: (r, 0))] + len_spec
       + [_PER_ROW, pl.BlockSpec((None, per), lambda r, c: (r, c)), _PER_ROW, ctr],
-      out_specs=[ctr, row, row] + [_PER_ROW] * bool(fused),
+      out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + _live_shape(r) * bool(fused),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
       input_output_aliases={4 + len(len_in): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_groups",
   )(x, *len_in, thr, glist, nlisted.astype(jnp.int32), counter)
-  return out[1], out[2], out[3] if fused else out[0]
+  return v, i, total
 
 
 def _pow2_pieces(g: int) -> list[tuple[int, int]]:
@@ -554,13 +484,13 @@ _PER_ROW = pl.BlockSpec((1,), lambda r, c: (r,))  # one value per row (length, t
 
 
 def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool,
-              zeros: int | tuple = 0):
+              zeros: int = 0):
   """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32.
-  zeros > 0 -> also [R, zeros] int32 zeros (counters for `persistent_select` and the fused
-  kernels, made here rather than by a fill kernel of their own); a tuple of widths -> one
-  such array per width (each a power of two), all after the maxima."""
+  zeros > 0 (a power of two) -> also [R, zeros] int32 zeros (counters for
+  `persistent_select` or the fused rank finish, made here rather than by a fill kernel of
+  their own)."""
   r, n = x.shape
-  widths = tuple(w for w in (zeros if isinstance(zeros, tuple) else (zeros,)) if w)
+  widths = (zeros,) if zeros else ()
   kernel, len_in, len_spec = _lengths_in(
       functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _PER_ROW)
   out_specs = [pl.BlockSpec((None, chunk // group), lambda r, c: (r, c))]
@@ -859,8 +789,8 @@ def _put_ranked(vo_ref, io_ref, v, idx, rank, ok, k: int, trash):
   plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, idx, -1), mask=keep)
 
 
-def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, _, p_ref, vo_ref, io_ref,
-                       c_ref, *, k: int, interpret: bool):
+def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
+                       interpret: bool, repair=None):
   """One (row, i-block, j-block) tile of `rank_finish(..., fused=True)`: the count tile of
   `_rank_count_kernel` written into the row's partial counts p_ref [J, cap]; then the tile
   adds 1 to its i-block's arrival counter (c_ref [cap / block_i], zeroed before the call),
@@ -869,19 +799,33 @@ def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, _, p_ref, vo_re
   each candidate to its slot (`_rank_place_kernel`'s work, without its kernel). Tiles of
   j-block 0 also write the -inf / -1 tail into their share of the slots [live, k). The CTA
   barrier before the arrival orders every lane's stores before it; the atomic is
-  acquire-release at GPU scope. No tile waits for another (no residency needed)."""
+  acquire-release at GPU scope. No tile waits for another (no residency needed).
+  tot_ref: the row's live count [1], or its compaction counters (element 0 the candidate
+  count). repair: None, or (n, chunk, with_lengths): refs then start with the row [n] (and
+  its length), and end with a scratch pair; a row with more candidates than `cap` is not
+  ranked: tile (0, 0) writes its exact sorted top-k alone (`_repair_sorted`)."""
+  x_ref, len_ref, refs = _repair_refs(refs, repair)
+  _, p_ref, vo_ref, io_ref, c_ref, *scratch = refs
   bi, bj = vi_ref.shape[0], vj_ref.shape[0]
   ia, jb = pl.program_id(1), pl.program_id(2)
   a, b = ia * bi, jb * bj
-  live = live_ref[0]
+  total = tot_ref[0].astype(jnp.int32)
+  over = total > cap  # only with counters (a repairing finish); live <= cap otherwise
+  live = jnp.minimum(total, cap)
   lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
   trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
 
-  @pl.when(jb == 0)
+  if repair:
+    @pl.when(over & (ia == 0) & (jb == 0))
+    def _():
+      _repair_sorted(x_ref, len_ref, *scratch, vo_ref, io_ref, n=repair[0], chunk=repair[1],
+                     k=k, interpret=interpret)
+
+  @pl.when((jb == 0) & ~over)
   def _():
     _store_tail(vo_ref, io_ref, a + lane, live, k, trash)
 
-  @pl.when((a < live) & (b < live))
+  @pl.when((a < live) & (b < live) & ~over)
   def _():
     pj = b + lax.broadcasted_iota(jnp.int32, (bj,), 0)
     vj = jnp.where(pj < live, vj_ref[...], NEG_INF)[None, :]
@@ -900,7 +844,7 @@ def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, _, p_ref, vo_re
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
                 num_warps: int = 4, interpret: bool = False, fused: bool = False,
-                counters=None):
+                counters=None, repair=None):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
@@ -915,13 +859,20 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   many rows (the compares then fill the GPU).
   fused: one kernel instead of two (`_rank_fused_kernel`: the last count tile of each block
   of candidates places them); counters: its [R, cap / block_i] int32 zeros (made here when
-  None; `group_max(..., zeros=)` can make them without a fill kernel)."""
+  None; `group_max(..., zeros=)` can make them without a fill kernel).
+  repair (fused only): (x [R, N] the rows, lengths [R] or None, chunk): live may then be the
+  compaction's row counters [R, COUNTER_STRIDE] with counts past cap, and such a row gets
+  its exact top-k from x (no `repair` kernel before the finish)."""
   r = cv.shape[0]
+  if repair is not None and not fused:
+    raise ValueError("rank_finish(repair=...) needs fused=True")
   _check_cap(cap, k, cv.shape[1])
   block_i, block_j = min(block_i, cap), min(block_j, cap)
   if not (is_pow2(block_i) and is_pow2(block_j)):
     raise ValueError(f"block_i={block_i} and block_j={block_j} must be powers of two")
-  cv, ci, live = cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32)
+  cv, ci = cv.astype(jnp.float32), ci.astype(jnp.int32)
+  if not fused:
+    live = live.astype(jnp.int32)
   nj = cap // block_j
   bi = pl.BlockSpec((None, block_i), lambda r, a, b: (r, a))
   bj = pl.BlockSpec((None, block_j), lambda r, a, b: (r, b))
@@ -934,19 +885,22 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
       raise ValueError(f"counters {counters.shape} {counters.dtype} must be ({r}, {ni}) int32")
     whole = pl.BlockSpec((None, ni), lambda r, a, b: (r, 0))
     out = pl.BlockSpec((None, width), lambda r, a, b: (r, 0))
-    _, v, i, _ = pl.pallas_call(
-        functools.partial(_rank_fused_kernel, k=k, interpret=interpret),
+    live, live_spec = _count_in(live, r, 3)
+    rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
+    v, i = pl.pallas_call(
+        functools.partial(_rank_fused_kernel, k=k, cap=cap, interpret=interpret, repair=rep),
         grid=(r, ni, nj),
-        in_specs=[bi, bi, bj, bj, pl.BlockSpec((1,), lambda r, a, b: (r,)), whole],
-        out_specs=[pl.BlockSpec((None, nj, cap), lambda r, a, b: (r, 0, 0)), out, out, whole],
+        in_specs=[bi, bi, bj, bj, live_spec] + rep_specs + [whole],
+        out_specs=[pl.BlockSpec((None, nj, cap), lambda r, a, b: (r, 0, 0)), out, out, whole]
+        + rep_out,
         out_shape=[jax.ShapeDtypeStruct((r, nj, cap), jnp.int32),
                    jax.ShapeDtypeStruct((r, width), jnp.float32),
                    jax.ShapeDtypeStruct((r, width), jnp.int32),
-                   jax.ShapeDtypeStruct((r, ni), jnp.int32)],
-        input_output_aliases={5: 3},
+                   jax.ShapeDtypeStruct((r, ni), jnp.int32)] + rep_shapes,
+        input_output_aliases={5 + len(rep_in): 3},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="jaxsparse_topk_rank_fused",
-    )(cv, ci, cv, ci, live, counters)
+    )(cv, ci, cv, ci, live, *rep_in, counters)[1:3]
     return v[:, :k], i[:, :k]
   partial = pl.pallas_call(
       _rank_count_kernel,
@@ -1097,71 +1051,11 @@ def _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, *, k: int
   return None
 
 
-def _search_compact_kernel(x_ref, len_ref, m_ref, _, c_ref, v_ref, i_ref, live_ref, *, k: int,
-                           iters: int, slack: int, parties: int, chunk: int, capacity: int,
-                           repair_chunk: int, interpret: bool):
-  """One program (row, p) of `search_compact`: `_search_place`, then `_tail_repair`."""
-  p = pl.program_id(1)
-  zero = p * 0  # a traced zero made at the top level (see _place)
-  _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, k=k, iters=iters,
-                slack=slack, parties=parties, chunk=chunk, capacity=capacity)
-  _tail_repair(x_ref, len_ref, c_ref, v_ref, i_ref, live_ref, zero, parties=parties, k=k,
-               chunk=repair_chunk, capacity=capacity, interpret=interpret)
-
-
-def search_compact(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
-                   chunk: int, iters: int, slack: int, num_warps: int = 8,
-                   interpret: bool = False):
-  """Threshold, one-pass compaction and repair of a few rows in one kernel (no threshold
-  kernel, no repair kernel): x [R, N] float32 (N % chunk == 0), lengths [R] int32 or None,
-  gmax [R, N / group] group maxima, counters [R, COUNTER_STRIDE] int32 zeros (`group_max(...,
-  zeros=COUNTER_STRIDE)`) -> (values, indices) [R, W >= capacity] candidates in no fixed
-  order and live [R] int32 (as `repair` gives them: the count, or k for an overflowing row,
-  whose exact top-k set then fills the first k slots in index order).
-
-  A grid of (R, parties) programs: each computes the row's threshold from all its group
-  maxima, appends the candidates of its chunks (`_search_place`, as the persistent kernel's
-  first half) and arrives on the row's counter; the last to arrive writes live and repairs
-  an overflowing row (`_tail_repair`). No program waits, so any number of programs works;
-  each repeats the search, so this pays only for a few rows (TopkConfig.fused_threshold_rows)."""
-  r, n = x.shape
-  if not (is_pow2(chunk) and n % chunk == 0) or parties < 1:
-    raise ValueError(f"chunk={chunk} must be a power of two dividing the row length {n}, and "
-                     f"parties={parties} >= 1")
-  if gmax.shape[0] != r or counters.shape != (r, COUNTER_STRIDE) or counters.dtype != jnp.int32:
-    raise ValueError(f"gmax {gmax.shape} and counters {counters.shape} {counters.dtype} must "
-                     f"have {r} rows ({COUNTER_STRIDE} int32 counters)")
-  if len(_pow2_pieces(gmax.shape[1])) > 4:
-    gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(gmax.shape[1]) - gmax.shape[1])),
-                   constant_values=NEG_INF)
-  width = _scatter_width(capacity, interpret)
-  fused = _repair_fused(k, min(chunk, width), parties, n, width, capacity, interpret)
-  row = lambda w: pl.BlockSpec((None, w), lambda r, p: (r, 0))
-  per_row = pl.BlockSpec((1,), lambda r, p: (r,))
-  kernel, len_in, len_spec = _lengths_in(functools.partial(
-      _search_compact_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
-      capacity=capacity, repair_chunk=fused["chunk"], interpret=interpret), lengths, per_row)
-  _, v, i, live = pl.pallas_call(
-      kernel,
-      grid=(r, parties),
-      in_specs=[row(n)] + len_spec + [row(gmax.shape[1]), row(COUNTER_STRIDE)],
-      out_specs=[row(COUNTER_STRIDE), row(width), row(width), per_row],
-      out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), jnp.int32),
-                 jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32),
-                 jax.ShapeDtypeStruct((r,), jnp.int32)],
-      input_output_aliases={2 + len(len_in): 0},
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_topk_search_compact",
-  )(x, *len_in, gmax.astype(jnp.float32), counters)
-  return v, i, live
-
-
 def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, chunk: int,
-                   k: int, interpret: bool):
+                   k: int, interpret: bool, sel_ref=None, page: int = 0):
   """One program: the row's exact top-k set (`_exact_set`) into the scratch rv / ri, read
   back, sorted by a bitonic network and written to vo / io (values descending, ties to the
-  lower index, -inf / -1 tail)."""
+  lower index, -inf / -1 tail; sel_ref / page: indices mapped as `_write_sorted` does)."""
   kw = next_pow2(k)
   _exact_set(x_ref, n if len_ref is None else len_ref[0], rv_ref, ri_ref, n=n,
              chunk=min(chunk, kw), k=k)
@@ -1169,7 +1063,7 @@ def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, ch
     plgpu.debug_barrier()  # the set's scattered stores, read back by other lanes below
   head = pl.ds(0, kw)
   key, idx = _bitonic_sort(*_sort_keys(rv_ref.at[head], ri_ref.at[head], k))
-  _write_sorted(key, idx, vo_ref.at[head], io_ref.at[head])
+  _write_sorted(key, idx, vo_ref.at[head], io_ref.at[head], sel_ref, page)
 
 
 def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, block_i: int,
@@ -1324,6 +1218,49 @@ def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
                          interpret=interpret, name="jaxsparse_topk_index_order")
 
 
+def _count_in(live, r: int, grid_rank: int):
+  """live [R] int32 (<= the capacity), or a compaction's row counters [R, COUNTER_STRIDE]
+  (int32 or float32; element 0 the candidate count, which may exceed the capacity) -> (the
+  array to pass, its BlockSpec for a grid of `grid_rank` axes, the first being the row)."""
+  del grid_rank  # the specs' index maps take any number of grid axes
+  if live.shape == (r,):
+    return live.astype(jnp.int32), pl.BlockSpec((1,), lambda i, *_: (i,))
+  if live.shape == (r, COUNTER_STRIDE):
+    return live, pl.BlockSpec((None, COUNTER_STRIDE), lambda i, *_: (i, 0))
+  raise ValueError(f"live {live.shape} must be ({r},) or ({r}, {COUNTER_STRIDE}) counters")
+
+
+def _repair_in(repair, r: int, k: int, interpret: bool):
+  """repair=(x [R, N] float32, lengths [R] int32 or None, chunk) for a finish that repairs
+  overflowing rows itself (`_repair_sorted`), or None -> (extra inputs, their specs, extra
+  outputs' shapes, their specs, the kernel's static (n, chunk, with_lengths) or None)."""
+  if repair is None:
+    return [], [], [], [], None
+  x, lengths, chunk = repair
+  n = x.shape[1]
+  if x.shape[0] != r or not is_pow2(chunk) or n % chunk:
+    raise ValueError(f"repair rows {x.shape} must have {r} rows and chunk={chunk} must be a "
+                     f"power of two dividing {n}")
+  whole = lambda w: pl.BlockSpec((None, w), lambda i, *_: (i, 0))
+  ins, specs = [x.astype(jnp.float32)], [whole(n)]
+  if lengths is not None:
+    ins.append(lengths.astype(jnp.int32))
+    specs.append(pl.BlockSpec((1,), lambda i, *_: (i,)))
+  rep_w = _scatter_width(next_pow2(k), interpret)
+  shapes = [jax.ShapeDtypeStruct((r, rep_w), jnp.float32),
+            jax.ShapeDtypeStruct((r, rep_w), jnp.int32)]
+  return ins, specs, shapes, [whole(rep_w)] * 2, (n, chunk, lengths is not None)
+
+
+def _repair_refs(refs, repair):
+  """Split a finish kernel's refs into (x_ref, len_ref, the rest) when it repairs."""
+  if not repair:
+    return None, None, list(refs)
+  x_ref, *refs = refs
+  len_ref = refs.pop(0) if repair[2] else None
+  return x_ref, len_ref, refs
+
+
 def _check_cap(cap: int, k: int, buffer_width: int):
   if not is_pow2(cap) or cap < k or buffer_width < cap:
     raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
@@ -1433,7 +1370,7 @@ def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
   _write_sorted(*_bitonic_sort(*_sort_keys(v_ref, i_ref, live_ref[0])), vo_ref, io_ref)
 
 
-def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref):
+def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *, cap: int):
   """Step 1 of the split bitonic finish, one (row, run) per program: the run's candidates
   sorted as the first merge sizes of the whole row's network (direction by row position).
   A run wholly at or past the row's live count holds only dead slots, which are in order in
@@ -1441,7 +1378,7 @@ def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref):
   with ~k + 15% candidates in a 2k buffer about 3 runs of 8 are dead)."""
   run = v_ref.shape[0]
   offset = pl.program_id(1) * run
-  live = live_ref[0]
+  live = jnp.minimum(live_ref[0].astype(jnp.int32), cap)  # a count may pass cap (repaired)
 
   @pl.when(offset < live)
   def _():
@@ -1454,13 +1391,45 @@ def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref):
     io_ref[...] = jnp.full((run,), jnp.iinfo(jnp.int32).max, jnp.int32)
 
 
-def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int):
-  """Step 2, one row per program: the network's remaining merges over runs sorted by step 1,
-  dropping the lower half of the last merge as soon as the output no longer needs it.
-  refs: [block ids of the row (page > 0: indices are mapped to slots),] values, indices."""
+def _bitonic_mid_kernel(k_ref, i_ref, ko_ref, io_ref, *, run: int):
+  """Step 1b of the split bitonic finish (with a middle block m), one (row, block of m
+  slots) per program: the network's merge sizes 2 run ... m over runs sorted by step 1
+  (direction by row position, as the whole row's network has it)."""
+  m = k_ref.shape[0]
+  ko_ref[...], io_ref[...] = _bitonic_sort(k_ref[...], i_ref[...], first_size=2 * run,
+                                           offset=pl.program_id(1) * m)
+
+
+def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int, cap: int,
+                          interpret: bool, repair=None):
+  """Step 2, one row per program: the network's remaining merges over runs of `run` sorted by
+  the steps before, dropping the lower half of the last merge as soon as the output no
+  longer needs it. refs: [the row's count or counters, the row [, its length] (repair: (n,
+  chunk, with_lengths)),] [block ids of the row (page > 0: indices are mapped to slots),]
+  values, indices [, a scratch pair (repair)]. With repair, a row with more candidates than
+  cap gets its exact sorted top-k from the row instead (`_repair_sorted`)."""
+  if repair:
+    tot_ref, *refs = refs
+    x_ref, len_ref, refs = _repair_refs(refs, repair)
+    *refs, rv_ref, ri_ref = refs
   *sel_ref, vo_ref, io_ref = refs
-  key, idx = _bitonic_sort(k_ref[...], i_ref[...], first_size=2 * run, keep=vo_ref.shape[0])
-  _write_sorted(key, idx, vo_ref, io_ref, *sel_ref, page=page)
+
+  def merge():
+    key, idx = _bitonic_sort(k_ref[...], i_ref[...], first_size=2 * run, keep=vo_ref.shape[0])
+    _write_sorted(key, idx, vo_ref, io_ref, *sel_ref, page=page)
+
+  if not repair:
+    merge()
+    return
+  over = tot_ref[0].astype(jnp.int32) > cap
+  pl.when(~over)(merge)
+
+  @pl.when(over)
+  def _():
+    # the best next_pow2(k) (the output's width) sorted: their first k are the top-k
+    _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, n=repair[0],
+                   chunk=repair[1], k=vo_ref.shape[0], interpret=interpret,
+                   sel_ref=sel_ref[0] if sel_ref else None, page=page)
 
 
 def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
@@ -1478,7 +1447,8 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 
 
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
-                         run_warps: int = 4, interpret: bool = False, block_map=None):
+                         run_warps: int = 4, interpret: bool = False, block_map=None,
+                         mid: int = 0, repair=None):
   """`bitonic_finish` as two kernels, the same network: (rows, cap / run) programs each sort a
   run of `run` candidate slots (the first log2(run) merge sizes, in parallel over the GPU),
   then one program per row does the remaining merges, log2(cap / run) of them, on cap
@@ -1489,23 +1459,46 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
 
   block_map=(sel [R, W] int32, page): the candidates' indices are positions in a row of W
   blocks of `page` scores (SPIN's block-sparse scores); the merge kernel then writes each
-  one's slot sel[p // page] * page + p % page (-1 for a -1 block) instead of p."""
+  one's slot sel[p // page] * page + p % page (-1 for a -1 block) instead of p.
+
+  mid: 0, or m (a power of two, run < m < cap): a middle kernel of (rows, cap / m) programs
+  (num_warps each) does the merge sizes up to m, so the per-row program does only the last
+  log2(cap / m) of them, over fewer dependent steps on the whole row.
+  repair=(x [R, N], lengths [R] or None, chunk): live may be the compaction's row counters
+  [R, COUNTER_STRIDE] with counts past cap; the merge program of such a row writes its exact
+  top-k from x instead (no `repair` kernel before the finish)."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
   if not is_pow2(run) or not 2 <= run < cap:
     raise ValueError(f"run={run} must be a power of two in [2, cap={cap})")
+  if mid and not (is_pow2(mid) and run < mid < cap):
+    raise ValueError(f"mid={mid} must be 0 or a power of two in ({run}, {cap})")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
+  live, live_spec = _count_in(live, r, 2)
   keys, idx = pl.pallas_call(
-      _bitonic_runs_kernel,
+      functools.partial(_bitonic_runs_kernel, cap=cap),
       grid=(r, cap // run),
-      in_specs=[blk, blk, pl.BlockSpec((1,), lambda i, j: (i,))],
+      in_specs=[blk, blk, live_spec],
       out_specs=[blk, blk],
       out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.uint32),
                  jax.ShapeDtypeStruct((r, cap), jnp.int32)],
       compiler_params=plgpu.CompilerParams(num_warps=run_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_bitonic_runs",
-  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live.astype(jnp.int32))
+  )(cv.astype(jnp.float32), ci.astype(jnp.int32), live)
+  if mid:
+    mblk = pl.BlockSpec((None, mid), lambda i, j: (i, j))
+    keys, idx = pl.pallas_call(
+        functools.partial(_bitonic_mid_kernel, run=run),
+        grid=(r, cap // mid),
+        in_specs=[mblk, mblk],
+        out_specs=[mblk, mblk],
+        out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.uint32),
+                   jax.ShapeDtypeStruct((r, cap), jnp.int32)],
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name="jaxsparse_topk_bitonic_mid",
+    )(keys, idx)
+    run = mid
   row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
   extra, extra_specs, page = [], [], 0
@@ -1515,14 +1508,18 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
       raise ValueError(f"block_map ids {sel.shape} must have {r} rows and page={page} > 0")
     extra, extra_specs = [sel.astype(jnp.int32)], [pl.BlockSpec((None, sel.shape[1]),
                                                                 lambda i: (i, 0))]
+  rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
+  if rep:  # the row's count, then the row itself, before the block ids
+    extra, extra_specs = [live] + rep_in + extra, [live_spec] + rep_specs + extra_specs
   v, i = pl.pallas_call(
-      functools.partial(_bitonic_merge_kernel, run=run, page=page),
+      functools.partial(_bitonic_merge_kernel, run=run, page=page, cap=cap,
+                        interpret=interpret, repair=rep),
       grid=(r,),
       in_specs=[row_in, row_in] + extra_specs,
-      out_specs=[row_out, row_out],
+      out_specs=[row_out, row_out] + rep_out,
       out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + rep_shapes,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_bitonic_merge",
-  )(keys, idx, *extra)
+  )(keys, idx, *extra)[:2]
   return v[:, :k], i[:, :k]
