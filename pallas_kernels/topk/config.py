@@ -182,9 +182,9 @@ class TopkConfig:
   persist_block_j: int = 512
   persist_warps: int = 8
   persist_spin: int = 1 << 20
-  fused_rank: bool = False
-  repair_in_finish: bool = False
-  bitonic_mid: int = 0
+  fused_rank: bool = True
+  repair_in_finish: bool = True
+  bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
