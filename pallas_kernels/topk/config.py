@@ -52,7 +52,8 @@ class TopkConfig:
     atomic add, no count pass), "sort" (`lax.top_k` over the candidate buffer, ~31 us on the
     H200 whatever the batch), "rank" (sorting by counting, `gpu.rank_finish`: a grid of
     rank_block_i x rank_block_j tiles counts, for every candidate, the candidates before it,
-    then a second kernel puts each in its place; O(candidates^2) compares but no dependent
+    and each is put in its place (by the last tile of its block, fused_rank, or a second
+    kernel); O(candidates^2) compares but no dependent
     chain; order-free too), "persistent" (below) or "auto" (the default: persistent for at
     most `persist_max_rows` rows, none by default; else rank for at most `rank_max_rows`
     rows when k >= `rank_min_k`, else bitonic). On the H200 (benchmarks/results/session15/
@@ -74,7 +75,7 @@ class TopkConfig:
   persist_max_rows: "auto" takes the persistent finish for calls of at most this many rows
     (0, the default: never). Exact on the H200 (compiled tests) but slower there: one row of
     32K x 2048 took 19.1 us of kernels (group maxima 1.0, the persistent kernel 18.1)
-    against 12.6 for the six-kernel path (topk_persist_k2048_s17b.json); the kernel cut
+    against 12.6 for session 16's six-kernel path (topk_persist_k2048_s17b.json); the kernel cut
     after its barrier took 5.5 us, so its rank step is what loses (benchmarks/results/
     session17/topk_steps_s17c.json, benchmarks/NOTES.md session 17).
   persist_programs: programs per row of the persistent kernel; 0 (the default): the largest
@@ -88,18 +89,26 @@ class TopkConfig:
     resident).
   fused_rank: True, the rank finish is one kernel: the count tile that finishes last for a
     block of candidates sums the block's partial counts and places the candidates (an
-    arrival counter per block, zeroed by the group maxima kernel); False, a second kernel
-    places them.
+    arrival counter per block, zeroed by the group maxima kernel; the default); False, a
+    second kernel places them. On the H200 (benchmarks/results/session18/
+    topk_fused_k2048_s18a.json, kernel time, one row of k = 2048) count + place took 5.63 ->
+    5.40 us at 32K, 5.82 -> 5.48 at 128K, 6.07 -> 5.74 at 1M.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
     writes its exact sorted top-k (`gpu._repair_sorted`) while the others leave it; the
     repair kernel (one program per row, a no-op for every row that fits) is not launched.
-    False: that kernel runs before the finish.
+    False: that kernel runs before the finish. On the H200 (session18/topk_rif_*_s18b.json,
+    kernel time of the whole call, with fused_rank) one row of 32K x 2048 took 12.21 -> 11.28
+    us, 32K x 512 8.80 -> 7.88, 128K x 512 9.61 -> 8.26; 8 x 32K x 2048 20.08 -> 19.56
+    (session18/topk_mid_s18b.json). (Session 18 also measured the compaction's last program
+    doing the repair instead: 12.21 -> 12.83 at 32K x 2048, session18/topk_fused_*_s18a.json.)
   bitonic_mid: 0, the split bitonic finish's per-row program does every merge after the
     runs; m (a power of two, bitonic_run < m < capacity), a kernel of (rows, capacity / m)
     programs first merges the runs into blocks of m, so the per-row program does only the
-    last log2(capacity / m) merge sizes (GPU). Ignored when not between the two.
+    last log2(capacity / m) merge sizes (GPU). Ignored when not between the two. 2048 (the
+    default): 8 x 32K x 2048 took 19.56 -> 18.18 us of kernels on the H200 (the per-row merge
+    9.36 -> 3.45, the middle kernel 4.62; session18/topk_mid_s18b.json).
   threshold_warps: warps of the threshold kernel (GPU). 8: with bisection, at one row of 128K it
     takes 5.05 us, 6.13 at 4 warps and 5.20 at 16; at 64 rows 9.12, 12.8 and 8.30
     (benchmarks/results/session15/topk_thr_*_s15b.json).
