@@ -885,7 +885,7 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
       raise ValueError(f"counters {counters.shape} {counters.dtype} must be ({r}, {ni}) int32")
     whole = pl.BlockSpec((None, ni), lambda r, a, b: (r, 0))
     out = pl.BlockSpec((None, width), lambda r, a, b: (r, 0))
-    live, live_spec = _count_in(live, r, 3)
+    live, live_spec = _count_in(live, r)
     rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
     v, i = pl.pallas_call(
         functools.partial(_rank_fused_kernel, k=k, cap=cap, interpret=interpret, repair=rep),
@@ -1218,11 +1218,10 @@ def index_order_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 8,
                          interpret=interpret, name="jaxsparse_topk_index_order")
 
 
-def _count_in(live, r: int, grid_rank: int):
+def _count_in(live, r: int):
   """live [R] int32 (<= the capacity), or a compaction's row counters [R, COUNTER_STRIDE]
   (int32 or float32; element 0 the candidate count, which may exceed the capacity) -> (the
-  array to pass, its BlockSpec for a grid of `grid_rank` axes, the first being the row)."""
-  del grid_rank  # the specs' index maps take any number of grid axes
+  array to pass, its BlockSpec for a grid whose first axis is the row)."""
   if live.shape == (r,):
     return live.astype(jnp.int32), pl.BlockSpec((1,), lambda i, *_: (i,))
   if live.shape == (r, COUNTER_STRIDE):
@@ -1449,8 +1448,9 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
                          run_warps: int = 4, interpret: bool = False, block_map=None,
                          mid: int = 0, repair=None):
-  """`bitonic_finish` as two kernels, the same network: (rows, cap / run) programs each sort a
-  run of `run` candidate slots (the first log2(run) merge sizes, in parallel over the GPU),
+  """`bitonic_finish` as two kernels (three with `mid`), the same network: (rows, cap / run)
+  programs each sort a run of `run` candidate slots (the first log2(run) merge sizes, in
+  parallel over the GPU),
   then one program per row does the remaining merges, log2(cap / run) of them, on cap
   entries shrinking to next_pow2(k) in the last. The chain keeps its log2(cap) (log2(cap) +
   1) / 2 dependent steps (cap 4096, run 512: 45 in the run kernel, 33 in the merge kernel),
@@ -1475,7 +1475,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   if mid and not (is_pow2(mid) and run < mid < cap):
     raise ValueError(f"mid={mid} must be 0 or a power of two in ({run}, {cap})")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
-  live, live_spec = _count_in(live, r, 2)
+  live, live_spec = _count_in(live, r)
   keys, idx = pl.pallas_call(
       functools.partial(_bitonic_runs_kernel, cap=cap),
       grid=(r, cap // run),
