@@ -658,6 +658,10 @@ def test_topk_lowers_for_tpu_and_gpu():
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
+  # SPIN's block-mapped rows at the defaults: the repairing merge kernel maps the slots
+  h = lambda x, l, s: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(),
+                                      KernelPlatform("gpu", False), block_map=(s, 64))
+  export_for(h, "cuda", S((8, 81920), jnp.float32), S((8,), jnp.int32), S((8, 1280), jnp.int32))
 
 
 def test_bad_input():
