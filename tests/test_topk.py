@@ -81,12 +81,13 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 
 
 def test_finish_repairs_and_fused_rank():
-  """TopkConfig(repair_in_finish=True) with the fused rank finish and the split bitonic
-  finish (with and without a middle merge kernel), GPU kernels in interpret mode: no repair
+  """TopkConfig(repair_in_finish=True) with the fused rank finish, the one-kernel-per-block
+  rank finish (rank_rows) and the split bitonic finish (with and without a middle merge
+  kernel), GPU kernels in interpret mode: no repair
   kernel; the finish repairs overflowing rows itself (ties across the k-th value, all-equal
   runs, a group list longer than the buffer, next to ordinary, ragged and empty rows), for
   every compaction; SPIN's block map through the repairing merge; the fused rank kernel
-  gives the two-kernel rank finish's result."""
+  gives the two-kernel rank finish's result, and so does rank_rows."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(18)
   n, k = 16384, 64
@@ -103,6 +104,7 @@ def test_finish_repairs_and_fused_rank():
   for extra in (dict(finish="rank", fused_rank=True),
                 dict(finish="rank", fused_rank=True, gather=True, compact="lane"),
                 dict(finish="rank", fused_rank=False),  # the repair kernel, then two kernels
+                dict(finish="rank", rank_rows=True, rank_block_j=16),  # loads, then a loop
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
@@ -128,12 +130,14 @@ def test_finish_repairs_and_fused_rank():
   args = (jnp.asarray(cv), jnp.asarray(ci), jnp.asarray([200, 60, 256], jnp.int32), 100, cap)
   two = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True)
   one = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, fused=True)
-  for a, b in zip(two, one):
+  rows = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True)
+  for a, b, c in zip(two, one, rows):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
   assert np.asarray(one[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
   with pytest.raises(ValueError, match="counters"):
     kg.rank_finish(*args, interpret=True, fused=True, counters=jnp.zeros((3, 4), jnp.int32))
-  with pytest.raises(ValueError, match="fused=True"):
+  with pytest.raises(ValueError, match="rows=True"):
     kg.rank_finish(*args, interpret=True, repair=(jnp.zeros((3, 1024)), None, 256))
   with pytest.raises(ValueError, match="mid=64"):
     kg.bitonic_finish_split(*args, run=64, mid=64, interpret=True)
@@ -142,7 +146,8 @@ def test_finish_repairs_and_fused_rank():
                             interpret=True)
   assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
   assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
-  for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3)):
+  for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
+              dict(rank_rows=1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 
@@ -654,6 +659,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                                          fused_rank=True), True),
                        (ktopk.TopkConfig(gather=True, repair_in_finish=True, bitonic_mid=2048),
                         True),
+                       (ktopk.TopkConfig(finish="rank", rank_rows=True), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

@@ -164,12 +164,13 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
                                 parties), False, False
       finish_ = config.finish_for(r, k, persistent=False)
     zeros = 0  # the fused rank finish's counters, written by the group maxima kernel
-    if finish_ == "rank" and config.fused_rank:
+    if finish_ == "rank" and config.fused_rank and not config.rank_rows:
       zeros = capacity // min(config.rank_block_i, capacity)
     # the finish repairs overflowing rows itself (no repair kernel): it gets the counters
     repair = None
-    if config.repair_in_finish and ((finish_ == "rank" and config.fused_rank) or (
-        finish_ == "bitonic" and 0 < config.bitonic_run < capacity)):
+    if config.repair_in_finish and (
+        (finish_ == "rank" and (config.fused_rank or config.rank_rows))
+        or (finish_ == "bitonic" and 0 < config.bitonic_run < capacity)):
       repair = (xp, lengths, min(chunk, next_pow2(k)))
     cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
                                         gmax, order_free=finish_ in ("bitonic", "rank"),
@@ -305,7 +306,8 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
     return *_gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
                              block_j=config.rank_block_j, num_warps=config.rank_warps,
                              interpret=interp, fused=config.fused_rank,
-                             counters=counters, repair=repair), False, False
+                             counters=counters, repair=repair, rows=config.rank_rows
+                             ), False, False
   cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
   v, p = lax.top_k(cvm, k)
   return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False

@@ -93,6 +93,12 @@ class TopkConfig:
     second kernel places them. On the H200 (benchmarks/results/session18/
     topk_fused_k2048_s18a.json, kernel time, one row of k = 2048) count + place took 5.63 ->
     5.40 us at 32K, 5.82 -> 5.48 at 128K, 6.07 -> 5.74 at 1M.
+  rank_rows: True, the rank finish is one kernel of (rows, capacity / rank_block_i)
+    programs, each ranking its block of candidates against the whole row: the compares are
+    accumulated elementwise over the row's blocks of rank_block_j (those holding k * 1.25
+    candidates loaded before any compare) and reduced once, then the block is placed; no
+    partial counts, no counters, no atomics (`gpu._rank_rows_kernel`). Takes precedence over
+    fused_rank. Not yet measured on the H200 (benchmarks/NOTES.md, session 18), so off.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
@@ -193,6 +199,7 @@ class TopkConfig:
   persist_spin: int = 1 << 20
   fused_rank: bool = True
   repair_in_finish: bool = True
+  rank_rows: bool = False
   bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
@@ -259,7 +266,7 @@ class TopkConfig:
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
-    for name in ("skip_groups", "fused_rank", "repair_in_finish"):
+    for name in ("skip_groups", "fused_rank", "repair_in_finish", "rank_rows"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):

@@ -842,9 +842,64 @@ def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, c
       _put_ranked(vo_ref, io_ref, vi, ii, _rank_of(parts, live, bj), a + lane < live, k, trash)
 
 
+def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
+                      block_j: int, unrolled: int, interpret: bool, repair=None):
+  """One (row, block of block_i candidates) program of `rank_finish(..., rows=True)`: the
+  block's ranks against every live candidate of the row (vj_ref / ij_ref: the row's cap
+  slots), the compares accumulated elementwise in a [block_i, block_j] int32 array over the
+  row's blocks of block_j and reduced once, then each candidate written to its slot (and the
+  block's share of the -inf / -1 tail). The first `unrolled` blocks of block_j are loaded
+  before any compare (their latency overlaps); blocks past them, reached only by rows with
+  more live candidates, go through a loop bounded by the live count. One kernel, no partial
+  counts and no atomics. tot_ref / repair as `_rank_fused_kernel` (program 0 repairs)."""
+  x_ref, len_ref, refs = _repair_refs(refs, repair)
+  vo_ref, io_ref, *scratch = refs
+  bi = vi_ref.shape[0]
+  ia = pl.program_id(1)
+  a = ia * bi
+  total = tot_ref[0].astype(jnp.int32)
+  over = total > cap  # only with counters (a repairing finish); live <= cap otherwise
+  live = jnp.minimum(total, cap)
+  lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
+  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
+
+  if repair:
+    @pl.when(over & (ia == 0))
+    def _():
+      _repair_sorted(x_ref, len_ref, *scratch, vo_ref, io_ref, n=repair[0], chunk=repair[1],
+                     k=k, interpret=interpret)
+
+  @pl.when(~over)
+  def _():
+    _store_tail(vo_ref, io_ref, a + lane, live, k, trash)
+
+  @pl.when((a < live) & ~over)
+  def _():
+    vi, ii = vi_ref[...], ii_ref[...]
+    iota = lax.broadcasted_iota(jnp.int32, (block_j,), 0)
+
+    def block(t):  # block t of the row's candidates, dead slots past live
+      pj = t * block_j + iota
+      ok = pj < live
+      vj = plgpu.load(vj_ref.at[pl.ds(t * block_j, block_j)], mask=ok, other=NEG_INF)
+      ij = plgpu.load(ij_ref.at[pl.ds(t * block_j, block_j)], mask=ok,
+                      other=jnp.iinfo(jnp.int32).max)
+      return vj[None, :], ij[None, :]
+
+    def before(vj, ij):  # [bi, block_j]: candidate j comes before candidate i
+      return ((vj > vi[:, None]) | ((vj == vi[:, None]) & (ij < ii[:, None]))).astype(jnp.int32)
+
+    pre = [block(t) for t in range(unrolled)]
+    acc = functools.reduce(lambda s, b: s + before(*b), pre[1:], before(*pre[0]))
+    rest = (live + block_j - 1) // block_j
+    acc = lax.fori_loop(unrolled, jnp.maximum(rest, unrolled),
+                        lambda t, s: s + before(*block(t)), acc)
+    _put_ranked(vo_ref, io_ref, vi, ii, jnp.sum(acc, axis=1), a + lane < live, k, trash)
+
+
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
                 num_warps: int = 4, interpret: bool = False, fused: bool = False,
-                counters=None, repair=None):
+                counters=None, repair=None, rows: bool = False):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
@@ -860,12 +915,15 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   fused: one kernel instead of two (`_rank_fused_kernel`: the last count tile of each block
   of candidates places them); counters: its [R, cap / block_i] int32 zeros (made here when
   None; `group_max(..., zeros=)` can make them without a fill kernel).
-  repair (fused only): (x [R, N] the rows, lengths [R] or None, chunk): live may then be the
-  compaction's row counters [R, COUNTER_STRIDE] with counts past cap, and such a row gets
-  its exact top-k from x (no `repair` kernel before the finish)."""
+  repair (fused or rows only): (x [R, N] the rows, lengths [R] or None, chunk): live may
+  then be the compaction's row counters [R, COUNTER_STRIDE] with counts past cap, and such a
+  row gets its exact top-k from x (no `repair` kernel before the finish).
+  rows: one kernel of (R, cap / block_i) programs instead (`_rank_rows_kernel`: each ranks
+  its block against the whole row, accumulating the compares elementwise over blocks of
+  block_j and reducing once; no partial counts, no counters); takes precedence over fused."""
   r = cv.shape[0]
-  if repair is not None and not fused:
-    raise ValueError("rank_finish(repair=...) needs fused=True")
+  if repair is not None and not (fused or rows):
+    raise ValueError("rank_finish(repair=...) needs fused=True or rows=True")
   _check_cap(cap, k, cv.shape[1])
   block_i, block_j = min(block_i, cap), min(block_j, cap)
   if not (is_pow2(block_i) and is_pow2(block_j)):
@@ -877,6 +935,26 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   bi = pl.BlockSpec((None, block_i), lambda r, a, b: (r, a))
   bj = pl.BlockSpec((None, block_j), lambda r, a, b: (r, b))
   width = next_pow2(k) + (block_i if interpret else 0)  # interpret: trash slots past the row
+  if rows:
+    live, live_spec = _count_in(live, r)
+    rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
+    whole = pl.BlockSpec((None, cap), lambda r, a: (r, 0))
+    out = pl.BlockSpec((None, width), lambda r, a: (r, 0))
+    blk = pl.BlockSpec((None, block_i), lambda r, a: (r, a))
+    # blocks of block_j loaded up front: enough for k plus a quarter (rows rarely hold more)
+    unrolled = min(nj, -(-(k + k // 4) // block_j))
+    v, i = pl.pallas_call(
+        functools.partial(_rank_rows_kernel, k=k, cap=cap, block_j=block_j, unrolled=unrolled,
+                          interpret=interpret, repair=rep),
+        grid=(r, cap // block_i),
+        in_specs=[blk, blk, whole, whole, live_spec] + rep_specs,
+        out_specs=[out, out] + rep_out,
+        out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                   jax.ShapeDtypeStruct((r, width), jnp.int32)] + rep_shapes,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name="jaxsparse_topk_rank_rows",
+    )(cv, ci, cv, ci, live, *rep_in)[:2]
+    return v[:, :k], i[:, :k]
   if fused:
     ni = cap // block_i
     if counters is None:
