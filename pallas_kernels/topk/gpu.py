@@ -789,6 +789,28 @@ def _put_ranked(vo_ref, io_ref, v, idx, rank, ok, k: int, trash):
   plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, idx, -1), mask=keep)
 
 
+def _ranked_row(tot_ref, vo_ref, bi: int, cap: int):
+  """A rank finish program's view of its row: (over: more candidates than cap, which only a
+  compaction's counters can say; live: the live count, at most cap; lane [bi] iota; trash
+  [bi]: distinct slots past the output for masked lanes, see _scatter_width)."""
+  total = tot_ref[0].astype(jnp.int32)
+  lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
+  return total > cap, jnp.minimum(total, cap), lane, vo_ref.shape[0] - 1 - lane
+
+
+def _repair_first(cond, x_ref, len_ref, scratch, vo_ref, io_ref, *, k: int, repair,
+                  interpret: bool):
+  """With repair ((n, chunk, with_lengths)), the program where `cond` holds writes its row's
+  exact sorted top-k (`_repair_sorted`, scratch: its pair of buffers); nothing without."""
+  if not repair:
+    return
+
+  @pl.when(cond)
+  def _():
+    _repair_sorted(x_ref, len_ref, *scratch, vo_ref, io_ref, n=repair[0], chunk=repair[1],
+                   k=k, interpret=interpret)
+
+
 def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
                        interpret: bool, repair=None):
   """One (row, i-block, j-block) tile of `rank_finish(..., fused=True)`: the count tile of
@@ -809,17 +831,9 @@ def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, c
   bi, bj = vi_ref.shape[0], vj_ref.shape[0]
   ia, jb = pl.program_id(1), pl.program_id(2)
   a, b = ia * bi, jb * bj
-  total = tot_ref[0].astype(jnp.int32)
-  over = total > cap  # only with counters (a repairing finish); live <= cap otherwise
-  live = jnp.minimum(total, cap)
-  lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
-  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
-
-  if repair:
-    @pl.when(over & (ia == 0) & (jb == 0))
-    def _():
-      _repair_sorted(x_ref, len_ref, *scratch, vo_ref, io_ref, n=repair[0], chunk=repair[1],
-                     k=k, interpret=interpret)
+  over, live, lane, trash = _ranked_row(tot_ref, vo_ref, bi, cap)
+  _repair_first(over & (ia == 0) & (jb == 0), x_ref, len_ref, scratch, vo_ref, io_ref, k=k,
+                repair=repair, interpret=interpret)
 
   @pl.when((jb == 0) & ~over)
   def _():
@@ -857,17 +871,9 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
   bi = vi_ref.shape[0]
   ia = pl.program_id(1)
   a = ia * bi
-  total = tot_ref[0].astype(jnp.int32)
-  over = total > cap  # only with counters (a repairing finish); live <= cap otherwise
-  live = jnp.minimum(total, cap)
-  lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
-  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
-
-  if repair:
-    @pl.when(over & (ia == 0))
-    def _():
-      _repair_sorted(x_ref, len_ref, *scratch, vo_ref, io_ref, n=repair[0], chunk=repair[1],
-                     k=k, interpret=interpret)
+  over, live, lane, trash = _ranked_row(tot_ref, vo_ref, bi, cap)
+  _repair_first(over & (ia == 0), x_ref, len_ref, scratch, vo_ref, io_ref, k=k, repair=repair,
+                interpret=interpret)
 
   @pl.when(~over)
   def _():
