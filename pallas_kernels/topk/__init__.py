@@ -168,9 +168,7 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
       zeros = capacity // min(config.rank_block_i, capacity)
     # the finish repairs overflowing rows itself (no repair kernel): it gets the counters
     repair = None
-    if config.repair_in_finish and (
-        (finish_ == "rank" and (config.fused_rank or config.rank_rows))
-        or (finish_ == "bitonic" and 0 < config.bitonic_run < capacity)):
+    if config.finish_repairs(finish_, capacity):
       repair = (xp, lengths, min(chunk, next_pow2(k)))
     cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
                                         gmax, order_free=finish_ in ("bitonic", "rank"),

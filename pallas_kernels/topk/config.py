@@ -226,6 +226,14 @@ class TopkConfig:
     per = sms // rows
     return 1 << (per.bit_length() - 1) if per >= 2 else 0
 
+  def finish_repairs(self, how: str, capacity: int) -> bool:
+    """Whether the finish `how` (GPU) repairs overflowing rows itself for a buffer of
+    `capacity` (repair_in_finish resolved: the fused or per-block rank finish and the split
+    bitonic finish can; the others get the repair kernel before them)."""
+    return self.repair_in_finish and (
+        (how == "rank" and (self.fused_rank or self.rank_rows))
+        or (how == "bitonic" and 0 < self.bitonic_run < capacity))
+
   def mid_for(self, capacity: int) -> int:
     """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
     return self.bitonic_mid if self.bitonic_run < self.bitonic_mid < capacity else 0

@@ -63,8 +63,7 @@ def _group_max_kernel(x_ref, len_ref, o_ref, *z_ref, chunk: int, group: int):
 
     @pl.when(pl.program_id(1) == 0)
     def _():
-      for z in z_ref:
-        z[...] = jnp.zeros(z.shape, jnp.int32)
+      z_ref[0][...] = jnp.zeros(z_ref[0].shape, jnp.int32)
 
 
 def _live_lanes(g_ref, thr, chunk: int):
@@ -490,14 +489,13 @@ def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: 
   `persistent_select` or the fused rank finish, made here rather than by a fill kernel of
   their own)."""
   r, n = x.shape
-  widths = (zeros,) if zeros else ()
   kernel, len_in, len_spec = _lengths_in(
       functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _PER_ROW)
   out_specs = [pl.BlockSpec((None, chunk // group), lambda r, c: (r, c))]
   out_shape = [jax.ShapeDtypeStruct((r, n // group), jnp.float32)]
-  for w in widths:
-    out_specs.append(pl.BlockSpec((None, w), lambda r, c: (r, 0)))
-    out_shape.append(jax.ShapeDtypeStruct((r, w), jnp.int32))
+  if zeros:
+    out_specs.append(pl.BlockSpec((None, zeros), lambda r, c: (r, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((r, zeros), jnp.int32))
   out = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
@@ -507,7 +505,7 @@ def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: 
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_group_max",
   )(x, *len_in)
-  return tuple(out) if widths else out[0]
+  return tuple(out) if zeros else out[0]
 
 
 def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=None):
@@ -1060,12 +1058,34 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
   zero = p * 0  # a traced zero made at the top level (see _place)
   n = x_ref.shape[0]
   if phase in ("all", "filter"):
-    got = _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, k=k, iters=iters,
-                        slack=slack, parties=parties, chunk=chunk, capacity=capacity,
-                        search_only=stop == "search")
+    nchunks = n // chunk
+    trips = -(-nchunks // parties)
+    iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+    def load(t):  # chunk p + t * parties of the row (-inf past the row)
+      c = p + t * parties
+      idx = c * chunk + iota
+      x = plgpu.load(x_ref.at[pl.ds(jnp.minimum(c, nchunks - 1) * chunk, chunk)],
+                     mask=idx < n, other=NEG_INF)
+      return _as_candidates(x, idx, len_ref), idx
+
+    # this program's chunks are loaded first, so their latency hides behind the search
+    pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
+    ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
+    thr = _search(ms, k, iters, slack)
     if stop == "search":
+      got = functools.reduce(jnp.maximum, [jnp.max(x) for x, _ in pre], thr)  # keep the loads
       vo_ref[pl.ds(0, 16)] = jnp.full((16,), got, jnp.float32)
       return
+
+    def place(x, idx):
+      _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
+             placement="scan", zero=zero)
+
+    for x, idx in pre:
+      place(x, idx)
+    if not pre:
+      lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
   if phase == "filter" or stop == "filter":
     return
   ok = _grid_sync(c_ref, zero + COUNTER_STRIDE, parties, spin, interpret) if phase == "all" \
@@ -1093,46 +1113,6 @@ def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: 
     def _():
       _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, n=n, chunk=chunk, k=k,
                      interpret=interpret)
-
-
-def _search_place(x_ref, len_ref, m_ref, c_ref, v_ref, i_ref, p, zero, *, k: int, iters: int,
-                  slack: int, parties: int, chunk: int, capacity: int,
-                  search_only: bool = False):
-  """Program p of a row's `parties`: load its chunks of the row x_ref [N] (chunk p, p +
-  parties, ...; all of them first when there are at most _PRELOAD, so their latency hides
-  behind the search), find the row's threshold from all its group maxima m_ref [G]
-  (`_search`; every program of the row finds the same one, so none waits for another) and
-  append its candidates to the row's buffer (v_ref, i_ref) at ranges reserved on the
-  counter c_ref[0] ("scan" placement). zero: a traced int32 zero made at the top level.
-  search_only: stop after the search and return a value that depends on the loads (for
-  timing the steps); otherwise returns None."""
-  n = x_ref.shape[0]
-  nchunks = n // chunk
-  trips = -(-nchunks // parties)
-  iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
-
-  def load(t):  # chunk p + t * parties of the row (-inf past the row)
-    c = p + t * parties
-    idx = c * chunk + iota
-    x = plgpu.load(x_ref.at[pl.ds(jnp.minimum(c, nchunks - 1) * chunk, chunk)],
-                   mask=idx < n, other=NEG_INF)
-    return _as_candidates(x, idx, len_ref), idx
-
-  pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
-  ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-  thr = _search(ms, k, iters, slack)
-  if search_only:
-    return functools.reduce(jnp.maximum, [jnp.max(x) for x, _ in pre], thr)
-
-  def place(x, idx):
-    _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
-           placement="scan", zero=zero)
-
-  for x, idx in pre:
-    place(x, idx)
-  if not pre:
-    lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
-  return None
 
 
 def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, chunk: int,
