@@ -57,11 +57,11 @@ LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_bloc
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
-           only: tuple = (), kernels: bool = False):
+           only: tuple = (), kernels: bool = False, kernels_only: bool = False):
   """Time each pass alone at one shape; brief=True: only the filter passes and the whole
   call (sorted and as a set), for config sweeps; only: keep the stages whose name contains
   one of these strings; kernels: also the device trace's time of each kernel of every timed
-  stage (GPU)."""
+  stage (GPU); kernels_only: that time alone (no in-graph timing)."""
   plat = backend.kernel_platform()
   interp = plat.interpret
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
@@ -180,7 +180,8 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
     timed = {name: v for name, v in timed.items() if name in keep}
   loop_too = () if brief else ("floor: one tiny op", "whole topk", "lax.top_k")
   for name, (f, args) in timed.items():
-    for unrolled in ((True, False) if name in loop_too else (True,)):
+    err = ""
+    for unrolled in () if kernels_only else (True, False) if name in loop_too else (True,):
       try:
         us, err = time_in_graph(f, args, unrolled=unrolled, calls=10) * 1e6, ""
       except Exception as e:  # noqa: BLE001 - report, keep going
@@ -189,7 +190,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
                        config=_label(config),
                        timing="unrolled" if unrolled else "fori_loop", us=us, error=err,
                        candidates_max=int(total.max()), groups=int(gm.shape[1]), group=g))
-    if kernels and not err:
+    if (kernels or kernels_only) and not err:
       # the device trace's kernel time per call and per kernel (the in-graph time minus this
       # is what launch gaps and the timer add)
       try:
@@ -247,6 +248,9 @@ def main(argv=None):
   p.add_argument("--kernels", action="store_true",
                  help="also each kernel's time in the device trace (GPU profiler) for every "
                       "timed stage")
+  p.add_argument("--kernels-only", action="store_true",
+                 help="the device trace's kernel times only, no in-graph timing (a third of "
+                      "the compiles: no unrolled programs)")
   a = p.parse_args(argv)
   only = tuple(o for o in a.only.split(",") if o)
   rows = []
@@ -255,7 +259,8 @@ def main(argv=None):
   for s in a.shapes.split(","):
     b, n = (int(v) for v in s.split("x"))
     for cfg in cfgs or [TopkConfig()]:
-      stages(b, n, a.k, cfg, rows, brief=bool(cfgs), only=only, kernels=a.kernels)
+      stages(b, n, a.k, cfg, rows, brief=bool(cfgs), only=only, kernels=a.kernels,
+             kernels_only=a.kernels_only)
       # after every (shape, config): a run cut short by a timeout keeps what it measured
       write_json(a.out, dict(environment=env, rows=rows))
   print_table(rows, ["B", "N", "K", "config", "stage", "kernel", "timing", "us", "candidates_max",
