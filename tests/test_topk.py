@@ -101,10 +101,12 @@ def test_finish_repairs_and_fused_rank():
   lens = np.array([n, n - 9, n // 3, 5000, n, 0])
   plat = KernelPlatform("gpu", True)
   base = dict(capacity_factor=1, repair_in_finish=True)
-  for extra in (dict(finish="rank", fused_rank=True),
-                dict(finish="rank", fused_rank=True, gather=True, compact="lane"),
-                dict(finish="rank", fused_rank=False),  # the repair kernel, then two kernels
+  for extra in (dict(finish="rank", fused_rank=True, rank_rows=False),
+                dict(finish="rank", fused_rank=True, rank_rows=False, gather=True,
+                     compact="lane"),
+                dict(finish="rank", fused_rank=False, rank_rows=False),  # repair, 2 kernels
                 dict(finish="rank", rank_rows=True, rank_block_j=16),  # loads, then a loop
+                dict(finish="rank", rank_rows=True, rank_block_j=16, rank_preload=1),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
@@ -131,9 +133,11 @@ def test_finish_repairs_and_fused_rank():
   two = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True)
   one = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, fused=True)
   rows = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True)
-  for a, b, c in zip(two, one, rows):
+  rows1 = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True, preload=1)
+  for a, b, c, d in zip(two, one, rows, rows1):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(d))
   assert np.asarray(one[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
   with pytest.raises(ValueError, match="counters"):
     kg.rank_finish(*args, interpret=True, fused=True, counters=jnp.zeros((3, 4), jnp.int32))
@@ -147,7 +151,7 @@ def test_finish_repairs_and_fused_rank():
   assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
   assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
-              dict(rank_rows=1)):
+              dict(rank_rows=1), dict(rank_preload=-1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 
@@ -656,7 +660,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(gather=True), True),
                        (ktopk.TopkConfig(gather=True, compact="lane"), True),
                        (ktopk.TopkConfig(finish="rank", repair_in_finish=True,
-                                         fused_rank=True), True),
+                                         fused_rank=True, rank_rows=False), True),
                        (ktopk.TopkConfig(gather=True, repair_in_finish=True, bitonic_mid=2048),
                         True),
                        (ktopk.TopkConfig(finish="rank", rank_rows=True), True),

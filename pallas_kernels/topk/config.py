@@ -89,16 +89,23 @@ class TopkConfig:
     resident).
   fused_rank: True, the rank finish is one kernel: the count tile that finishes last for a
     block of candidates sums the block's partial counts and places the candidates (an
-    arrival counter per block, zeroed by the group maxima kernel; the default); False, a
-    second kernel places them. On the H200 (benchmarks/results/session18/
+    arrival counter per block, zeroed by the group maxima kernel; the default, used when
+    rank_rows is False); False, a second kernel places them. On the H200 (benchmarks/results/session18/
     topk_fused_k2048_s18a.json, kernel time, one row of k = 2048) count + place took 5.63 ->
     5.40 us at 32K, 5.82 -> 5.48 at 128K, 6.07 -> 5.74 at 1M.
-  rank_rows: True, the rank finish is one kernel of (rows, capacity / rank_block_i)
-    programs, each ranking its block of candidates against the whole row: the compares are
-    accumulated elementwise over the row's blocks of rank_block_j (those holding k * 1.25
-    candidates loaded before any compare) and reduced once, then the block is placed; no
-    partial counts, no counters, no atomics (`gpu._rank_rows_kernel`). Takes precedence over
-    fused_rank. Not yet measured on the H200 (benchmarks/NOTES.md, session 18), so off.
+  rank_rows: True (the default), the rank finish is one kernel of (rows, capacity /
+    rank_block_i) programs, each ranking its block of candidates against the whole row: the
+    compares are accumulated elementwise over the row's blocks of rank_block_j and reduced
+    once, then the block is placed; no partial counts, no counters, no atomics
+    (`gpu._rank_rows_kernel`). Takes precedence over fused_rank. On the H200 (benchmarks/
+    results/session19/topk_rows_*_s19a.json, kernel time of the whole call, against
+    fused_rank) one row of 32K x 2048 took 11.30 -> 11.12 us (the finish 5.52 -> 5.28), 32K x
+    512 8.05 -> 7.19, 128K x 512 8.49 -> 7.63; with rank_block_i=32 the finish took 10.72,
+    so a program's time grows with its compares. At 8 rows of 32K x 2048 it lost to the
+    split bitonic finish (15.77 us against 11.7, topk_rows_b8_s19a.json).
+  rank_preload: with rank_rows, the blocks of rank_block_j each program loads before its
+    first compare; 0 (the default): enough for k * 1.25 candidates. The rest are loaded one
+    block at a time in a loop bounded by the row's live count.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
@@ -199,7 +206,8 @@ class TopkConfig:
   persist_spin: int = 1 << 20
   fused_rank: bool = True
   repair_in_finish: bool = True
-  rank_rows: bool = False
+  rank_rows: bool = True
+  rank_preload: int = 0
   bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
@@ -283,7 +291,7 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 16:
         raise ValueError(f"{name}={v!r} must be a power of two >= 16")
-    for name in ("persist_programs", "persist_max_rows"):
+    for name in ("persist_programs", "persist_max_rows", "rank_preload"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")

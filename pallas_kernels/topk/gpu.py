@@ -903,7 +903,7 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
                 num_warps: int = 4, interpret: bool = False, fused: bool = False,
-                counters=None, repair=None, rows: bool = False):
+                counters=None, repair=None, rows: bool = False, preload: int = 0):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
@@ -924,7 +924,9 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   row gets its exact top-k from x (no `repair` kernel before the finish).
   rows: one kernel of (R, cap / block_i) programs instead (`_rank_rows_kernel`: each ranks
   its block against the whole row, accumulating the compares elementwise over blocks of
-  block_j and reducing once; no partial counts, no counters); takes precedence over fused."""
+  block_j and reducing once; no partial counts, no counters); takes precedence over fused.
+  preload (rows only): the blocks of block_j each program loads before its first compare
+  (0: enough for k * 1.25 candidates; the rest are loaded one by one in a loop)."""
   r = cv.shape[0]
   if repair is not None and not (fused or rows):
     raise ValueError("rank_finish(repair=...) needs fused=True or rows=True")
@@ -946,7 +948,7 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
     out = pl.BlockSpec((None, width), lambda r, a: (r, 0))
     blk = pl.BlockSpec((None, block_i), lambda r, a: (r, a))
     # blocks of block_j loaded up front: enough for k plus a quarter (rows rarely hold more)
-    unrolled = min(nj, -(-(k + k // 4) // block_j))
+    unrolled = min(nj, preload or -(-(k + k // 4) // block_j))
     v, i = pl.pallas_call(
         functools.partial(_rank_rows_kernel, k=k, cap=cap, block_j=block_j, unrolled=unrolled,
                           interpret=interpret, repair=rep),
