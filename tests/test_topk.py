@@ -107,6 +107,7 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="rank", fused_rank=False, rank_rows=False),  # repair, 2 kernels
                 dict(finish="rank", rank_rows=True, rank_block_j=16),  # loads, then a loop
                 dict(finish="rank", rank_rows=True, rank_block_j=16, rank_preload=1),
+                dict(finish="rank", rank_rows=True, rank_block_i=8),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
@@ -151,7 +152,7 @@ def test_finish_repairs_and_fused_rank():
   assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
   assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
-              dict(rank_rows=1), dict(rank_preload=-1)):
+              dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 
@@ -664,6 +665,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(gather=True, repair_in_finish=True, bitonic_mid=2048),
                         True),
                        (ktopk.TopkConfig(finish="rank", rank_rows=True), True),
+                       (ktopk.TopkConfig(finish="rank", rank_block_i=8), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

@@ -68,8 +68,8 @@ class TopkConfig:
   rank_max_rows, rank_min_k: the "auto" rule above. rank_min_k 512: at one row of 32K /
     128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
     (benchmarks/results/session16/topk_k512_s16a.json).
-  rank_block_i, rank_block_j: the rank finish's tile (powers of two >= 16); rank_warps: the
-    warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
+  rank_block_i, rank_block_j: the rank finish's tile (powers of two, >= 8 and >= 16);
+    rank_warps: the warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
     us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2 / 19.5 at 64 x
     256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow, long tiles win.
   persist_max_rows: "auto" takes the persistent finish for calls of at most this many rows
@@ -287,10 +287,11 @@ class TopkConfig:
         raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):
       raise ValueError(f"gather={self.gather!r} must be True, False or 'auto'")
-    for name in ("rank_block_i", "rank_block_j", "persist_block_i", "persist_block_j"):
+    for name, low in (("rank_block_i", 8), ("rank_block_j", 16), ("persist_block_i", 16),
+                      ("persist_block_j", 16)):
       v = getattr(self, name)
-      if not isinstance(v, int) or not is_pow2(v) or v < 16:
-        raise ValueError(f"{name}={v!r} must be a power of two >= 16")
+      if not isinstance(v, int) or not is_pow2(v) or v < low:
+        raise ValueError(f"{name}={v!r} must be a power of two >= {low}")
     for name in ("persist_programs", "persist_max_rows", "rank_preload"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
