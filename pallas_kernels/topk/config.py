@@ -102,7 +102,10 @@ class TopkConfig:
     fused_rank) one row of 32K x 2048 took 11.30 -> 11.12 us (the finish 5.52 -> 5.28), 32K x
     512 8.05 -> 7.19, 128K x 512 8.49 -> 7.63; with rank_block_i=32 the finish took 10.72,
     so a program's time grows with its compares. At 8 rows of 32K x 2048 it lost to the
-    split bitonic finish (15.77 us against 11.7, topk_rows_b8_s19a.json).
+    split bitonic finish (15.77 us against 11.7, topk_rows_b8_s19a.json). With
+    rank_block_i=8 one row of 32K x 2048 took 10.58 us (the finish 4.75,
+    session19/topk_block8_s19c.json): the busiest SM's compares bound the finish; not yet
+    the default (one shape measured, not compiled-tested on the H200).
   rank_preload: with rank_rows, the blocks of rank_block_j each program loads before its
     first compare; 0 (the default): enough for k * 1.25 candidates. The rest are loaded one
     block at a time in a loop bounded by the row's live count.
