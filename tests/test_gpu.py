@@ -96,6 +96,28 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("n,k", [(32768, 2048), (131072, 512)])
+@pytest.mark.parametrize("block_i,split_ties", [(8, False), (16, True), (8, True)])
+def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties):
+  """The per-block rank finish (one row) compiled with blocks of 8 candidates and with the
+  packed compare (rank_split_ties): rows with and without ties among the candidates (scores
+  rounded to 1/64 tie often; a tile of 64 distinct values overflows the buffer), ragged and
+  empty rows, against numpy."""
+  from pallas_kernels.topk import TopkConfig
+  cfg = TopkConfig(rank_rows=True, rank_block_i=block_i, rank_split_ties=split_ties)
+  rng = np.random.default_rng(n + block_i)
+  x = rng.standard_normal((5, n)).astype(np.float32)
+  x[1] = np.round(x[1] * 64) / 64  # ties inside the candidates, no overflow
+  x[2] = np.tile(np.arange(64, dtype=np.float32), n // 64)  # ties at the k-th: overflow
+  lens = np.array([n, n - 5, n, 17, 0], np.int32)
+  for r in range(5):
+    v, i = jaxsparse.topk(jnp.asarray(x[r:r + 1]), k, lengths=jnp.asarray(lens[r:r + 1]),
+                          implementation="pallas", config=cfg)
+    rv, ri = np_topk(x[r:r + 1], k, lens[r:r + 1])
+    np.testing.assert_array_equal(np.asarray(i), ri)
+    np.testing.assert_array_equal(np.asarray(v), rv)
+
+
 @pytest.mark.parametrize("run,skip,compact", [
     (0, True, "scan"), (256, True, "scan"), (512, True, "scan"), (1024, True, "scan"),
     (512, False, "scan"), (512, False, "lane"), (0, True, "lane"), (512, False, "rows"),

@@ -108,6 +108,7 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="rank", rank_rows=True, rank_block_j=16),  # loads, then a loop
                 dict(finish="rank", rank_rows=True, rank_block_j=16, rank_preload=1),
                 dict(finish="rank", rank_rows=True, rank_block_i=8),
+                dict(finish="rank", rank_rows=True, rank_split_ties=True, rank_block_j=16),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
@@ -135,10 +136,11 @@ def test_finish_repairs_and_fused_rank():
   one = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, fused=True)
   rows = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True)
   rows1 = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True, preload=1)
-  for a, b, c, d in zip(two, one, rows, rows1):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(d))
+  split = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True,
+                         split_ties=True)  # row 0 has ties; rows 1 and 2 need no second loop
+  for got in (one, rows, rows1, split):
+    for a, b in zip(two, got):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert np.asarray(one[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
   with pytest.raises(ValueError, match="counters"):
     kg.rank_finish(*args, interpret=True, fused=True, counters=jnp.zeros((3, 4), jnp.int32))
@@ -152,7 +154,8 @@ def test_finish_repairs_and_fused_rank():
   assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
   assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
-              dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4)):
+              dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
+              dict(rank_split_ties=1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 
@@ -666,6 +669,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                         True),
                        (ktopk.TopkConfig(finish="rank", rank_rows=True), True),
                        (ktopk.TopkConfig(finish="rank", rank_block_i=8), True),
+                       (ktopk.TopkConfig(finish="rank", rank_split_ties=True), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

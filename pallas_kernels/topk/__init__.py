@@ -305,7 +305,8 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
                              block_j=config.rank_block_j, num_warps=config.rank_warps,
                              interpret=interp, fused=config.fused_rank,
                              counters=counters, repair=repair, rows=config.rank_rows,
-                             preload=config.rank_preload), False, False
+                             preload=config.rank_preload,
+                             split_ties=config.rank_split_ties), False, False
   cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
   v, p = lax.top_k(cvm, k)
   return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False

@@ -109,6 +109,12 @@ class TopkConfig:
   rank_preload: with rank_rows, the blocks of rank_block_j each program loads before its
     first compare; 0 (the default): enough for k * 1.25 candidates. The rest are loaded one
     block at a time in a loop bounded by the row's live count.
+  rank_split_ties: with rank_rows, each compared pair adds (vj > vi) + (vj == vi) * 2**16 to
+    one packed accumulator (two compares instead of three, and no logic), and the index
+    tie-break runs in a second loop only for a block holding a value that occurs twice
+    (capacities up to 2**14; above, ignored). Off: not yet measured on the H200; the finish
+    is bound by its compares (session 19), so it should take ~1/3 off them
+    (benchmarks/NOTES.md, session 19).
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
@@ -211,6 +217,7 @@ class TopkConfig:
   repair_in_finish: bool = True
   rank_rows: bool = True
   rank_preload: int = 0
+  rank_split_ties: bool = False
   bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
@@ -285,7 +292,8 @@ class TopkConfig:
       raise ValueError(f"threshold={self.threshold!r} must be 'bisect', 'falsi' or 'sort'")
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
-    for name in ("skip_groups", "fused_rank", "repair_in_finish", "rank_rows"):
+    for name in ("skip_groups", "fused_rank", "repair_in_finish", "rank_rows",
+                 "rank_split_ties"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):

@@ -855,7 +855,8 @@ def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, c
 
 
 def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
-                      block_j: int, unrolled: int, interpret: bool, repair=None):
+                      block_j: int, unrolled: int, interpret: bool, repair=None,
+                      split_ties: bool = False):
   """One (row, block of block_i candidates) program of `rank_finish(..., rows=True)`: the
   block's ranks against every live candidate of the row (vj_ref / ij_ref: the row's cap
   slots), the compares accumulated elementwise in a [block_i, block_j] int32 array over the
@@ -863,7 +864,12 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
   block's share of the -inf / -1 tail). The first `unrolled` blocks of block_j are loaded
   before any compare (their latency overlaps); blocks past them, reached only by rows with
   more live candidates, go through a loop bounded by the live count. One kernel, no partial
-  counts and no atomics. tot_ref / repair as `_rank_fused_kernel` (program 0 repairs)."""
+  counts and no atomics. tot_ref / repair as `_rank_fused_kernel` (program 0 repairs).
+  split_ties (cap <= 2**14): each pair adds (vj > vi) + (vj == vi) * 2**16 to the one
+  accumulator (two compares, no index compare), which after the reduction holds each
+  candidate's count of larger values (low half-word) and of equal ones, itself included
+  (high); only a block holding a candidate with an equal value elsewhere runs a second loop
+  over the row for the index tie-break."""
   x_ref, len_ref, refs = _repair_refs(refs, repair)
   vo_ref, io_ref, *scratch = refs
   bi = vi_ref.shape[0]
@@ -890,7 +896,13 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
                       other=jnp.iinfo(jnp.int32).max)
       return vj[None, :], ij[None, :]
 
+    def tie_before(vj, ij):  # [bi, block_j]: j has i's value and a lower index
+      return ((vj == vi[:, None]) & (ij < ii[:, None])).astype(jnp.int32)
+
     def before(vj, ij):  # [bi, block_j]: candidate j comes before candidate i
+      if split_ties:  # larger: low half-word; equal: high half-word
+        return ((vj > vi[:, None]).astype(jnp.int32)
+                + (vj == vi[:, None]).astype(jnp.int32) * (1 << 16))
       return ((vj > vi[:, None]) | ((vj == vi[:, None]) & (ij < ii[:, None]))).astype(jnp.int32)
 
     pre = [block(t) for t in range(unrolled)]
@@ -898,12 +910,22 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
     rest = (live + block_j - 1) // block_j
     acc = lax.fori_loop(unrolled, jnp.maximum(rest, unrolled),
                         lambda t, s: s + before(*block(t)), acc)
-    _put_ranked(vo_ref, io_ref, vi, ii, jnp.sum(acc, axis=1), a + lane < live, k, trash)
+    rank = jnp.sum(acc, axis=1)
+    ok = a + lane < live
+    if split_ties:
+      rank, equal = rank & 0xFFFF, rank >> 16
+      tied = jnp.sum(((equal > 1) & ok).astype(jnp.int32)) > 0
+      ties = lax.fori_loop(0, jnp.where(tied, rest, 0),
+                           lambda t, s: s + tie_before(*block(t)),
+                           jnp.zeros((bi, block_j), jnp.int32))
+      rank = rank + jnp.sum(ties, axis=1)
+    _put_ranked(vo_ref, io_ref, vi, ii, rank, ok, k, trash)
 
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
                 num_warps: int = 4, interpret: bool = False, fused: bool = False,
-                counters=None, repair=None, rows: bool = False, preload: int = 0):
+                counters=None, repair=None, rows: bool = False, preload: int = 0,
+                split_ties: bool = False):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
@@ -926,7 +948,10 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   its block against the whole row, accumulating the compares elementwise over blocks of
   block_j and reducing once; no partial counts, no counters); takes precedence over fused.
   preload (rows only): the blocks of block_j each program loads before its first compare
-  (0: enough for k * 1.25 candidates; the rest are loaded one by one in a loop)."""
+  (0: enough for k * 1.25 candidates; the rest are loaded one by one in a loop).
+  split_ties (rows only; ignored for cap > 2**14): the compares count larger and equal values
+  in one packed accumulator and break ties by index in a second loop only where a block has
+  them (`_rank_rows_kernel`)."""
   r = cv.shape[0]
   if repair is not None and not (fused or rows):
     raise ValueError("rank_finish(repair=...) needs fused=True or rows=True")
@@ -951,7 +976,8 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
     unrolled = min(nj, preload or -(-(k + k // 4) // block_j))
     v, i = pl.pallas_call(
         functools.partial(_rank_rows_kernel, k=k, cap=cap, block_j=block_j, unrolled=unrolled,
-                          interpret=interpret, repair=rep),
+                          interpret=interpret, repair=rep,
+                          split_ties=split_ties and cap <= 1 << 14),
         grid=(r, cap // block_i),
         in_specs=[blk, blk, whole, whole, live_spec] + rep_specs,
         out_specs=[out, out] + rep_out,
