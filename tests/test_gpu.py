@@ -97,14 +97,16 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
 
 
 @pytest.mark.parametrize("n,k", [(32768, 2048), (131072, 512)])
-@pytest.mark.parametrize("block_i,split_ties", [(8, False), (16, True), (8, True)])
-def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties):
-  """The per-block rank finish (one row) compiled with blocks of 8 candidates and with the
-  packed compare (rank_split_ties): rows with and without ties among the candidates (scores
-  rounded to 1/64 tie often; a tile of 64 distinct values overflows the buffer), ragged and
-  empty rows, against numpy."""
+@pytest.mark.parametrize("block_i,split_ties,buckets", [
+    (8, False, False), (16, True, False), (8, True, False), (16, False, True), (8, True, True)])
+def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties, buckets):
+  """The per-block rank finish (one row) compiled with blocks of 8 candidates, with the
+  packed compare (rank_split_ties) and with two value buckets (rank_buckets): rows with and
+  without ties among the candidates (scores rounded to 1/64 tie often; a tile of 64
+  distinct values overflows the buffer), ragged and empty rows, against numpy."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(rank_rows=True, rank_block_i=block_i, rank_split_ties=split_ties)
+  cfg = TopkConfig(rank_rows=True, rank_block_i=block_i, rank_split_ties=split_ties,
+                   rank_buckets=buckets)
   rng = np.random.default_rng(n + block_i)
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.round(x[1] * 64) / 64  # ties inside the candidates, no overflow

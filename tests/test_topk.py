@@ -82,12 +82,13 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 
 def test_finish_repairs_and_fused_rank():
   """TopkConfig(repair_in_finish=True) with the fused rank finish, the one-kernel-per-block
-  rank finish (rank_rows) and the split bitonic finish (with and without a middle merge
-  kernel), GPU kernels in interpret mode: no repair
-  kernel; the finish repairs overflowing rows itself (ties across the k-th value, all-equal
-  runs, a group list longer than the buffer, next to ordinary, ragged and empty rows), for
-  every compaction; SPIN's block map through the repairing merge; the fused rank kernel
-  gives the two-kernel rank finish's result, and so does rank_rows."""
+  rank finish (rank_rows; with the packed compare, blocks of 8 and two value buckets) and
+  the split bitonic finish (with and without a middle merge kernel), GPU kernels in
+  interpret mode: no repair kernel; the finish repairs overflowing rows itself (ties across
+  the k-th value, all-equal runs, a group list longer than the buffer, next to ordinary,
+  ragged and empty rows), for every compaction; SPIN's block map through the repairing
+  merge; the fused rank kernel gives the two-kernel rank finish's result, and so do the
+  rank_rows variants; the bucketed compaction puts each candidate in its bucket."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(18)
   n, k = 16384, 64
@@ -107,8 +108,10 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="rank", fused_rank=False, rank_rows=False),  # repair, 2 kernels
                 dict(finish="rank", rank_rows=True, rank_block_j=16),  # loads, then a loop
                 dict(finish="rank", rank_rows=True, rank_block_j=16, rank_preload=1),
-                dict(finish="rank", rank_rows=True, rank_block_i=8),
                 dict(finish="rank", rank_rows=True, rank_split_ties=True, rank_block_j=16),
+                dict(finish="rank", rank_rows=True, rank_buckets=True, rank_block_j=16),
+                dict(finish="rank", rank_rows=True, rank_buckets=True, rank_split_ties=True,
+                     rank_block_i=8),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
@@ -153,9 +156,32 @@ def test_finish_repairs_and_fused_rank():
                             interpret=True)
   assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
   assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
+  # two value buckets: the pivot splits the candidates, the upper ones fill the front
+  xb = jnp.asarray(x[:3])
+  gm = kg.group_max(xb, None, chunk=256, group=16, num_warps=4, interpret=True)
+  thr, ctr, piv = kg.threshold(gm, k, iters=14, num_warps=4, interpret=True,
+                               counter=jnp.int32, slack=8, pivot=True)
+  bv, bi_, bc = kg.compact_atomic(xb, None, thr, capacity=512, chunk=256, num_warps=4,
+                                  interpret=True, counter=ctr, pivot=piv)
+  for r in (1, 2):  # (row 0's values tie at the pivot's either side)
+    up, low = int(bc[r, 1]), int(bc[r, 2])
+    assert int(bc[r, 0]) == 0 and up > 0 and low > 0
+    cand = x[r] >= float(thr[r])
+    assert up == int((cand & (x[r] >= float(piv[r]))).sum()) and up + low == int(cand.sum())
+    assert np.all(np.asarray(bv[r, :up]) >= float(piv[r]))
+    assert np.all(np.asarray(bv[r, 512 - low:512]) < float(piv[r]))
+    assert sorted(np.asarray(bi_[r, :up]).tolist() + np.asarray(
+        bi_[r, 512 - low:512]).tolist()) == np.flatnonzero(cand).tolist()
+  with pytest.raises(ValueError, match="pivot="):
+    kg.compact_atomic(xb, None, thr, capacity=256, chunk=256, num_warps=4, interpret=True,
+                      pivot=piv, placement="rows")
+  with pytest.raises(ValueError, match="buckets=True"):
+    kg.rank_finish(*args, interpret=True, rows=True, buckets=True)
+  assert not ktopk.TopkConfig(rank_buckets=True, gather=True).buckets_for("rank", 1, 1 << 15,
+                                                                         64, 128)
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
               dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
-              dict(rank_split_ties=1)):
+              dict(rank_split_ties=1), dict(rank_buckets=1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 
@@ -670,6 +696,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(finish="rank", rank_rows=True), True),
                        (ktopk.TopkConfig(finish="rank", rank_block_i=8), True),
                        (ktopk.TopkConfig(finish="rank", rank_split_ties=True), True),
+                       (ktopk.TopkConfig(finish="rank", rank_buckets=True), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

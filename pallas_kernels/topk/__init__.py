@@ -170,11 +170,12 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     repair = None
     if config.finish_repairs(finish_, capacity):
       repair = (xp, lengths, min(chunk, next_pow2(k)))
+    buckets = config.buckets_for(finish_, r, n_pad, k, capacity)
     cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
                                         gmax, order_free=finish_ in ("bitonic", "rank"),
-                                        zeros=zeros, repair=repair is None)
+                                        zeros=zeros, repair=repair is None, buckets=buckets)
     return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, ctr,
-                       repair)
+                       repair, buckets)
   gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
   thr = lax.top_k(gm, k)[0][:, k - 1]
   total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
@@ -195,14 +196,15 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
 
 
 def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *, order_free,
-                    zeros: int = 0, repair: bool = True):
+                    zeros: int = 0, repair: bool = True, buckets: bool = False):
   """GPU, rows of any length: group maxima (unless given), threshold, compaction and repair
   -> (values, indices) [R, >= capacity] candidates, live [R] slots per row, and [R, zeros]
   int32 zeros from the group maxima kernel (None when zeros is 0 or gmax is given).
   repair=False (an order-free finish that repairs overflowing rows itself): no repair
   kernel, and live is the compaction's row counters [R, COUNTER_STRIDE] instead.
   order_free: the finish accepts candidates in any slot order (one-pass compaction, maybe
-  gathering)."""
+  gathering). buckets (`TopkConfig.buckets_for`): the threshold kernel also writes a pivot
+  and the compaction places two value buckets from the buffer's two ends."""
   r, n_pad = xp.shape
   finish_zeros = None
   if gmax is None:
@@ -220,13 +222,15 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   gather_lanes = min(config.chunk_for(r, n_pad), capacity * g)  # entries per gathering program
   if gather and place == "rows" and gather_lanes < 64:
     place = "scan"
-  ctr = None  # the compaction's row counters, from the threshold kernel
+  ctr = pivot = None  # the compaction's row counters, from the threshold kernel
   if in_kernel:
     thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
                                       slack=config.falsi_slack * (config.threshold == "falsi"),
                                       num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place),
-                                      list_width=capacity if gather else 0)
+                                      list_width=capacity if gather else 0, pivot=buckets)
+    if buckets:
+      *glist, pivot = glist
   else:
     thr = lax.top_k(gmax, k)[0][:, k - 1]
   skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
@@ -238,7 +242,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   elif order_free:  # count and compaction in one pass
     cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                         num_warps=config.num_warps, interpret=interp,
-                                        gmax=skip, counter=ctr, placement=place)
+                                        gmax=skip, counter=ctr, placement=place, pivot=pivot)
   else:
     counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
                         interpret=interp, gmax=skip)
@@ -282,13 +286,14 @@ def persist_chunk(n_pad: int, chunk: int, parties: int) -> int:
 
 
 def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, counters=None,
-                repair=None):
+                repair=None, buckets: bool = False):
   """Candidates -> (values, indices, in_index_order, mapped through block_map): how is
   "set" (the k best in index order; the candidates must be in index order), "bitonic",
   "rank" or "sort" (`TopkConfig.finish_for`). counters: zeros for the fused rank finish
   (TopkConfig.fused_rank), or None to make them there. repair: (rows, lengths, chunk) when
   the finish repairs overflowing rows (TopkConfig.repair_in_finish; live is then the
-  compaction's counters)."""
+  compaction's counters). buckets: the candidates are in two value buckets
+  (`TopkConfig.buckets_for`)."""
   if how == "set":
     return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
   if how == "bitonic" and 0 < config.bitonic_run < capacity:
@@ -301,12 +306,12 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
                                 interpret=interp), False, False
   if how == "rank":
-    return *_gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
-                             block_j=config.rank_block_j, num_warps=config.rank_warps,
-                             interpret=interp, fused=config.fused_rank,
-                             counters=counters, repair=repair, rows=config.rank_rows,
-                             preload=config.rank_preload,
-                             split_ties=config.rank_split_ties), False, False
+    v, i = _gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
+                            block_j=config.rank_block_j, num_warps=config.rank_warps,
+                            interpret=interp, fused=config.fused_rank, counters=counters,
+                            repair=repair, rows=config.rank_rows, preload=config.rank_preload,
+                            split_ties=config.rank_split_ties, buckets=buckets)
+    return v, i, False, False
   cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
   v, p = lax.top_k(cvm, k)
   return *finish(v, jnp.take_along_axis(ci[:, :capacity], p, axis=1)), False, False

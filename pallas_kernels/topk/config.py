@@ -115,6 +115,14 @@ class TopkConfig:
     (capacities up to 2**14; above, ignored). Off: not yet measured on the H200; the finish
     is bound by its compares (session 19), so it should take ~1/3 off them
     (benchmarks/NOTES.md, session 19).
+  rank_buckets: with rank_rows (and repair_in_finish, the threshold kernel and the "scan"
+    compaction reading every chunk: `buckets_for`), the threshold kernel also writes a pivot
+    between the threshold and the row's largest maximum, estimated to split the candidates
+    in half (`gpu._pivot`, no extra count), and the compaction fills the buffer with the
+    candidates at or above it from the front and the others from the back (two atomic adds
+    per chunk). The finish compares each block of candidates only with its own bucket and
+    adds the upper bucket's count to the lower's ranks: about half the compares, which bound
+    the finish (session 19). Off: not yet measured on the H200.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
@@ -218,6 +226,7 @@ class TopkConfig:
   rank_rows: bool = True
   rank_preload: int = 0
   rank_split_ties: bool = False
+  rank_buckets: bool = False
   bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
@@ -251,6 +260,14 @@ class TopkConfig:
     return self.repair_in_finish and (
         (how == "rank" and (self.fused_rank or self.rank_rows))
         or (how == "bitonic" and 0 < self.bitonic_run < capacity))
+
+  def buckets_for(self, how: str, rows: int, n: int, k: int, capacity: int) -> bool:
+    """Whether the rank finish `how` of rows x n scores (GPU) gets its candidates in two value
+    buckets (rank_buckets resolved: it needs the per-block rank finish repairing rows
+    itself, the threshold kernel, and the compaction reading every chunk with "scan")."""
+    return (self.rank_buckets and how == "rank" and self.rank_rows
+            and self.finish_repairs(how, capacity) and self.threshold in ("bisect", "falsi")
+            and not self.gathers(rows, n) and self.placement(rows, n, k) == "scan")
 
   def mid_for(self, capacity: int) -> int:
     """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
@@ -293,7 +310,7 @@ class TopkConfig:
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
     for name in ("skip_groups", "fused_rank", "repair_in_finish", "rank_rows",
-                 "rank_split_ties"):
+                 "rank_split_ties", "rank_buckets"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):

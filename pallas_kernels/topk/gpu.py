@@ -15,6 +15,7 @@ listed (`threshold(..., list_width=capacity)`) instead of every chunk of the row
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -118,7 +119,7 @@ PLACEMENTS = ("scan", "rows", "lane")
 
 
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int,
-                           placement: str):
+                           placement: str, buckets: bool = False):
   """One (row, chunk): the chunk's candidates appended to the row's buffer (count and
   compaction in one pass; the slots land in whatever order the programs run, so only an
   order-free finish such as `bitonic_finish` may consume the buffer). refs: [group maxima,]
@@ -131,20 +132,39 @@ def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity:
   own atomic add of 1 on the row's float32 counter (exact up to 2**24): no scan and no
   chunk-wide sum. (Pallas Triton lowers an atomic add of an integer tensor as a float add,
   hence the float counter; its interpret mode does not emulate per-lane atomics on one
-  address, so there "lane" places slots as "scan" does.)"""
+  address, so there "lane" places slots as "scan" does.)
+  buckets ("scan" only): refs hold the row's pivot [1] before the counters, and candidates
+  at or above it are placed from the buffer's front (counter element 1), the others from its
+  back (element 2); element 0 stays 0."""
   *g_ref, _, ctr_ref, v_ref, i_ref = refs
+  pivot = g_ref.pop()[0] if buckets else None
   x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
   _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
-         placement=placement)
+         placement=placement, pivot=pivot)
 
 
-def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, zero=None):
+def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, zero=None,
+           pivot=None):
   """Append the lanes m [L] of (x, idx) [L] to the row's candidate buffer (v_ref, i_ref) at
   slots reserved on the row's counter ctr_ref (element 0) by atomic adds, as
   `_compact_atomic_kernel` describes for each placement; slots >= capacity are dropped.
   zero: a traced int32 zero made outside any `pl.when` (interpret mode substitutes program
-  ids only at the kernel's top level), or None to make it here."""
+  ids only at the kernel's top level), or None to make it here. pivot ("scan" only): a
+  float32 scalar; lanes >= pivot reserve on element 1 and fill the buffer from its front,
+  the others on element 2 and fill it from its back (slots < 0 are dropped)."""
   L = x.shape[0]
+  if pivot is not None:
+    zero = pl.program_id(1) * 0 if zero is None else zero
+    up = m & (x >= pivot)
+    ui, di = up.astype(jnp.int32), (m & ~up).astype(jnp.int32)
+    top = plgpu.atomic_add(ctr_ref, (zero + 1,), jnp.sum(ui))
+    low = plgpu.atomic_add(ctr_ref, (zero + 2,), jnp.sum(di))
+    pos = jnp.where(up, top + jnp.cumsum(ui) - 1, capacity - low - jnp.cumsum(di))
+    keep = m & (pos < capacity) & (pos >= 0)
+    pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
+    plgpu.store(v_ref.at[pos], x, mask=keep)
+    plgpu.store(i_ref.at[pos], idx, mask=keep)
+    return
   if placement == "lane":
     zero = jnp.zeros((L,), jnp.int32)
     pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((L,), jnp.float32), mask=m)
@@ -187,7 +207,8 @@ def _gmax_specs(gmax, n: int, chunk: int):
 
 
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None, counter=None, placement: str = "scan"):
+                   interpret: bool, gmax=None, counter=None, placement: str = "scan",
+                   pivot=None):
   """x [R, N] (N % chunk == 0), lengths [R] (or None: whole rows), thr [R] -> (values,
   indices) [R, W >= capacity] float32 / int32 and the row counters [R, COUNTER_STRIDE]
   (element 0: the row's candidate count; `repair` reads them as they are): row r's first
@@ -196,10 +217,16 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   (optional): the maxima of contiguous groups; then only groups whose maximum reaches thr
   are read. counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
   (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
-  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24)."""
+  placement: see _compact_atomic_kernel ("lane" needs N <= 2**24).
+  pivot [R] float32 (placement "scan" only; `threshold(..., pivot=True)`): two value
+  buckets, the candidates >= pivot in slots [0, counters[:, 1]) and the others in [capacity
+  - counters[:, 2], capacity) (counter element 0 stays 0); a row whose two counts add up to
+  more than capacity overflows."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
+  if pivot is not None and placement != "scan":
+    raise ValueError(f"pivot= needs placement='scan', got {placement!r}")
   if placement == "lane" and n > 1 << 24:
     raise ValueError(f"placement='lane' counts in float32: rows of {n} > 2**24 entries")
   if placement == "rows" and chunk < 64:
@@ -216,19 +243,22 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
                      f"{jnp.dtype(dtype).name}")
   kernel, len_in, len_spec = _lengths_in(functools.partial(
       _compact_atomic_kernel, chunk=chunk, capacity=capacity,
-      placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
+      placement="scan" if placement == "lane" and interpret else placement,
+      buckets=pivot is not None), lengths, _PER_ROW)
+  piv = [] if pivot is None else [pivot.astype(jnp.float32)]
   total, v, i = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs + [ctr],
+      in_specs=(_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs
+                + [_PER_ROW] * len(piv) + [ctr]),
       out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
-      input_output_aliases={2 + len(len_in) + len(extra): 0},
+      input_output_aliases={2 + len(len_in) + len(extra) + len(piv): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
-  )(x, *len_in, thr, *extra, counter)
+  )(x, *len_in, thr, *extra, *piv, counter)
   return v, i, total
 
 
@@ -392,7 +422,8 @@ def _search(ms: list, k: int, iters: int, slack: int = 0):
   return jnp.where(nfin >= k, lo, NEG_INF)
 
 
-def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, slack: int):
+def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, slack: int,
+                      pivot: bool = False):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
   The search on the value (`_search`: bisection, or regula falsi with slack > 0) keeps the
@@ -404,11 +435,16 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
   in ascending order, into a [>= list_width] row (ids past list_width are dropped), and how
   many there are [1]. Each listed group holds at least one candidate, so a row listing more
   than list_width (the candidate buffer's capacity) overflows the buffer anyway: its counter
-  then starts past the capacity, which sends the row to the repair kernel.
+  then starts past the capacity, which sends the row to the repair kernel. With pivot, the
+  last ref gets [1] a value between the threshold and the largest maximum that splits the
+  candidates into two value buckets of roughly equal size (`_pivot`).
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
   thr = _search(ms, k, iters, slack)
   o_ref[...] = thr.reshape(1)
+  if pivot:
+    *refs, p_ref = refs
+    p_ref[...] = _pivot(ms, thr, k).reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
   if list_width:
@@ -431,8 +467,20 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
     c_ref[...] = ((lane == 0).astype(jnp.int32) * ctr0).astype(c_ref.dtype)
 
 
+def _pivot(ms: list, thr, k: int):
+  """A value splitting a row's candidates (its entries >= thr, about k of them) into two
+  buckets of roughly equal size, without another count: above a threshold that keeps k of
+  many scores the tail falls off about exponentially, so the count above thr + t (hi - thr)
+  (hi: the largest maximum, where one remains) is about k ** (1 - t), half of k at t = ln 2 /
+  ln k. -inf when thr is -inf (every valid entry is then in the upper bucket). Only the
+  speed of a finish that compares within buckets depends on the split, never its result."""
+  hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
+  frac = math.log(2) / math.log(max(k, 2))
+  return jnp.where(thr > NEG_INF, thr + (hi - thr) * frac, NEG_INF)
+
+
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter=None, list_width: int = 0, slack: int = 0):
+              counter=None, list_width: int = 0, slack: int = 0, pivot: bool = False):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
   slack: 0, `iters` steps of bisection; > 0, at most `iters` probes of regula falsi, stopping
@@ -443,8 +491,9 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
   list_width > 0 (the candidate capacity) -> also the group list [R, >= list_width] int32
   (the ids of the groups that can hold a candidate, ascending; slots past the count are not
   initialised) and the count [R] int32 (may exceed list_width: then the row's counter starts
-  at list_width + 1, so the row overflows). Returns a tuple (thr, [counters,] [list, count])
-  unless only thr is asked for."""
+  at list_width + 1, so the row overflows). pivot=True -> also [R] float32 pivots splitting
+  each row's candidates into two buckets (`_pivot`; for `compact_atomic(..., pivot=)`).
+  Returns a tuple (thr, [counters,] [list, count,] [pivot]) unless only thr is asked for."""
   r, g = gmax.shape
   if len(_pow2_pieces(g)) > 4:
     gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(g) - g)), constant_values=NEG_INF)
@@ -462,9 +511,12 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     width = _scatter_width(list_width, interpret)
     specs += [pl.BlockSpec((None, width), lambda i: (i, 0)), one]
     shapes += [jax.ShapeDtypeStruct((r, width), jnp.int32), jax.ShapeDtypeStruct((r,), jnp.int32)]
+  if pivot:
+    specs.append(one)
+    shapes.append(jax.ShapeDtypeStruct((r,), jnp.float32))
   out = pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width,
-                        slack=slack),
+                        slack=slack, pivot=pivot),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
       out_specs=specs,
@@ -787,11 +839,12 @@ def _put_ranked(vo_ref, io_ref, v, idx, rank, ok, k: int, trash):
   plgpu.store(io_ref.at[dest], jnp.where(v > NEG_INF, idx, -1), mask=keep)
 
 
-def _ranked_row(tot_ref, vo_ref, bi: int, cap: int):
+def _ranked_row(tot_ref, vo_ref, bi: int, cap: int, buckets: bool = False):
   """A rank finish program's view of its row: (over: more candidates than cap, which only a
   compaction's counters can say; live: the live count, at most cap; lane [bi] iota; trash
-  [bi]: distinct slots past the output for masked lanes, see _scatter_width)."""
-  total = tot_ref[0].astype(jnp.int32)
+  [bi]: distinct slots past the output for masked lanes, see _scatter_width). buckets: the
+  count is the sum of counter elements 1 and 2 (`compact_atomic(..., pivot=)`)."""
+  total = (tot_ref[1] + tot_ref[2] if buckets else tot_ref[0]).astype(jnp.int32)
   lane = lax.broadcasted_iota(jnp.int32, (bi,), 0)
   return total > cap, jnp.minimum(total, cap), lane, vo_ref.shape[0] - 1 - lane
 
@@ -856,7 +909,7 @@ def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, c
 
 def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
                       block_j: int, unrolled: int, interpret: bool, repair=None,
-                      split_ties: bool = False):
+                      split_ties: bool = False, buckets: bool = False):
   """One (row, block of block_i candidates) program of `rank_finish(..., rows=True)`: the
   block's ranks against every live candidate of the row (vj_ref / ij_ref: the row's cap
   slots), the compares accumulated elementwise in a [block_i, block_j] int32 array over the
@@ -869,13 +922,17 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
   accumulator (two compares, no index compare), which after the reduction holds each
   candidate's count of larger values (low half-word) and of equal ones, itself included
   (high); only a block holding a candidate with an equal value elsewhere runs a second loop
-  over the row for the index tie-break."""
+  over the row for the index tie-break.
+  buckets: the slots hold two value buckets (`compact_atomic(..., pivot=)`): the upper one
+  in [0, tot_ref[1]), the lower in [cap - tot_ref[2], cap). Every upper candidate comes
+  before every lower one, so a block compares only with the buckets its candidates are in
+  (in loops), and a block of lower candidates adds the upper count."""
   x_ref, len_ref, refs = _repair_refs(refs, repair)
   vo_ref, io_ref, *scratch = refs
   bi = vi_ref.shape[0]
   ia = pl.program_id(1)
   a = ia * bi
-  over, live, lane, trash = _ranked_row(tot_ref, vo_ref, bi, cap)
+  over, live, lane, trash = _ranked_row(tot_ref, vo_ref, bi, cap, buckets=buckets)
   _repair_first(over & (ia == 0), x_ref, len_ref, scratch, vo_ref, io_ref, k=k, repair=repair,
                 interpret=interpret)
 
@@ -883,16 +940,27 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
   def _():
     _store_tail(vo_ref, io_ref, a + lane, live, k, trash)
 
-  @pl.when((a < live) & ~over)
+  if buckets:  # (start, end, does this block have candidates there) of each bucket
+    n_up = tot_ref[1].astype(jnp.int32)
+    low0 = cap - tot_ref[2].astype(jnp.int32)
+    ok = (a + lane < n_up) | (a + lane >= low0)
+    regions = ((0, n_up, a < n_up), (low0, cap, a + bi > low0))
+    busy = regions[0][2] | regions[1][2]
+  else:
+    ok = a + lane < live
+    regions = ((0, live, True),)
+    busy = a < live
+
+  @pl.when(busy & ~over)
   def _():
     vi, ii = vi_ref[...], ii_ref[...]
     iota = lax.broadcasted_iota(jnp.int32, (block_j,), 0)
 
-    def block(t):  # block t of the row's candidates, dead slots past live
+    def block(t, lo, hi):  # block t of the row's slots, dead outside [lo, hi)
       pj = t * block_j + iota
-      ok = pj < live
-      vj = plgpu.load(vj_ref.at[pl.ds(t * block_j, block_j)], mask=ok, other=NEG_INF)
-      ij = plgpu.load(ij_ref.at[pl.ds(t * block_j, block_j)], mask=ok,
+      live_j = (pj >= lo) & (pj < hi)
+      vj = plgpu.load(vj_ref.at[pl.ds(t * block_j, block_j)], mask=live_j, other=NEG_INF)
+      ij = plgpu.load(ij_ref.at[pl.ds(t * block_j, block_j)], mask=live_j,
                       other=jnp.iinfo(jnp.int32).max)
       return vj[None, :], ij[None, :]
 
@@ -905,27 +973,36 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
                 + (vj == vi[:, None]).astype(jnp.int32) * (1 << 16))
       return ((vj > vi[:, None]) | ((vj == vi[:, None]) & (ij < ii[:, None]))).astype(jnp.int32)
 
-    pre = [block(t) for t in range(unrolled)]
-    acc = functools.reduce(lambda s, b: s + before(*b), pre[1:], before(*pre[0]))
-    rest = (live + block_j - 1) // block_j
-    acc = lax.fori_loop(unrolled, jnp.maximum(rest, unrolled),
-                        lambda t, s: s + before(*block(t)), acc)
+    def scan(f, acc, when=True):  # acc + f over every block of the regions this block needs
+      for lo, hi, use in regions:
+        t0 = lo // block_j
+        acc = lax.fori_loop(t0, jnp.where(use & when, (hi + block_j - 1) // block_j, t0),
+                            lambda t, s, lo=lo, hi=hi: s + f(*block(t, lo, hi)), acc)
+      return acc
+
+    zeros = jnp.zeros((bi, block_j), jnp.int32)
+    if buckets:
+      acc = scan(before, zeros)
+    else:
+      pre = [block(t, 0, live) for t in range(unrolled)]
+      acc = functools.reduce(lambda s, b: s + before(*b), pre[1:], before(*pre[0]))
+      rest = (live + block_j - 1) // block_j
+      acc = lax.fori_loop(unrolled, jnp.maximum(rest, unrolled),
+                          lambda t, s: s + before(*block(t, 0, live)), acc)
     rank = jnp.sum(acc, axis=1)
-    ok = a + lane < live
     if split_ties:
       rank, equal = rank & 0xFFFF, rank >> 16
       tied = jnp.sum(((equal > 1) & ok).astype(jnp.int32)) > 0
-      ties = lax.fori_loop(0, jnp.where(tied, rest, 0),
-                           lambda t, s: s + tie_before(*block(t)),
-                           jnp.zeros((bi, block_j), jnp.int32))
-      rank = rank + jnp.sum(ties, axis=1)
+      rank = rank + jnp.sum(scan(tie_before, zeros, tied), axis=1)
+    if buckets:  # a block without upper candidates skipped them: all come before it
+      rank = rank + jnp.where(regions[0][2], 0, n_up)
     _put_ranked(vo_ref, io_ref, vi, ii, rank, ok, k, trash)
 
 
 def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
                 num_warps: int = 4, interpret: bool = False, fused: bool = False,
                 counters=None, repair=None, rows: bool = False, preload: int = 0,
-                split_ties: bool = False):
+                split_ties: bool = False, buckets: bool = False):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
@@ -951,8 +1028,14 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
   (0: enough for k * 1.25 candidates; the rest are loaded one by one in a loop).
   split_ties (rows only; ignored for cap > 2**14): the compares count larger and equal values
   in one packed accumulator and break ties by index in a second loop only where a block has
-  them (`_rank_rows_kernel`)."""
+  them (`_rank_rows_kernel`).
+  buckets (rows only): live is the counters of `compact_atomic(..., pivot=)`, whose two
+  value buckets fill the buffer from its front and its back; each block is compared only
+  with its own bucket(s)."""
   r = cv.shape[0]
+  if buckets and not (rows and live.shape == (r, COUNTER_STRIDE)):
+    raise ValueError("rank_finish(buckets=True) needs rows=True and the compaction's "
+                     f"[{r}, {COUNTER_STRIDE}] counters as live")
   if repair is not None and not (fused or rows):
     raise ValueError("rank_finish(repair=...) needs fused=True or rows=True")
   _check_cap(cap, k, cv.shape[1])
@@ -977,7 +1060,7 @@ def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: i
     v, i = pl.pallas_call(
         functools.partial(_rank_rows_kernel, k=k, cap=cap, block_j=block_j, unrolled=unrolled,
                           interpret=interpret, repair=rep,
-                          split_ties=split_ties and cap <= 1 << 14),
+                          split_ties=split_ties and cap <= 1 << 14, buckets=buckets),
         grid=(r, cap // block_i),
         in_specs=[blk, blk, whole, whole, live_spec] + rep_specs,
         out_specs=[out, out] + rep_out,
