@@ -69,9 +69,10 @@ class TopkConfig:
     128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
     (benchmarks/results/session16/topk_k512_s16a.json).
   rank_block_i, rank_block_j: the rank finish's tile (powers of two, >= 8 and >= 16);
-    rank_warps: the warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count kernel took 4.2
-    us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2 / 19.5 at 64 x
-    256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow, long tiles win.
+    rank_warps: the warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count
+    kernel took 4.2 us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2
+    / 19.5 at 64 x 256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow,
+    long tiles win.
   persist_max_rows: "auto" takes the persistent finish for calls of at most this many rows
     (0, the default: never). Exact on the H200 (compiled tests) but slower there: one row of
     32K x 2048 took 19.1 us of kernels (group maxima 1.0, the persistent kernel 18.1)
@@ -90,9 +91,10 @@ class TopkConfig:
   fused_rank: True, the rank finish is one kernel: the count tile that finishes last for a
     block of candidates sums the block's partial counts and places the candidates (an
     arrival counter per block, zeroed by the group maxima kernel; the default, used when
-    rank_rows is False); False, a second kernel places them. On the H200 (benchmarks/results/session18/
-    topk_fused_k2048_s18a.json, kernel time, one row of k = 2048) count + place took 5.63 ->
-    5.40 us at 32K, 5.82 -> 5.48 at 128K, 6.07 -> 5.74 at 1M.
+    rank_rows is False); False, a second kernel places them. On the H200
+    (benchmarks/results/session18/topk_fused_k2048_s18a.json, kernel time, one row of k =
+    2048) count + place took 5.63 -> 5.40 us at 32K, 5.82 -> 5.48 at 128K, 6.07 -> 5.74 at
+    1M.
   rank_rows: True (the default), the rank finish is one kernel of (rows, capacity /
     rank_block_i) programs, each ranking its block of candidates against the whole row: the
     compares are accumulated elementwise over the row's blocks of rank_block_j and reduced
