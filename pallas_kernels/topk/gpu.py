@@ -976,8 +976,9 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
     def scan(f, acc, when=True):  # acc + f over every block of the regions this block needs
       for lo, hi, use in regions:
         t0 = lo // block_j
-        acc = lax.fori_loop(t0, jnp.where(use & when, (hi + block_j - 1) // block_j, t0),
-                            lambda t, s, lo=lo, hi=hi: s + f(*block(t, lo, hi)), acc)
+        # (arithmetic, not a select: Triton mis-lowers scalar selects with constants)
+        t1 = t0 + ((hi + block_j - 1) // block_j - t0) * jnp.asarray(use & when).astype(jnp.int32)
+        acc = lax.fori_loop(t0, t1, lambda t, s, lo=lo, hi=hi: s + f(*block(t, lo, hi)), acc)
       return acc
 
     zeros = jnp.zeros((bi, block_j), jnp.int32)
@@ -995,7 +996,7 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
       tied = jnp.sum(((equal > 1) & ok).astype(jnp.int32)) > 0
       rank = rank + jnp.sum(scan(tie_before, zeros, tied), axis=1)
     if buckets:  # a block without upper candidates skipped them: all come before it
-      rank = rank + jnp.where(regions[0][2], 0, n_up)
+      rank = rank + n_up * (~regions[0][2]).astype(jnp.int32)
     _put_ranked(vo_ref, io_ref, vi, ii, rank, ok, k, trash)
 
 
