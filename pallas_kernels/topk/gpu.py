@@ -160,12 +160,8 @@ def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, z
     top = plgpu.atomic_add(ctr_ref, (zero + 1,), jnp.sum(ui))
     low = plgpu.atomic_add(ctr_ref, (zero + 2,), jnp.sum(di))
     pos = jnp.where(up, top + jnp.cumsum(ui) - 1, capacity - low - jnp.cumsum(di))
-    keep = m & (pos < capacity) & (pos >= 0)
-    pos = jnp.where(keep, pos, capacity)  # masked lanes: a trash slot (see _scatter_width)
-    plgpu.store(v_ref.at[pos], x, mask=keep)
-    plgpu.store(i_ref.at[pos], idx, mask=keep)
-    return
-  if placement == "lane":
+    pos = jnp.where(pos < 0, capacity, pos)  # a lower candidate past the front: dropped
+  elif placement == "lane":
     zero = jnp.zeros((L,), jnp.int32)
     pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((L,), jnp.float32), mask=m)
     pos = pos.astype(jnp.int32)
