@@ -160,7 +160,7 @@ def test_finish_repairs_and_fused_rank():
   xb = jnp.asarray(x[:3])
   gm = kg.group_max(xb, None, chunk=256, group=16, num_warps=4, interpret=True)
   thr, ctr, piv = kg.threshold(gm, k, iters=14, num_warps=4, interpret=True,
-                               counter=jnp.int32, slack=8, pivot=True)
+                               counter=jnp.float32, slack=8, pivot=True)
   bv, bi_, bc = kg.compact_atomic(xb, None, thr, capacity=512, chunk=256, num_warps=4,
                                   interpret=True, counter=ctr, pivot=piv)
   for r in (1, 2):  # (row 0's values tie at the pivot's either side)

@@ -227,7 +227,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
     thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
                                       slack=config.falsi_slack * (config.threshold == "falsi"),
                                       num_warps=config.threshold_warps,
-                                      interpret=interp, counter=_gpu.counter_dtype(place),
+                                      interpret=interp, counter=_gpu.counter_dtype(place, buckets),
                                       list_width=capacity if gather else 0, pivot=buckets)
     if buckets:
       *glist, pivot = glist

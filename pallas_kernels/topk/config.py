@@ -121,8 +121,8 @@ class TopkConfig:
     compaction reading every chunk: `buckets_for`), the threshold kernel also writes a pivot
     between the threshold and the row's largest maximum, estimated to split the candidates
     in half (`gpu._pivot`, no extra count), and the compaction fills the buffer with the
-    candidates at or above it from the front and the others from the back (two atomic adds
-    per chunk). The finish compares each block of candidates only with its own bucket and
+    candidates at or above it from the front and the others from the back (one scan and one
+    two-lane atomic add per chunk). The finish compares each block of candidates only with its own bucket and
     adds the upper bucket's count to the lower's ranks: about half the compares, which bound
     the finish (session 19). Off: not yet measured on the H200.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
@@ -266,8 +266,10 @@ class TopkConfig:
   def buckets_for(self, how: str, rows: int, n: int, k: int, capacity: int) -> bool:
     """Whether the rank finish `how` of rows x n scores (GPU) gets its candidates in two value
     buckets (rank_buckets resolved: it needs the per-block rank finish repairing rows
-    itself, the threshold kernel, and the compaction reading every chunk with "scan")."""
-    return (self.rank_buckets and how == "rank" and self.rank_rows
+    itself, the threshold kernel, and the compaction reading every chunk with "scan", in
+    chunks below 2**16 of rows up to 2**24: `gpu.compact_atomic(..., pivot=)`)."""
+    return (self.rank_buckets and how == "rank" and self.rank_rows and n <= 1 << 24
+            and self.chunk_for(rows, n) < 1 << 16
             and self.finish_repairs(how, capacity) and self.threshold in ("bisect", "falsi")
             and not self.gathers(rows, n) and self.placement(rows, n, k) == "scan")
 

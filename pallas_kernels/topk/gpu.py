@@ -153,13 +153,17 @@ def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, z
   float32 scalar; lanes >= pivot reserve on element 1 and fill the buffer from its front,
   the others on element 2 and fill it from its back (slots < 0 are dropped)."""
   L = x.shape[0]
-  if pivot is not None:
+  if pivot is not None:  # both buckets in one scan and one two-lane atomic
     zero = pl.program_id(1) * 0 if zero is None else zero
     up = m & (x >= pivot)
-    ui, di = up.astype(jnp.int32), (m & ~up).astype(jnp.int32)
-    top = plgpu.atomic_add(ctr_ref, (zero + 1,), jnp.sum(ui))
-    low = plgpu.atomic_add(ctr_ref, (zero + 2,), jnp.sum(di))
-    pos = jnp.where(up, top + jnp.cumsum(ui) - 1, capacity - low - jnp.cumsum(di))
+    both = up.astype(jnp.int32) + (m & ~up).astype(jnp.int32) * (1 << 16)  # L < 2**16
+    run, tot = jnp.cumsum(both), jnp.sum(both)
+    two = lax.broadcasted_iota(jnp.int32, (2,), 0)
+    old = plgpu.atomic_add(ctr_ref, (zero + 1 + two,),
+                           ((tot & 0xFFFF) * (1 - two) + (tot >> 16) * two).astype(ctr_ref.dtype))
+    top = jnp.sum(old * (1 - two).astype(old.dtype)).astype(jnp.int32)
+    low = jnp.sum(old * two.astype(old.dtype)).astype(jnp.int32)
+    pos = jnp.where(up, top + (run & 0xFFFF) - 1, capacity - low - (run >> 16))
     pos = jnp.where(pos < 0, capacity, pos)  # a lower candidate past the front: dropped
   elif placement == "lane":
     zero = jnp.zeros((L,), jnp.int32)
@@ -187,9 +191,11 @@ def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, z
   plgpu.store(i_ref.at[pos], idx, mask=keep)
 
 
-def counter_dtype(placement: str):
-  """The row counters' dtype for `compact_atomic(..., placement=placement)`."""
-  return jnp.float32 if placement == "lane" else jnp.int32
+def counter_dtype(placement: str, buckets: bool = False):
+  """The row counters' dtype for `compact_atomic(..., placement=placement)` (buckets: with
+  pivot=, whose two-lane atomic is a tensor add, which the Triton lowering makes a float
+  add)."""
+  return jnp.float32 if placement == "lane" or buckets else jnp.int32
 
 
 def _gmax_specs(gmax, n: int, chunk: int):
@@ -214,10 +220,12 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   are read. counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
   (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
   placement: see _compact_atomic_kernel ("lane" needs N <= 2**24).
-  pivot [R] float32 (placement "scan" only; `threshold(..., pivot=True)`): two value
-  buckets, the candidates >= pivot in slots [0, counters[:, 1]) and the others in [capacity
-  - counters[:, 2], capacity) (counter element 0 stays 0); a row whose two counts add up to
-  more than capacity overflows."""
+  pivot [R] float32 (placement "scan" only, chunk < 2**16, N <= 2**24; `threshold(...,
+  pivot=True)`): two value buckets, the candidates >= pivot in slots [0, counters[:, 1]) and
+  the others in [capacity - counters[:, 2], capacity) (counter element 0 stays 0; float32
+  counters, `counter_dtype(placement, buckets=True)`: each chunk reserves in both buckets
+  with one two-lane atomic); a row whose two counts add up to more than capacity
+  overflows."""
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
@@ -225,13 +233,16 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
     raise ValueError(f"pivot= needs placement='scan', got {placement!r}")
   if placement == "lane" and n > 1 << 24:
     raise ValueError(f"placement='lane' counts in float32: rows of {n} > 2**24 entries")
+  if pivot is not None and (n > 1 << 24 or chunk >= 1 << 16):
+    raise ValueError(f"pivot= counts in float32 and packs a chunk's two counts in 16 bits: "
+                     f"rows of {n} (<= 2**24) in chunks of {chunk} (< 2**16)")
   if placement == "rows" and chunk < 64:
     raise ValueError(f"placement='rows' needs chunk >= 64, got {chunk}")
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
   extra, extra_specs = _gmax_specs(gmax, n, chunk)
-  dtype = counter_dtype(placement)
+  dtype = counter_dtype(placement, buckets=pivot is not None)
   if counter is None:
     counter = jnp.zeros((r, COUNTER_STRIDE), dtype)
   if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
