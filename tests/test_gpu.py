@@ -71,12 +71,14 @@ def test_topk_gpu(n, k, finish):
     (1, 32768, 2048, "auto", 0, False), (1, 1 << 20, 2048, "auto", 0, False),
     (8, 32768, 2048, "auto", 2048, False), (8, 131072, 2048, "lane", 1024, False),
     (8, 1 << 20, 512, "auto", 0, False), (1, 32768, 2048, "auto", 0, True),
-    (1, 131072, 512, "auto", 0, True), (8, 32768, 2048, "auto", 0, True)])
+    (1, 131072, 512, "auto", 0, True), (8, 32768, 2048, "auto", 0, True),
+    (1, 1 << 20, 2048, "auto", 0, True)])
 def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
   """TopkConfig(repair_in_finish=True, fused_rank=True, bitonic_mid=mid, rank_rows=...)
   compiled: no repair kernel; rows overflowing by ties and by sorted runs, next to ordinary,
   ragged and empty ones, repaired by the one-kernel rank finish (one row, fused; one
-  program per block of candidates at one and 8 rows) or the split bitonic finish's merge
+  program per block of candidates at one and 8 rows, in value buckets at k = 2048 by
+  default) or the split bitonic finish's merge
   program (8 rows; with a middle merge kernel; scan, lane and gathering compactions),
   against numpy."""
   from pallas_kernels.topk import TopkConfig

@@ -179,9 +179,14 @@ def test_finish_repairs_and_fused_rank():
     kg.rank_finish(*args, interpret=True, rows=True, buckets=True)
   assert not ktopk.TopkConfig(rank_buckets=True, gather=True).buckets_for("rank", 1, 1 << 15,
                                                                          64, 128)
+  # the defaults bucket one row's rank finish from k = rank_buckets_min_k (1024) on
+  assert ktopk.TopkConfig().buckets_for("rank", 1, 1 << 15, 2048, 4096)
+  assert not ktopk.TopkConfig().buckets_for("rank", 1, 1 << 15, 512, 1024)
+  assert not ktopk.TopkConfig().buckets_for("bitonic", 8, 1 << 15, 2048, 4096)
+  assert not ktopk.TopkConfig().buckets_for("rank", 1, (1 << 24) + 4096, 2048, 4096)
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
               dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
-              dict(rank_split_ties=1), dict(rank_buckets=1)):
+              dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 

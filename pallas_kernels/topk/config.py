@@ -69,6 +69,7 @@ class TopkConfig:
     128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
     (benchmarks/results/session16/topk_k512_s16a.json).
   rank_block_i, rank_block_j: the rank finish's tile (powers of two, >= 8 and >= 16);
+    see rank_rows for rank_block_i's default;
     rank_warps: the warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count
     kernel took 4.2 us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2
     / 19.5 at 64 x 256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow,
@@ -103,28 +104,39 @@ class TopkConfig:
     results/session19/topk_rows_*_s19a.json, kernel time of the whole call, against
     fused_rank) one row of 32K x 2048 took 11.30 -> 11.12 us (the finish 5.52 -> 5.28), 32K x
     512 8.05 -> 7.19, 128K x 512 8.49 -> 7.63; with rank_block_i=32 the finish took 10.72,
-    so a program's time grows with its compares. At 8 rows of 32K x 2048 it lost to the
-    split bitonic finish (15.77 us against 11.7, topk_rows_b8_s19a.json). With
-    rank_block_i=8 one row of 32K x 2048 took 10.58 us (the finish 4.75,
-    session19/topk_block8_s19c.json): the busiest SM's compares bound the finish; not yet
-    the default (one shape measured, not compiled-tested on the H200).
+    so a program's time grows with its compares (blocks of 16 then). At 8 rows of 32K x
+    2048 it lost to the split bitonic finish (15.77 us against 11.7,
+    topk_rows_b8_s19a.json).
+  rank_block_i 8 (the default since session 20; 16 before): the busiest SM's compares bound
+    the per-block finish, and smaller blocks spread them over more SMs. On the H200
+    (benchmarks/results/session20/topk_onerow*_s20b.json, kernel time of the whole call,
+    blocks of 16 -> 8) one row of 32K / 128K / 512K x 2048 took 10.88 / 11.92 / 13.73 ->
+    10.56 / 11.03 / 12.13 us, 32K x 512 7.11 -> 6.85.
   rank_preload: with rank_rows, the blocks of rank_block_j each program loads before its
     first compare; 0 (the default): enough for k * 1.25 candidates. The rest are loaded one
     block at a time in a loop bounded by the row's live count.
   rank_split_ties: with rank_rows, each compared pair adds (vj > vi) + (vj == vi) * 2**16 to
     one packed accumulator (two compares instead of three, and no logic), and the index
     tie-break runs in a second loop only for a block holding a value that occurs twice
-    (capacities up to 2**14; above, ignored). Off: not yet measured on the H200; the finish
-    is bound by its compares (session 19), so it should take ~1/3 off them
-    (benchmarks/NOTES.md, session 19).
+    (capacities up to 2**14; above, ignored). Off: it loses on the H200, one row of 32K x
+    2048 with blocks of 8 took 10.57 -> 12.22 us (the finish 4.76 -> 6.36;
+    benchmarks/results/session20/topk_variants2048_s20a.json).
   rank_buckets: with rank_rows (and repair_in_finish, the threshold kernel and the "scan"
     compaction reading every chunk: `buckets_for`), the threshold kernel also writes a pivot
     between the threshold and the row's largest maximum, estimated to split the candidates
     in half (`gpu._pivot`, no extra count), and the compaction fills the buffer with the
     candidates at or above it from the front and the others from the back (one scan and one
-    two-lane atomic add per chunk). The finish compares each block of candidates only with its own bucket and
-    adds the upper bucket's count to the lower's ranks: about half the compares, which bound
-    the finish (session 19). Off: not yet measured on the H200.
+    two-lane atomic add per chunk, float32 counters). The finish compares each block of
+    candidates only with its own bucket and adds the upper bucket's count to the lower's
+    ranks: about half the compares, which bound the finish (session 19). On (the default
+    since session 20) for k >= rank_buckets_min_k. On the H200 (benchmarks/results/
+    session20/topk_onerow*_s20b.json, kernel time of the whole call with blocks of 8) one
+    row of 32K / 128K / 512K x 2048 took 10.56 / 11.03 / 12.13 -> 9.84 / 10.48 / 11.69 us
+    (at 32K the finish 4.75 -> 3.80, the compaction 1.96 -> 2.19), but 32K x 512 6.85 ->
+    7.06: there the finish's ~75 programs fit the SMs once and do not gain.
+  rank_buckets_min_k: the smallest k that gets rank_buckets (1024: between the measured
+    512, which loses, and 2048, which wins; from ~1100 candidates on, blocks of 8 outnumber
+    the H200's 132 SMs).
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
@@ -213,7 +225,7 @@ class TopkConfig:
   lane_min_ratio: int = 256
   gather: bool | str = "auto"
   gather_min_entries: int = 1 << 23
-  rank_block_i: int = 16
+  rank_block_i: int = 8
   rank_block_j: int = 512
   rank_warps: int = 4
   threshold_warps: int = 8
@@ -228,7 +240,8 @@ class TopkConfig:
   rank_rows: bool = True
   rank_preload: int = 0
   rank_split_ties: bool = False
-  rank_buckets: bool = False
+  rank_buckets: bool = True
+  rank_buckets_min_k: int = 1024
   bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
@@ -268,7 +281,8 @@ class TopkConfig:
     buckets (rank_buckets resolved: it needs the per-block rank finish repairing rows
     itself, the threshold kernel, and the compaction reading every chunk with "scan", in
     chunks below 2**16 of rows up to 2**24: `gpu.compact_atomic(..., pivot=)`)."""
-    return (self.rank_buckets and how == "rank" and self.rank_rows and n <= 1 << 24
+    return (self.rank_buckets and k >= self.rank_buckets_min_k and how == "rank"
+            and self.rank_rows and n <= 1 << 24
             and self.chunk_for(rows, n) < 1 << 16
             and self.finish_repairs(how, capacity) and self.threshold in ("bisect", "falsi")
             and not self.gathers(rows, n) and self.placement(rows, n, k) == "scan")
@@ -333,7 +347,7 @@ class TopkConfig:
       if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
         raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
-                 "rank_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
+                 "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
                  "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps",
                  "falsi_slack", "max_group_rows", "persist_warps", "persist_spin"):
       v = getattr(self, name)
