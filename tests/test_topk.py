@@ -184,9 +184,15 @@ def test_finish_repairs_and_fused_rank():
   assert not ktopk.TopkConfig().buckets_for("rank", 1, 1 << 15, 512, 1024)
   assert not ktopk.TopkConfig().buckets_for("bitonic", 8, 1 << 15, 2048, 4096)
   assert not ktopk.TopkConfig().buckets_for("rank", 1, (1 << 24) + 4096, 2048, 4096)
+  # the falsi search's slack admits ~falsi_slack_entries extra entries: more maxima for
+  # small groups, never fewer than falsi_slack; bisection has none
+  assert [ktopk.TopkConfig().slack_for(g) for g in (4, 8, 16, 256)] == [256, 128, 64, 64]
+  assert ktopk.TopkConfig(falsi_slack_entries=0).slack_for(4) == 64
+  assert ktopk.TopkConfig(threshold="bisect").slack_for(4) == 0
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
               dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
-              dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0)):
+              dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0),
+              dict(falsi_slack_entries=-1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 

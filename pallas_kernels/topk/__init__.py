@@ -225,7 +225,7 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   ctr = pivot = None  # the compaction's row counters, from the threshold kernel
   if in_kernel:
     thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
-                                      slack=config.falsi_slack * (config.threshold == "falsi"),
+                                      slack=config.slack_for(g),
                                       num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place, buckets),
                                       list_width=capacity if gather else 0, pivot=buckets)
@@ -274,7 +274,7 @@ def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, pa
   return _gpu.persistent_select(
       xp, lengths, gmax, counters, k=k, capacity=capacity, parties=parties,
       chunk=persist_chunk(n_pad, chunk, parties),
-      iters=config.bisect_iters, slack=config.falsi_slack * (config.threshold == "falsi"),
+      iters=config.bisect_iters, slack=config.slack_for(g),
       block_i=config.persist_block_i, block_j=config.persist_block_j,
       num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp)
 

@@ -44,8 +44,16 @@ class TopkConfig:
     threshold kernel 6.8 -> 5.4 us at 64 x 128K on the H200 against 20 steps
     (benchmarks/results/session10/topk_variants_b64.json); on random rows the candidates stay
     far under the buffer (benchmarks/NOTES.md, session 9).
-  falsi_slack: for threshold="falsi", how many maxima above k may reach the threshold when
-    the search stops (at most `bisect_iters` probes either way).
+  falsi_slack, falsi_slack_entries: for threshold="falsi", how many maxima above k may reach
+    the threshold when the search stops (at most `bisect_iters` probes either way): the
+    larger of falsi_slack and falsi_slack_entries / the group size (`slack_for`), so that
+    the slack admits about as many extra entries whatever the group size. 1024 entries (the
+    default since session 20: a slack of 256 for groups of 4, as at one row of 32K x 2048;
+    64 from groups of 16 on): on the H200 (benchmarks/results/session20/
+    topk_threshold_s20d.json, kernel time of the whole call) a slack of 256 took one row of
+    32K x 2048 from 9.88 to 9.25 us (the threshold 2.94 -> 2.31, the finish unchanged), but
+    128K x 2048 (groups of 16) from 10.54 to 10.62 (the threshold -0.28, the finish +0.37:
+    each extra maximum there admits up to 16 entries).
   finish: how the candidates become the sorted top-k (GPU): "bitonic" (one Pallas program
     per row sorts its candidates by (value, index) with a bitonic network in registers;
     order-free, so the candidates are compacted in one pass, chunk ranges reserved by an
@@ -213,6 +221,7 @@ class TopkConfig:
   threshold: str = "falsi"
   bisect_iters: int = 14
   falsi_slack: int = 64
+  falsi_slack_entries: int = 1024
   finish: str = "auto"
   rank_max_rows: int = 1
   rank_min_k: int = 512
@@ -287,6 +296,13 @@ class TopkConfig:
             and self.finish_repairs(how, capacity) and self.threshold in ("bisect", "falsi")
             and not self.gathers(rows, n) and self.placement(rows, n, k) == "scan")
 
+  def slack_for(self, group: int) -> int:
+    """The threshold kernel's stopping slack, in maxima, for groups of `group` scores (0:
+    none, bisection)."""
+    if self.threshold != "falsi":
+      return 0
+    return max(self.falsi_slack, self.falsi_slack_entries // group)
+
   def mid_for(self, capacity: int) -> int:
     """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
     return self.bitonic_mid if self.bitonic_run < self.bitonic_mid < capacity else 0
@@ -338,7 +354,7 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < low:
         raise ValueError(f"{name}={v!r} must be a power of two >= {low}")
-    for name in ("persist_programs", "persist_max_rows", "rank_preload"):
+    for name in ("persist_programs", "persist_max_rows", "rank_preload", "falsi_slack_entries"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")
