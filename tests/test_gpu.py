@@ -78,9 +78,8 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
   compiled: no repair kernel; rows overflowing by ties and by sorted runs, next to ordinary,
   ragged and empty ones, repaired by the one-kernel rank finish (one row, fused; one
   program per block of candidates at one and 8 rows, in value buckets at k = 2048 by
-  default) or the split bitonic finish's merge
-  program (8 rows; with a middle merge kernel; scan, lane and gathering compactions),
-  against numpy."""
+  default) or the split bitonic finish's merge program (8 rows; with a middle merge
+  kernel; scan, lane and gathering compactions), against numpy."""
   from pallas_kernels.topk import TopkConfig
   cfg = TopkConfig(repair_in_finish=True, fused_rank=True, compact=compact, bitonic_mid=mid,
                    rank_rows=rank_rows, rank_max_rows=rows if rank_rows else 1)

@@ -175,6 +175,9 @@ def test_finish_repairs_and_fused_rank():
   with pytest.raises(ValueError, match="pivot="):
     kg.compact_atomic(xb, None, thr, capacity=256, chunk=256, num_warps=4, interpret=True,
                       pivot=piv, placement="rows")
+  with pytest.raises(ValueError, match="16 bits"):  # a chunk's packed counts
+    kg.compact_atomic(xb, None, thr, capacity=256, chunk=1 << 16, num_warps=4, interpret=True,
+                      pivot=piv)
   with pytest.raises(ValueError, match="buckets=True"):
     kg.rank_finish(*args, interpret=True, rows=True, buckets=True)
   assert not ktopk.TopkConfig(rank_buckets=True, gather=True).buckets_for("rank", 1, 1 << 15,

@@ -363,9 +363,10 @@ class TopkConfig:
       if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
         raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
-                 "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps", "lane_min_rows",
-                 "lane_min_ratio", "gather_min_entries", "rank_warps", "threshold_warps",
-                 "falsi_slack", "max_group_rows", "persist_warps", "persist_spin"):
+                 "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps",
+                 "lane_min_rows", "lane_min_ratio", "gather_min_entries", "rank_warps",
+                 "threshold_warps", "falsi_slack", "max_group_rows", "persist_warps",
+                 "persist_spin"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
