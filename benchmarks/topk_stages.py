@@ -49,7 +49,8 @@ def _label(c: TopkConfig) -> str:
 # step, since removed; fused_rank, repair_in_finish, bitonic_mid and rank_rows from session
 # 18, whose first call also swept fused_repair and fused_threshold_rows, since removed;
 # rank_preload, rank_split_ties and rank_buckets from session 19, rank_buckets_min_k and
-# falsi_slack_entries from session 20; 0 entries: the slack is falsi_slack alone)
+# falsi_slack_entries and rank_pivot_probes from session 20; 0 entries: the slack is
+# falsi_slack alone)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
@@ -57,7 +58,7 @@ LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_bloc
                   persist_block_i=16, persist_block_j=512, persist_warps=8,
                   fused_rank=False, repair_in_finish=False, bitonic_mid=0, rank_rows=False,
                   rank_preload=0, rank_split_ties=False, rank_buckets=False,
-                  rank_buckets_min_k=1024, falsi_slack_entries=0)
+                  rank_buckets_min_k=1024, falsi_slack_entries=0, rank_pivot_probes=0)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,

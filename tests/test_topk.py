@@ -112,6 +112,7 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="rank", rank_rows=True, rank_buckets=True, rank_block_j=16),
                 dict(finish="rank", rank_rows=True, rank_buckets=True, rank_split_ties=True,
                      rank_block_i=8),
+                dict(finish="rank", rank_rows=True, rank_buckets=True, rank_pivot_probes=2),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
@@ -192,12 +193,39 @@ def test_finish_repairs_and_fused_rank():
   assert [ktopk.TopkConfig().slack_for(g) for g in (4, 8, 16, 256)] == [256, 128, 64, 64]
   assert ktopk.TopkConfig(falsi_slack_entries=0).slack_for(4) == 64
   assert ktopk.TopkConfig(threshold="bisect").slack_for(4) == 0
+  with pytest.raises(ValueError, match="pivot_probes"):
+    kg.threshold(gm, k, iters=14, num_warps=4, interpret=True, pivot=True, pivot_probes=-1)
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
               dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
               dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0),
-              dict(falsi_slack_entries=-1)):
+              dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
+
+
+def test_pivot_probes_even_the_buckets():
+  """TopkConfig.rank_pivot_probes: counts of the maxima that refine the pivot's tail model,
+  which splits a heavy-tailed row's candidates ~95 / 5 and a normal row's ~63 / 37; two
+  probes bring both within ~55 / 45. The buckets hold the same candidates either way."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(np.stack([rng.standard_t(3, 8192), rng.standard_normal(8192)]), jnp.float32)
+  k, cfg = 256, ktopk.TopkConfig()
+  g = ktopk.group_size(8192, k, cfg, "gpu", rows=2)
+  gm = kg.group_max(x, None, chunk=512, group=g, num_warps=4, interpret=True)
+  shares, totals = [], []
+  for probes in (0, 2):
+    thr, ctr, piv = kg.threshold(gm, k, iters=14, num_warps=4, interpret=True,
+                                 counter=jnp.float32, slack=cfg.slack_for(g), pivot=True,
+                                 pivot_probes=probes)
+    _, _, c = kg.compact_atomic(x, None, thr, capacity=2 * k, chunk=512, num_warps=4,
+                                interpret=True, counter=ctr, pivot=piv)
+    up, low = np.asarray(c[:, 1]), np.asarray(c[:, 2])
+    shares.append(np.maximum(up, low) / (up + low))
+    totals.append(up + low)
+  np.testing.assert_array_equal(totals[0], totals[1])
+  assert shares[0][0] > 0.9 and shares[0][1] > 0.6, shares[0]
+  assert np.all(shares[1] < 0.56), shares[1]
 
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
@@ -711,6 +739,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(finish="rank", rank_block_i=8), True),
                        (ktopk.TopkConfig(finish="rank", rank_split_ties=True), True),
                        (ktopk.TopkConfig(finish="rank", rank_buckets=True), True),
+                       (ktopk.TopkConfig(finish="rank", rank_pivot_probes=2), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

@@ -228,7 +228,8 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
                                       slack=config.slack_for(g),
                                       num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place, buckets),
-                                      list_width=capacity if gather else 0, pivot=buckets)
+                                      list_width=capacity if gather else 0, pivot=buckets,
+                                      pivot_probes=config.rank_pivot_probes)
     if buckets:
       *glist, pivot = glist
   else:

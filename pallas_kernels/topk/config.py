@@ -145,6 +145,13 @@ class TopkConfig:
   rank_buckets_min_k: the smallest k that gets rank_buckets (1024: between the measured
     512, which loses, and 2048, which wins; from ~1100 candidates on, blocks of 8 outnumber
     the H200's 132 SMs).
+  rank_pivot_probes: with rank_buckets, counts of the group maxima that refine the pivot
+    (`gpu._pivot`: each one reduction in the threshold kernel). 0 (the default): the
+    exponential-tail model alone, which splits random normal rows' candidates ~63 / 37 and
+    uniform or heavy-tailed ones ~90 / 10; 2 brings them to within a few percent of even
+    (benchmarks/results/session20/pivot_split_cpu.json, interpret mode). Not yet timed on
+    the H200: the busiest bucket shrinks (normal rows: ~-17% of the finish's compares)
+    against two more reductions in the threshold kernel.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
@@ -251,6 +258,7 @@ class TopkConfig:
   rank_split_ties: bool = False
   rank_buckets: bool = True
   rank_buckets_min_k: int = 1024
+  rank_pivot_probes: int = 0
   bitonic_mid: int = 2048
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
@@ -354,7 +362,8 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < low:
         raise ValueError(f"{name}={v!r} must be a power of two >= {low}")
-    for name in ("persist_programs", "persist_max_rows", "rank_preload", "falsi_slack_entries"):
+    for name in ("persist_programs", "persist_max_rows", "rank_preload", "falsi_slack_entries",
+                 "rank_pivot_probes"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")

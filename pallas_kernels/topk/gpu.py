@@ -430,7 +430,7 @@ def _search(ms: list, k: int, iters: int, slack: int = 0):
 
 
 def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, slack: int,
-                      pivot: bool = False):
+                      pivot: bool = False, pivot_probes: int = 0):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
   The search on the value (`_search`: bisection, or regula falsi with slack > 0) keeps the
@@ -444,14 +444,15 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
   than list_width (the candidate buffer's capacity) overflows the buffer anyway: its counter
   then starts past the capacity, which sends the row to the repair kernel. With pivot, the
   last ref gets [1] a value between the threshold and the largest maximum that splits the
-  candidates into two value buckets of roughly equal size (`_pivot`).
+  candidates into two value buckets of roughly equal size (`_pivot`, refined by
+  pivot_probes counts).
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
   thr = _search(ms, k, iters, slack)
   o_ref[...] = thr.reshape(1)
   if pivot:
     *refs, p_ref = refs
-    p_ref[...] = _pivot(ms, thr, k).reshape(1)
+    p_ref[...] = _pivot(ms, thr, k, pivot_probes).reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
   if list_width:
@@ -474,20 +475,43 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
     c_ref[...] = ((lane == 0).astype(jnp.int32) * ctr0).astype(c_ref.dtype)
 
 
-def _pivot(ms: list, thr, k: int):
+def _pivot(ms: list, thr, k: int, probes: int = 0):
   """A value splitting a row's candidates (its entries >= thr, about k of them) into two
-  buckets of roughly equal size, without another count: above a threshold that keeps k of
+  buckets of roughly equal size. Without probes, no count: above a threshold that keeps k of
   many scores the tail falls off about exponentially, so the count above thr + t (hi - thr)
   (hi: the largest maximum, where one remains) is about k ** (1 - t), half of k at t = ln 2 /
-  ln k. -inf when thr is -inf (every valid entry is then in the upper bucket). Only the
-  speed of a finish that compares within buckets depends on the split, never its result."""
+  ln k. That fits exponential-like tails but splits a normal row's candidates ~63 / 37 and
+  uniform or heavy-tailed rows ~90 / 10 (benchmarks/results/session20/pivot_split_cpu.json).
+  probes > 0: the model's value is the first of `probes` trials, each counting the maxima at
+  or above it (a maximum near the top stands for about one entry) and narrowing a bracket
+  around half the maxima at or above thr (one more count); the next trial, and the result,
+  interpolate the bracket's log counts (exact for an exponential tail). -inf when thr is -inf
+  (every valid entry is then in the upper bucket). Only the speed of a finish that compares
+  within buckets depends on the split, never its result."""
   hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
   frac = math.log(2) / math.log(max(k, 2))
-  return jnp.where(thr > NEG_INF, thr + (hi - thr) * frac, NEG_INF)
+  t = thr + (hi - thr) * frac
+  if probes:
+    def log_total(v):  # log of the count of maxima >= v (at least 1)
+      n = functools.reduce(lambda a, b: a + b, [jnp.sum((m >= v).astype(jnp.int32)) for m in ms])
+      return jnp.log(jnp.maximum(n, 1).astype(jnp.float32))
+
+    l_lo = log_total(thr)
+    target = l_lo - math.log(2)
+    lo, up, l_up = thr, hi, l_lo * 0  # the count at hi: about 1
+    for _ in range(probes):
+      l_t = log_total(t)
+      below = l_t >= target  # t is a lower end: at least half the maxima reach it
+      lo, l_lo = jnp.where(below, t, lo), jnp.where(below, l_t, l_lo)
+      up, l_up = jnp.where(below, up, t), jnp.where(below, l_up, l_t)
+      w = (l_lo - target) / jnp.maximum(l_lo - l_up, 1e-6)
+      t = lo + (up - lo) * jnp.clip(w, 1 / 64, 63 / 64)
+  return jnp.where(thr > NEG_INF, t, NEG_INF)
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter=None, list_width: int = 0, slack: int = 0, pivot: bool = False):
+              counter=None, list_width: int = 0, slack: int = 0, pivot: bool = False,
+              pivot_probes: int = 0):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
   slack: 0, `iters` steps of bisection; > 0, at most `iters` probes of regula falsi, stopping
@@ -499,7 +523,8 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
   (the ids of the groups that can hold a candidate, ascending; slots past the count are not
   initialised) and the count [R] int32 (may exceed list_width: then the row's counter starts
   at list_width + 1, so the row overflows). pivot=True -> also [R] float32 pivots splitting
-  each row's candidates into two buckets (`_pivot`; for `compact_atomic(..., pivot=)`).
+  each row's candidates into two buckets (`_pivot`; for `compact_atomic(..., pivot=)`);
+  pivot_probes: counts that refine it (0: the tail model alone).
   Returns a tuple (thr, [counters,] [list, count,] [pivot]) unless only thr is asked for."""
   r, g = gmax.shape
   if len(_pow2_pieces(g)) > 4:
@@ -509,6 +534,8 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     raise ValueError("list_width needs counter= (the list's overflow is flagged in it)")
   if not (isinstance(slack, int) and slack >= 0):
     raise ValueError(f"slack={slack!r} must be an int >= 0")
+  if not (isinstance(pivot_probes, int) and pivot_probes >= 0):
+    raise ValueError(f"pivot_probes={pivot_probes!r} must be an int >= 0")
   one = pl.BlockSpec((1,), lambda i: (i,))
   specs, shapes = [one], [jax.ShapeDtypeStruct((r,), jnp.float32)]
   if counter is not None:
@@ -523,7 +550,7 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     shapes.append(jax.ShapeDtypeStruct((r,), jnp.float32))
   out = pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width,
-                        slack=slack, pivot=pivot),
+                        slack=slack, pivot=pivot, pivot_probes=pivot_probes),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
       out_specs=specs,
