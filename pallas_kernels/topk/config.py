@@ -146,12 +146,15 @@ class TopkConfig:
     512, which loses, and 2048, which wins; from ~1100 candidates on, blocks of 8 outnumber
     the H200's 132 SMs).
   rank_pivot_probes: with rank_buckets, counts of the group maxima that refine the pivot
-    (`gpu._pivot`: each one reduction in the threshold kernel). 0 (the default): the
-    exponential-tail model alone, which splits random normal rows' candidates ~63 / 37 and
-    uniform or heavy-tailed ones ~90 / 10; 2 brings them to within a few percent of even
-    (benchmarks/results/session20/pivot_split_cpu.json, interpret mode). Not yet timed on
-    the H200: the busiest bucket shrinks (normal rows: ~-17% of the finish's compares)
-    against two more reductions in the threshold kernel.
+    (`gpu._pivot`: each one reduction in the threshold kernel, plus one for the first).
+    0 (the default): the exponential-tail model alone. Its split, as the larger bucket's
+    share of one row's candidates at k = 2048 (benchmarks/results/session20/
+    pivot_split_cpu.json, interpret mode, 3 random rows each): normal rows 0.58-0.63 at 32K
+    and 0.50-0.58 at 128K; exponential, Gumbel and DSA-like ReLU sums 0.51-0.60; uniform
+    0.90-0.91; Student-t(3) 0.86-0.99. One probe: normal 0.50-0.56, Student-t 0.56-0.76,
+    uniform 0.83-0.84. Two: every distribution but uniform 0.51-0.58, uniform 0.77-0.79.
+    Not yet timed on the H200: a smaller busiest bucket (normal rows at 32K: ~-15% of the
+    finish's compares) against one or two more reductions in the threshold kernel.
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)

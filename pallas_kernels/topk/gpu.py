@@ -480,8 +480,8 @@ def _pivot(ms: list, thr, k: int, probes: int = 0):
   buckets of roughly equal size. Without probes, no count: above a threshold that keeps k of
   many scores the tail falls off about exponentially, so the count above thr + t (hi - thr)
   (hi: the largest maximum, where one remains) is about k ** (1 - t), half of k at t = ln 2 /
-  ln k. That fits exponential-like tails but splits a normal row's candidates ~63 / 37 and
-  uniform or heavy-tailed rows ~90 / 10 (benchmarks/results/session20/pivot_split_cpu.json).
+  ln k. That fits exponential-like tails but can split a normal row's candidates ~63 / 37
+  and uniform or heavy-tailed rows ~90 / 10 (`TopkConfig.rank_pivot_probes` has the figures).
   probes > 0: the model's value is the first of `probes` trials, each counting the maxima at
   or above it (a maximum near the top stands for about one entry) and narrowing a bracket
   around half the maxima at or above thr (one more count); the next trial, and the result,
