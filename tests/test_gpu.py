@@ -121,6 +121,27 @@ def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties, buckets):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("probes", [1, 2])
+def test_topk_gpu_pivot_probes(probes):
+  """The bucketed rank finish with the pivot refined by counts (rank_pivot_probes) compiled:
+  one row of 32K x 2048, rows with ties among the candidates, an overflowing, a ragged and
+  an empty row, against numpy."""
+  from pallas_kernels.topk import TopkConfig
+  n, k = 32768, 2048
+  cfg = TopkConfig(rank_pivot_probes=probes)
+  rng = np.random.default_rng(probes)
+  x = rng.standard_normal((5, n)).astype(np.float32)
+  x[1] = np.round(x[1] * 64) / 64
+  x[2] = np.tile(np.arange(64, dtype=np.float32), n // 64)
+  lens = np.array([n, n - 5, n, 17, 0], np.int32)
+  for r in range(5):
+    v, i = jaxsparse.topk(jnp.asarray(x[r:r + 1]), k, lengths=jnp.asarray(lens[r:r + 1]),
+                          implementation="pallas", config=cfg)
+    rv, ri = np_topk(x[r:r + 1], k, lens[r:r + 1])
+    np.testing.assert_array_equal(np.asarray(i), ri)
+    np.testing.assert_array_equal(np.asarray(v), rv)
+
+
 @pytest.mark.parametrize("run,skip,compact", [
     (0, True, "scan"), (256, True, "scan"), (512, True, "scan"), (1024, True, "scan"),
     (512, False, "scan"), (512, False, "lane"), (0, True, "lane"), (512, False, "rows"),
