@@ -97,18 +97,11 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("n,k", [(32768, 2048), (131072, 512)])
-@pytest.mark.parametrize("block_i,split_ties,buckets", [
-    (8, False, False), (16, True, False), (8, True, False), (16, False, True), (8, True, True)])
-def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties, buckets):
-  """The per-block rank finish (one row) compiled with blocks of 8 candidates, with the
-  packed compare (rank_split_ties) and with two value buckets (rank_buckets): rows with and
-  without ties among the candidates (scores rounded to 1/64 tie often; a tile of 64
-  distinct values overflows the buffer), ragged and empty rows, against numpy."""
-  from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(rank_rows=True, rank_block_i=block_i, rank_split_ties=split_ties,
-                   rank_buckets=buckets)
-  rng = np.random.default_rng(n + block_i)
+def _check_single_rows(cfg, n: int, k: int, seed: int):
+  """One-row calls of jaxsparse.topk(config=cfg) against numpy: rows with and without ties
+  among the candidates (scores rounded to 1/64 tie often; a tile of 64 distinct values
+  overflows the buffer), ragged and empty rows."""
+  rng = np.random.default_rng(seed)
   x = rng.standard_normal((5, n)).astype(np.float32)
   x[1] = np.round(x[1] * 64) / 64  # ties inside the candidates, no overflow
   x[2] = np.tile(np.arange(64, dtype=np.float32), n // 64)  # ties at the k-th: overflow
@@ -121,25 +114,25 @@ def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties, buckets):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("n,k", [(32768, 2048), (131072, 512)])
+@pytest.mark.parametrize("block_i,split_ties,buckets", [
+    (8, False, False), (16, True, False), (8, True, False), (16, False, True), (8, True, True)])
+def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties, buckets):
+  """The per-block rank finish (one row) compiled with blocks of 8 or 16 candidates, with
+  the packed compare (rank_split_ties) and with two value buckets (rank_buckets)
+  (`_check_single_rows`)."""
+  from pallas_kernels.topk import TopkConfig
+  _check_single_rows(TopkConfig(rank_rows=True, rank_block_i=block_i,
+                                rank_split_ties=split_ties, rank_buckets=buckets),
+                     n, k, seed=n + block_i)
+
+
 @pytest.mark.parametrize("probes", [1, 2])
 def test_topk_gpu_pivot_probes(probes):
-  """The bucketed rank finish with the pivot refined by counts (rank_pivot_probes) compiled:
-  one row of 32K x 2048, rows with ties among the candidates, an overflowing, a ragged and
-  an empty row, against numpy."""
+  """The bucketed rank finish with the pivot refined by counts (rank_pivot_probes) compiled
+  at one row of 32K x 2048 (`_check_single_rows`)."""
   from pallas_kernels.topk import TopkConfig
-  n, k = 32768, 2048
-  cfg = TopkConfig(rank_pivot_probes=probes)
-  rng = np.random.default_rng(probes)
-  x = rng.standard_normal((5, n)).astype(np.float32)
-  x[1] = np.round(x[1] * 64) / 64
-  x[2] = np.tile(np.arange(64, dtype=np.float32), n // 64)
-  lens = np.array([n, n - 5, n, 17, 0], np.int32)
-  for r in range(5):
-    v, i = jaxsparse.topk(jnp.asarray(x[r:r + 1]), k, lengths=jnp.asarray(lens[r:r + 1]),
-                          implementation="pallas", config=cfg)
-    rv, ri = np_topk(x[r:r + 1], k, lens[r:r + 1])
-    np.testing.assert_array_equal(np.asarray(i), ri)
-    np.testing.assert_array_equal(np.asarray(v), rv)
+  _check_single_rows(TopkConfig(rank_pivot_probes=probes), 32768, 2048, seed=probes)
 
 
 @pytest.mark.parametrize("run,skip,compact", [
