@@ -825,10 +825,16 @@ def _rank_count_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, o_ref):
     o_ref[...] = _count_before(vj, ij, vi_ref[...][:, None], ii_ref[...][:, None])
 
 
+def _before(vj, ij, vi, ii):
+  """[1, J] candidates j against [I, 1] candidates i -> [I, J] int32: 1 where j comes before i
+  in the sorted order (a larger value, or the same value and a lower index)."""
+  return ((vj > vi) | ((vj == vi) & (ij < ii))).astype(jnp.int32)
+
+
 def _count_before(vj, ij, vi, ii):
   """[1, J] candidates j against [I, 1] candidates i -> [I] int32: for each i, how many j come
-  before it in the sorted order (a larger value, or the same value and a lower index)."""
-  return jnp.sum(((vj > vi) | ((vj == vi) & (ij < ii))).astype(jnp.int32), axis=1)
+  before it in the sorted order (`_before`)."""
+  return jnp.sum(_before(vj, ij, vi, ii), axis=1)
 
 
 def _store_tail(vo_ref, io_ref, slots, live, k: int, trash):
@@ -1005,7 +1011,7 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
       if split_ties:  # larger: low half-word; equal: high half-word
         return ((vj > vi[:, None]).astype(jnp.int32)
                 + (vj == vi[:, None]).astype(jnp.int32) * (1 << 16))
-      return ((vj > vi[:, None]) | ((vj == vi[:, None]) & (ij < ii[:, None]))).astype(jnp.int32)
+      return _before(vj, ij, vi[:, None], ii[:, None])
 
     def scan(f, acc, when=True):  # acc + f over every block of the regions this block needs
       for lo, hi, use in regions:
