@@ -77,7 +77,10 @@ class TopkConfig:
     128K x 512 the rank finish took the call from 13.99 / 14.46 to 12.27 / 12.68 us
     (benchmarks/results/session16/topk_k512_s16a.json).
   rank_block_i, rank_block_j: the rank finish's tile (powers of two, >= 8 and >= 16);
-    see rank_rows for rank_block_i's default;
+    see rank_rows for rank_block_i's default. rank_block_j 256 (session 21; 512 before): at
+    one row of 32K / 128K x 2048 the call took 9.30 / 10.49 us of kernels with 512 and
+    9.09 / 10.42 with 256 (benchmarks/results/session21/topk_knobs{32k,128k}_s21c.json): a
+    bucket's edges waste less of a shorter block;
     rank_warps: the warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count
     kernel took 4.2 us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2
     / 19.5 at 64 x 256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow,
@@ -245,7 +248,7 @@ class TopkConfig:
   gather: bool | str = "auto"
   gather_min_entries: int = 1 << 23
   rank_block_i: int = 8
-  rank_block_j: int = 512
+  rank_block_j: int = 256
   rank_warps: int = 4
   threshold_warps: int = 8
   persist_max_rows: int = 0
