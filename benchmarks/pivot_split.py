@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.benchtools import environment, print_table, write_json
-from pallas_kernels.topk import TopkConfig, group_size
+from pallas_kernels.topk import TopkConfig, gpu_chunk, group_size
 from pallas_kernels.topk import gpu as kg
 
 DISTRIBUTIONS = {
@@ -39,7 +39,7 @@ def split(x: np.ndarray, k: int, config: TopkConfig, probes: int) -> tuple[int, 
   """x [N] float32 -> (upper, lower): the candidates at or above the pivot and below it."""
   n = x.shape[0]
   g = group_size(n, k, config, "gpu", rows=1)
-  chunk = max(min(config.chunk_for(1, n), n), g)
+  chunk, _ = gpu_chunk(config, 1, n, k, g, "rank")
   xr = jnp.asarray(x[None].astype(np.float32))
   gm = kg.group_max(xr, None, chunk=chunk, group=g, num_warps=4, interpret=True)
   thr, ctr, piv = kg.threshold(gm, k, iters=config.bisect_iters, num_warps=4, interpret=True,

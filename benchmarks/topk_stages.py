@@ -20,7 +20,7 @@ from jaxsparse import backend, selection
 from jaxsparse.bench import _emit
 from jaxsparse.benchtools import environment, kernel_time, print_table, time_in_graph, write_json
 from pallas_kernels._util import next_pow2, pad_axis
-from pallas_kernels.topk import TopkConfig, group_size, persist_chunk
+from pallas_kernels.topk import TopkConfig, gpu_chunk, group_size, persist_chunk
 from pallas_kernels.topk import gpu as kg
 
 
@@ -50,7 +50,7 @@ def _label(c: TopkConfig) -> str:
 # 18, whose first call also swept fused_repair and fused_threshold_rows, since removed;
 # rank_preload, rank_split_ties and rank_buckets from session 19, rank_buckets_min_k and
 # falsi_slack_entries and rank_pivot_probes from session 20; 0 entries: the slack is
-# falsi_slack alone)
+# falsi_slack alone; bucket_chunk from session 21, 0: small_chunk, as before)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
@@ -58,7 +58,8 @@ LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_bloc
                   persist_block_i=16, persist_block_j=512, persist_warps=8,
                   fused_rank=False, repair_in_finish=False, bitonic_mid=0, rank_rows=False,
                   rank_preload=0, rank_split_ties=False, rank_buckets=False,
-                  rank_buckets_min_k=1024, falsi_slack_entries=0, rank_pivot_probes=0)
+                  rank_buckets_min_k=1024, falsi_slack_entries=0, rank_pivot_probes=0,
+                  bucket_chunk=0)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,
@@ -72,7 +73,7 @@ def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: b
   x = jax.random.normal(jax.random.PRNGKey(0), (bsz, n), jnp.float32)
   lens = jnp.full((bsz,), n, jnp.int32)
   g = group_size(n, k, config, "gpu", rows=bsz)
-  chunk = max(min(config.chunk_for(bsz, n), next_pow2(n)), g)
+  chunk, _ = gpu_chunk(config, bsz, n, k, g, config.finish_for(bsz, k))
   capacity = next_pow2(config.capacity_factor * k)
   nw = config.num_warps
 

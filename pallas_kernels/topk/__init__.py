@@ -42,7 +42,8 @@ from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
 from pallas_kernels.topk import tpu as _tpu
 
-__all__ = ["TopkConfig", "topk_rows", "group_size", "block_slots", "fused_groups", "persist_chunk"]
+__all__ = ["TopkConfig", "topk_rows", "group_size", "gpu_chunk", "block_slots", "fused_groups",
+           "persist_chunk"]
 
 NEG_INF = float("-inf")
 
@@ -62,6 +63,19 @@ def group_size(n: int, k: int, config: TopkConfig, kind: str, *, rows: int) -> i
     g *= 2
   min_g = 8 if kind == "tpu" else 2
   return g if g >= min_g else 0
+
+
+def gpu_chunk(config: TopkConfig, rows: int, n: int, k: int, g: int, finish: str):
+  """GPU: the filter passes' chunk for rows of n scores, top-k, groups of g, the finish
+  `finish` resolved ("set" for the order-free one), and whether the compaction fills two
+  value buckets (TopkConfig.buckets_for; their chunk is TopkConfig.bucket_chunk). Groups
+  sit contiguously inside a chunk, which is at most the row padded to a power of two."""
+  def chunk_of(buckets):
+    return max(min(config.chunk_for(rows, n, buckets=buckets), next_pow2(n)), g)
+  capacity = next_pow2(config.capacity_factor * k)
+  c = chunk_of(False)
+  buckets = config.buckets_for(finish, rows, -(-n // c) * c, k, capacity)
+  return (chunk_of(True) if buckets else c), buckets
 
 
 def fused_groups(config: TopkConfig, tile: int) -> TopkConfig:
@@ -148,21 +162,24 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
   if gmax is not None and gmax.shape != (r, -(-n // g)):
     raise ValueError(f"gmax {gmax.shape} must be [{r}, {-(-n // g)}]: the maxima of groups of "
                      f"group_size(...) = {g} scores")
-  # GPU: contiguous groups inside chunks; TPU: a group is one lane of a [g, 128] chunk
-  chunk = (g * _tpu.LANES if platform.kind == "tpu"
-           else max(min(config.chunk_for(r, n), next_pow2(n)), g))
-  n_pad = -(-n // chunk) * chunk
-  xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
   capacity = next_pow2(config.capacity_factor * k)
   interp = platform.interpret
   if platform.kind == "gpu":
     finish_ = config.finish_for(r, k) if ordered else "set"
+    parties = 0
     if finish_ == "persistent":
       parties = config.persist_parties(r, 0 if interp else _gpu.sm_count())
-      if parties:
-        return *_gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
-                                parties), False, False
-      finish_ = config.finish_for(r, k, persistent=False)
+      if not parties:
+        finish_ = config.finish_for(r, k, persistent=False)
+    chunk, buckets = gpu_chunk(config, r, n, k, g, finish_)
+  else:  # TPU: a group is one lane of a [g, 128] chunk
+    chunk = g * _tpu.LANES
+  n_pad = -(-n // chunk) * chunk
+  xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
+  if platform.kind == "gpu":
+    if parties:
+      return *_gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
+                              parties), False, False
     zeros = 0  # the fused rank finish's counters, written by the group maxima kernel
     if finish_ == "rank" and config.fused_rank and not config.rank_rows:
       zeros = capacity // min(config.rank_block_i, capacity)
@@ -170,7 +187,6 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
     repair = None
     if config.finish_repairs(finish_, capacity):
       repair = (xp, lengths, min(chunk, next_pow2(k)))
-    buckets = config.buckets_for(finish_, r, n_pad, k, capacity)
     cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
                                         gmax, order_free=finish_ in ("bitonic", "rank"),
                                         zeros=zeros, repair=repair is None, buckets=buckets)

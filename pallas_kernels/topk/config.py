@@ -18,6 +18,13 @@ class TopkConfig:
     session16/topk_falsi_*_s16b.json, kernel time of the whole call) chunks of 512 took one
     row of 32K x 2048 from 13.39 to 12.79 us, 128K 13.82 -> 13.34, 32K x 512 10.03 -> 9.35,
     8 x 32K x 2048 20.46 -> 20.13, but 1M 16.55 -> 17.27 and 64 x 128K 40.26 -> 45.38.
+  bucket_chunk: the small-call chunk where the compaction fills two value buckets
+    (`buckets_for`; 0: small_chunk). 1024 (session 21): at one row of 64K / 128K / 256K x
+    2048 the call took 10.01 / 10.50 / 11.25 us of kernels with chunks of 512 and 9.88 /
+    10.34 / 10.82 with 1024 (benchmarks/results/session21/topk_chunk_s21e.json; 32K x
+    2048: 9.28 / 9.26, topk_pivot_s21a.json); without buckets (k = 512) 512 stays: 1024
+    took one row of 32K / 128K x 512 from 6.91 / 7.29 to 7.13 / 7.44
+    (topk_chunk512_s21b.json).
   capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
@@ -226,6 +233,7 @@ class TopkConfig:
   chunk: int = 2048
   small_chunk: int = 512
   small_chunk_entries: int = 1 << 18
+  bucket_chunk: int = 1024
   capacity_factor: int = 2
   groups_per_k: int = 4
   max_group: int = 256
@@ -306,7 +314,7 @@ class TopkConfig:
     chunks below 2**16 of rows up to 2**24: `gpu.compact_atomic(..., pivot=)`)."""
     return (self.rank_buckets and k >= self.rank_buckets_min_k and how == "rank"
             and self.rank_rows and n <= 1 << 24
-            and self.chunk_for(rows, n) < 1 << 16
+            and self.chunk_for(rows, n, buckets=True) < 1 << 16
             and self.finish_repairs(how, capacity) and self.threshold in ("bisect", "falsi")
             and not self.gathers(rows, n) and self.placement(rows, n, k) == "scan")
 
@@ -321,9 +329,12 @@ class TopkConfig:
     """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
     return self.bitonic_mid if self.bitonic_run < self.bitonic_mid < capacity else 0
 
-  def chunk_for(self, rows: int, n: int) -> int:
-    """The filter passes' chunk for rows x n scores (GPU; the small-call rule resolved)."""
-    return self.small_chunk if rows * n <= self.small_chunk_entries else self.chunk
+  def chunk_for(self, rows: int, n: int, buckets: bool = False) -> int:
+    """The filter passes' chunk for rows x n scores (GPU; the small-call rule resolved);
+    buckets: the compaction fills two value buckets (`buckets_for`, then bucket_chunk)."""
+    if rows * n > self.small_chunk_entries:
+      return self.chunk
+    return max(self.small_chunk, self.bucket_chunk) if buckets else self.small_chunk
 
   def gathers(self, rows: int, n: int) -> bool:
     """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
@@ -348,6 +359,9 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < 128:
         raise ValueError(f"{name}={v!r} must be a power of two >= 128")
+    if not isinstance(self.bucket_chunk, int) or not (
+        self.bucket_chunk == 0 or (is_pow2(self.bucket_chunk) and self.bucket_chunk >= 128)):
+      raise ValueError(f"bucket_chunk={self.bucket_chunk!r} must be 0 or a power of two >= 128")
     if not isinstance(self.small_chunk_entries, int) or self.small_chunk_entries < 0:
       raise ValueError(f"small_chunk_entries={self.small_chunk_entries!r} must be an int >= 0")
     if self.finish not in ("sort", "rank", "bitonic", "persistent", "auto"):
