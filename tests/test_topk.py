@@ -255,7 +255,8 @@ def test_auto_finish_ranks_single_rows():
   """finish="auto" (the default) sorts one row at k >= 512 by counting and everything else
   with the bitonic network; calls of at most 2**18 scores filter in chunks of 512; the
   single-row path (regula falsi threshold, chunks of 512, or 1024 where the compaction
-  fills value buckets, rank finish) matches numpy (interpret), ties included."""
+  fills value buckets from 2**16 scores, rank finish) matches numpy (interpret), ties
+  included."""
   cfg = ktopk.TopkConfig()
   assert [cfg.finish_for(r, k) for r, k in ((1, 2048), (1, 1024), (1, 512), (1, 256),
                                             (2, 2048))] == [
@@ -264,16 +265,18 @@ def test_auto_finish_ranks_single_rows():
   assert [cfg.chunk_for(r, n) for r, n in ((1, 1 << 17), (8, 1 << 15), (1, 1 << 19),
                                            (64, 1 << 17))] == [512, 512, 2048, 2048]
   assert ktopk.TopkConfig(small_chunk_entries=0).chunk_for(1, 1024) == 2048
-  # the bucketed compaction (one row, k >= 1024) of a small call reads chunks of 1024
-  assert [cfg.chunk_for(1, n, buckets=True) for n in (1 << 15, 1 << 17, 1 << 20)] == [
-      1024, 1024, 2048]
-  assert ktopk.TopkConfig(bucket_chunk=0).chunk_for(1, 1 << 15, buckets=True) == 512
+  # the bucketed compaction (one row, k >= 1024) of a small call from 2**16 scores reads
+  # chunks of 1024
+  assert [cfg.chunk_for(1, n, buckets=True) for n in (1 << 15, 1 << 16, 1 << 17, 1 << 20)] == [
+      512, 1024, 1024, 2048]
+  assert ktopk.TopkConfig(bucket_chunk=0).chunk_for(1, 1 << 17, buckets=True) == 512
   assert [ktopk.gpu_chunk(cfg, r, n, k, ktopk.group_size(n, k, cfg, "gpu", rows=r),
                           cfg.finish_for(r, k))
           for r, n, k in ((1, 1 << 17, 2048), (1, 1 << 17, 512), (8, 1 << 15, 2048),
                           (1, 20000, 1024))] == [(1024, True), (512, False), (512, False),
-                                                 (1024, True)]
-  for bad in (dict(small_chunk=100), dict(small_chunk_entries=-1), dict(bucket_chunk=100)):
+                                                 (512, True)]
+  for bad in (dict(small_chunk=100), dict(small_chunk_entries=-1), dict(bucket_chunk=100),
+              dict(bucket_chunk_min_entries=-1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
   rng = np.random.default_rng(7)
@@ -281,6 +284,9 @@ def test_auto_finish_ranks_single_rows():
   for lens in (np.array([20000]), np.array([777])):
     for k in (1024, 512):
       _check(_rows(x, lens, k, KernelPlatform("gpu", True)), x, k, lens)
+    # value buckets in chunks of 1024 (bucket_chunk, here below its 2**16 scores)
+    _check(_rows(x, lens, 1024, KernelPlatform("gpu", True),
+                 ktopk.TopkConfig(bucket_chunk_min_entries=0)), x, 1024, lens)
 
 
 @pytest.mark.parametrize("phases", [2, 1])

@@ -18,13 +18,14 @@ class TopkConfig:
     session16/topk_falsi_*_s16b.json, kernel time of the whole call) chunks of 512 took one
     row of 32K x 2048 from 13.39 to 12.79 us, 128K 13.82 -> 13.34, 32K x 512 10.03 -> 9.35,
     8 x 32K x 2048 20.46 -> 20.13, but 1M 16.55 -> 17.27 and 64 x 128K 40.26 -> 45.38.
-  bucket_chunk: the small-call chunk where the compaction fills two value buckets
-    (`buckets_for`; 0: small_chunk). 1024 (session 21): at one row of 64K / 128K / 256K x
-    2048 the call took 10.01 / 10.50 / 11.25 us of kernels with chunks of 512 and 9.88 /
-    10.34 / 10.82 with 1024 (benchmarks/results/session21/topk_chunk_s21e.json; 32K x
-    2048: 9.28 / 9.26, topk_pivot_s21a.json); without buckets (k = 512) 512 stays: 1024
-    took one row of 32K / 128K x 512 from 6.91 / 7.29 to 7.13 / 7.44
-    (topk_chunk512_s21b.json).
+  bucket_chunk, bucket_chunk_min_entries: the small-call chunk where the compaction fills
+    two value buckets (`buckets_for`; 0: small_chunk), for calls of at least
+    bucket_chunk_min_entries scores. 1024 from 2**16 (session 21): at one row of 64K / 128K
+    / 256K x 2048 the call took 10.01 / 10.50 / 11.25 us of kernels with chunks of 512 and
+    9.88 / 10.34 / 10.82 with 1024 (benchmarks/results/session21/topk_chunk_s21e.json),
+    but one row of 32K x 2048 9.01 with 512 (topk_table_s21d.json) and 9.34 with 1024
+    (topk_table_s21f.json). Without buckets (k = 512) 512 stays: 1024 took one row of 32K /
+    128K x 512 from 6.91 / 7.29 to 7.13 / 7.44 (topk_chunk512_s21b.json).
   capacity_factor: candidate buffer = capacity_factor * k (rounded up to a power of two);
     a row with more candidates than that makes the call fall back to a full sort (still exact).
   groups_per_k: the group maxima, padded to a power of two, number at least groups_per_k * k
@@ -234,6 +235,7 @@ class TopkConfig:
   small_chunk: int = 512
   small_chunk_entries: int = 1 << 18
   bucket_chunk: int = 1024
+  bucket_chunk_min_entries: int = 1 << 16
   capacity_factor: int = 2
   groups_per_k: int = 4
   max_group: int = 256
@@ -331,10 +333,12 @@ class TopkConfig:
 
   def chunk_for(self, rows: int, n: int, buckets: bool = False) -> int:
     """The filter passes' chunk for rows x n scores (GPU; the small-call rule resolved);
-    buckets: the compaction fills two value buckets (`buckets_for`, then bucket_chunk)."""
+    buckets: the compaction fills two value buckets (`buckets_for`; bucket_chunk applies)."""
     if rows * n > self.small_chunk_entries:
       return self.chunk
-    return max(self.small_chunk, self.bucket_chunk) if buckets else self.small_chunk
+    if buckets and rows * n >= self.bucket_chunk_min_entries:
+      return max(self.small_chunk, self.bucket_chunk)
+    return self.small_chunk
 
   def gathers(self, rows: int, n: int) -> bool:
     """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
@@ -364,6 +368,9 @@ class TopkConfig:
       raise ValueError(f"bucket_chunk={self.bucket_chunk!r} must be 0 or a power of two >= 128")
     if not isinstance(self.small_chunk_entries, int) or self.small_chunk_entries < 0:
       raise ValueError(f"small_chunk_entries={self.small_chunk_entries!r} must be an int >= 0")
+    if not isinstance(self.bucket_chunk_min_entries, int) or self.bucket_chunk_min_entries < 0:
+      raise ValueError(f"bucket_chunk_min_entries={self.bucket_chunk_min_entries!r} must be an "
+                       "int >= 0")
     if self.finish not in ("sort", "rank", "bitonic", "persistent", "auto"):
       raise ValueError(f"finish={self.finish!r} must be 'sort', 'rank', 'bitonic', "
                        "'persistent' or 'auto'")
