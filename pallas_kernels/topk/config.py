@@ -164,8 +164,10 @@ class TopkConfig:
     and 0.50-0.58 at 128K; exponential, Gumbel and DSA-like ReLU sums 0.51-0.60; uniform
     0.90-0.91; Student-t(3) 0.86-0.99. One probe: normal 0.50-0.56, Student-t 0.56-0.76,
     uniform 0.83-0.84. Two: every distribution but uniform 0.51-0.58, uniform 0.77-0.79.
-    Not yet timed on the H200: a smaller busiest bucket (normal rows at 32K: ~-15% of the
-    finish's compares) against one or two more reductions in the threshold kernel.
+    On the H200 it loses: one row of 32K x 2048 took 9.28 / 9.92 / 10.12 us of kernels
+    with 0 / 1 / 2 probes, 128K 10.53 / 11.07 with 0 / 1: each probe costs the threshold
+    kernel ~0.5 us and the finish did not shorten (benchmarks/results/session21/
+    topk_pivot_s21a.json, topk_chunk2048_s21a.json).
   repair_in_finish: True, the fused rank finish and the split bitonic finish repair rows
     whose candidates overflowed the buffer themselves (GPU): they read the compaction's
     counters, and for such a row one program (the first rank tile, the row's merge program)
