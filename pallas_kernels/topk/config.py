@@ -88,7 +88,8 @@ class TopkConfig:
     see rank_rows for rank_block_i's default. rank_block_j 256 (session 21; 512 before): at
     one row of 32K / 128K x 2048 the call took 9.30 / 10.49 us of kernels with 512 and
     9.09 / 10.42 with 256 (benchmarks/results/session21/topk_knobs{32k,128k}_s21c.json): a
-    bucket's edges waste less of a shorter block;
+    bucket's edges waste less of a shorter block. Without buckets (k = 512) it costs a
+    little: one row of 32K x 512 6.86 -> 6.97 (topk_finish512_s21d.json);
     rank_warps: the warps of its programs. 16 x 512 at 4 warps: at one row of 128K the count
     kernel took 4.2 us and the whole call 16.3-16.5, against 6.6 / 18.7 at 32 x 256 and 7.2
     / 19.5 at 64 x 256 (benchmarks/results/session15/topk_rank_tiles_s15{e,f}.json): narrow,
