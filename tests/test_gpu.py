@@ -83,6 +83,12 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
   from pallas_kernels.topk import TopkConfig
   cfg = TopkConfig(repair_in_finish=True, fused_rank=True, compact=compact, bitonic_mid=mid,
                    rank_rows=rank_rows, rank_max_rows=rows if rank_rows else 1)
+  _check_repaired_rows(cfg, rows, n, k)
+
+
+def _check_repaired_rows(cfg, rows: int, n: int, k: int):
+  """Calls of `rows` (1 or 8) rows of jaxsparse.topk(config=cfg) against numpy: rows
+  overflowing by ties and by sorted runs next to ordinary, ragged and empty ones."""
   rng = np.random.default_rng(n + rows)
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5  # ties across the threshold: overflow
@@ -95,6 +101,31 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
     rv, ri = np_topk(xs, k, ls)
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
+
+
+@pytest.mark.parametrize("rows,n,k", [(8, 32768, 2048), (8, 131072, 512), (8, 1 << 20, 2048)])
+def test_topk_gpu_rank_merge(rows, n, k):
+  """The split bitonic finish with the rank merge (TopkConfig(bitonic_rank_merge=256): runs
+  sorted descending, each entry placed by binary searches in every run) compiled, with
+  overflowing (repaired), ragged and empty rows (`_check_repaired_rows`), and SPIN's block
+  map through it."""
+  from pallas_kernels.topk import TopkConfig
+  cfg = TopkConfig(bitonic_rank_merge=256)
+  _check_repaired_rows(cfg, rows, n, k)
+  if n == 32768:
+    rng = np.random.default_rng(5)
+    sel = np.stack([rng.permutation(1024)[:n // 64] for _ in range(rows)]).astype(np.int32)
+    sel[2, 7] = -1
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    from pallas_kernels.topk import topk_rows
+    from jaxsparse.backend import KernelPlatform
+    v, i = topk_rows(jnp.asarray(x), jnp.full((rows,), n, jnp.int32), k, cfg,
+                     KernelPlatform("gpu", False), block_map=(jnp.asarray(sel), 64))
+    rv, ri = np_topk(x, k, np.full(rows, n))
+    blk = np.take_along_axis(sel, np.maximum(ri, 0) // 64, axis=1)
+    np.testing.assert_array_equal(np.asarray(v), rv)
+    np.testing.assert_array_equal(np.asarray(i), np.where((ri >= 0) & (blk >= 0),
+                                                          blk * 64 + np.maximum(ri, 0) % 64, -1))
 
 
 def _check_single_rows(cfg, n: int, k: int, seed: int):

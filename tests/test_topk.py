@@ -83,7 +83,8 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
 def test_finish_repairs_and_fused_rank():
   """TopkConfig(repair_in_finish=True) with the fused rank finish, the one-kernel-per-block
   rank finish (rank_rows; with the packed compare, blocks of 8 and two value buckets) and
-  the split bitonic finish (with and without a middle merge kernel), GPU kernels in
+  the split bitonic finish (with and without a middle merge kernel, and with the rank
+  merge: runs sorted descending, entries placed by binary searches), GPU kernels in
   interpret mode: no repair kernel; the finish repairs overflowing rows itself (ties across
   the k-th value, all-equal runs, a group list longer than the buffer, next to ordinary,
   ragged and empty rows), for every compaction; SPIN's block map through the repairing
@@ -115,20 +116,24 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="rank", rank_rows=True, rank_buckets=True, rank_pivot_probes=2),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
-                dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True)):
+                dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True),
+                dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16),
+                dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
+                     compact="lane")):
     cfg = ktopk.TopkConfig(**base, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
-  # block-mapped rows (SPIN) through the repairing merge
+  # block-mapped rows (SPIN) through the repairing merge, and through the rank merge
   sel = np.stack([rng.permutation(64)[:n // 256] for _ in range(6)]).astype(np.int32)
   sel[2, 3] = -1
-  cfg = ktopk.TopkConfig(**base, finish="bitonic", bitonic_run=16, bitonic_mid=32)
-  v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
-                         block_map=(jnp.asarray(sel), 256))
   rv, ri = np_topk(x, k, lens)
-  np.testing.assert_array_equal(np.asarray(v), rv)
   want = np.where(ri >= 0, np.take_along_axis(sel, np.maximum(ri, 0) // 256, 1) * 256
                   + np.maximum(ri, 0) % 256, -1)
-  np.testing.assert_array_equal(np.asarray(i), np.where(want < 0, -1, want))
+  for extra in (dict(bitonic_mid=32), dict(bitonic_rank_merge=16)):
+    cfg = ktopk.TopkConfig(**base, finish="bitonic", bitonic_run=16, **extra)
+    v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
+                           block_map=(jnp.asarray(sel), 256))
+    np.testing.assert_array_equal(np.asarray(v), rv)
+    np.testing.assert_array_equal(np.asarray(i), np.where(want < 0, -1, want))
   # the fused rank kernel alone, against the two-kernel finish: candidates in any order
   cap = 256
   cv = rng.standard_normal((3, 2 * cap)).astype(np.float32)
@@ -198,7 +203,8 @@ def test_finish_repairs_and_fused_rank():
   for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
               dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
               dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0),
-              dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1)):
+              dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1),
+              dict(bitonic_rank_merge=8), dict(rank_merge_warps=0)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
 
@@ -607,10 +613,10 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
 @settings(max_examples=12, deadline=None)
 @given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
 def test_order_free_finishes_any_order(log_cap, seed, ties):
-  """The bitonic (one kernel, or split into sorted runs then merges), and rank finishes sort
-  candidates given in any order (the atomic compaction leaves chunk ranges in run order) by
-  value, ties by lower index; -inf entries and slots past `live` never come out; fewer than k
-  live entries leave a -inf / -1 tail."""
+  """The bitonic (one kernel, or split into sorted runs then merges or a rank merge), and rank
+  finishes sort candidates given in any order (the atomic compaction leaves chunk ranges in
+  run order) by value, ties by lower index; -inf entries and slots past `live` never come
+  out; fewer than k live entries leave a -inf / -1 tail."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(seed)
   cap = 2 ** log_cap
@@ -625,6 +631,8 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
   outs = [kg.bitonic_finish(*args, interpret=True), kg.rank_finish(*args, interpret=True)]
   if cap >= 4:  # runs of 2 and of cap / 2
     outs += [kg.bitonic_finish_split(*args, run=run, interpret=True) for run in {2, cap // 2}]
+    outs += [kg.bitonic_finish_split(*args, run=run, rank_merge=b, interpret=True)
+             for run in {2, cap // 2} for b in {2, run}]
   for v, i in outs:
     for r in range(3):
       ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
@@ -755,12 +763,17 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(finish="rank", rank_split_ties=True), True),
                        (ktopk.TopkConfig(finish="rank", rank_buckets=True), True),
                        (ktopk.TopkConfig(finish="rank", rank_pivot_probes=2), True),
+                       (ktopk.TopkConfig(bitonic_rank_merge=256), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
   # SPIN's block-mapped rows at the defaults: the repairing merge kernel maps the slots
   h = lambda x, l, s: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(),
+                                      KernelPlatform("gpu", False), block_map=(s, 64))
+  export_for(h, "cuda", S((8, 81920), jnp.float32), S((8,), jnp.int32), S((8, 1280), jnp.int32))
+  # and through the rank merge
+  h = lambda x, l, s: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(bitonic_rank_merge=256),
                                       KernelPlatform("gpu", False), block_map=(s, 64))
   export_for(h, "cuda", S((8, 81920), jnp.float32), S((8,), jnp.int32), S((8, 1280), jnp.int32))
 

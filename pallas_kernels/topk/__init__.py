@@ -318,7 +318,11 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
                                       num_warps=config.bitonic_warps,
                                       run_warps=config.bitonic_run_warps, interpret=interp,
                                       block_map=block_map, repair=repair,
-                                      mid=config.mid_for(capacity)), False, block_map is not None
+                                      mid=config.mid_for(capacity),
+                                      rank_merge=min(config.bitonic_rank_merge,
+                                                     config.bitonic_run),
+                                      rank_merge_warps=config.rank_merge_warps
+                                      ), False, block_map is not None
   if how == "bitonic":
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
                                 interpret=interp), False, False

@@ -197,6 +197,13 @@ class TopkConfig:
     64 x 128K x 2048 on the H200, and one row of 128K 12.3 instead of 23.7
     (benchmarks/results/session10/topk_variants_b*.json).
   bitonic_run_warps: warps of each run-sorting program of the split finish (GPU).
+  bitonic_rank_merge, rank_merge_warps: 0 (the default), the split bitonic finish merges
+    its runs (the middle and per-row merge kernels); b (a power of two >= 16), the runs are
+    sorted descending and one kernel of (rows, capacity / b) programs of rank_merge_warps
+    places each entry at the sum of its ranks in every run, by binary searches
+    (`gpu._rank_merge_kernel`: log2(bitonic_run) + 1 dependent probes instead of the
+    merges' ~33 network steps over 2 kernels at capacity 4096). Opt-in until timed on the
+    H200 (benchmarks/NOTES.md, session 21's next steps).
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
@@ -279,6 +286,8 @@ class TopkConfig:
   rank_buckets_min_k: int = 1024
   rank_pivot_probes: int = 0
   bitonic_mid: int = 2048
+  bitonic_rank_merge: int = 0
+  rank_merge_warps: int = 4
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -401,11 +410,15 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
         raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
+    if not isinstance(self.bitonic_rank_merge, int) or (self.bitonic_rank_merge and (
+        not is_pow2(self.bitonic_rank_merge) or self.bitonic_rank_merge < 16)):
+      raise ValueError(f"bitonic_rank_merge={self.bitonic_rank_merge!r} must be 0 or a power "
+                       "of two >= 16")
     for name in ("capacity_factor", "groups_per_k", "num_warps", "bisect_iters", "rank_max_rows",
                  "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps",
                  "lane_min_rows", "lane_min_ratio", "gather_min_entries", "rank_warps",
                  "threshold_warps", "falsi_slack", "max_group_rows", "persist_warps",
-                 "persist_spin"):
+                 "persist_spin", "rank_merge_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -1585,9 +1585,11 @@ def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
   _write_sorted(*_bitonic_sort(*_sort_keys(v_ref, i_ref, live_ref[0])), vo_ref, io_ref)
 
 
-def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *, cap: int):
+def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *, cap: int,
+                         descending: bool = False):
   """Step 1 of the split bitonic finish, one (row, run) per program: the run's candidates
-  sorted as the first merge sizes of the whole row's network (direction by row position).
+  sorted as the first merge sizes of the whole row's network (direction by row position;
+  descending: every run descending, for `_rank_merge_kernel`).
   A run wholly at or past the row's live count holds only dead slots, which are in order in
   either direction: it writes them without sorting (the compaction fills slots from 0, so
   with ~k + 15% candidates in a 2k buffer about 3 runs of 8 are dead)."""
@@ -1598,7 +1600,7 @@ def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *, cap: int):
   @pl.when(offset < live)
   def _():
     key, idx = _sort_keys(v_ref, i_ref, live, offset)
-    ko_ref[...], io_ref[...] = _bitonic_sort(key, idx, offset=offset)
+    ko_ref[...], io_ref[...] = _bitonic_sort(key, idx, offset=0 if descending else offset)
 
   @pl.when(offset >= live)
   def _():  # the dead key and index of `_sort_keys`
@@ -1647,6 +1649,80 @@ def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int, cap: int,
                    sel_ref=sel_ref[0] if sel_ref else None, page=page)
 
 
+def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
+  """Entries (key, idx) [L] -> [L] int32: for each, how many entries of a row's `runs`
+  sorted runs (k_ref / i_ref [runs * run]: each run's keys descending, ties by ascending
+  index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
+  runs' searches step together, so each step's loads are independent of each other."""
+  def before(p):
+    kp, ip = plgpu.load(k_ref.at[p]), plgpu.load(i_ref.at[p])
+    return ((kp > key) | ((kp == key) & (ip < idx))).astype(jnp.int32)
+
+  c = [jnp.zeros(key.shape, jnp.int32) for _ in range(runs)]
+  s = run // 2
+  while s >= 1:  # afterwards c[u] = min(count, run - 1)
+    c = [c[u] + s * before(u * run + c[u] + (s - 1)) for u in range(runs)]
+    s //= 2
+  return functools.reduce(lambda x, y: x + y, [c[u] + before(u * run + c[u])
+                                               for u in range(runs)])
+
+
+def _live_in_runs(k_ref, *, runs: int, run: int):
+  """The live entries (key > 0) of a row's `runs` runs sorted descending (dead slots, key 0,
+  sort last): lane u binary-searches run u -> a scalar int32."""
+  base = lax.broadcasted_iota(jnp.int32, (runs,), 0) * run
+  c = jnp.zeros((runs,), jnp.int32)
+  s = run // 2
+  while s >= 1:
+    c = c + s * (plgpu.load(k_ref.at[base + c + (s - 1)]) > 0).astype(jnp.int32)
+    s //= 2
+  return jnp.sum(c + (plgpu.load(k_ref.at[base + c]) > 0).astype(jnp.int32))
+
+
+def _rank_merge_kernel(k_ref, i_ref, tot_ref, *refs, k: int, cap: int, run: int, block: int,
+                       page: int, interpret: bool, repair=None):
+  """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
+  slots) per program, instead of the merges: every run of `run` slots is sorted descending
+  (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
+  how many entries of each come before it (`_count_before_in_runs`: log2(run) + 1 dependent
+  probes, where the merges take ~log2(cap)^2 / 2 network steps), and the block writes its
+  live entries ranked below k to their slots. Dead slots (key 0) are not written; the
+  block writes the -inf / -1 tail into its share of the slots from the row's live count
+  (`_live_in_runs`) to k. k_ref / i_ref: the row's sorted runs [cap]. tot_ref: the row's
+  count, or the compaction's counters. refs: [the row [, its length] (repair: (n, chunk,
+  with_lengths)),] [block ids (page > 0: indices are mapped to slots, as `_write_sorted`
+  does),] values, indices [, a scratch pair (repair)]; with repair a row with more
+  candidates than cap gets its exact sorted top-k from program 0 (`_repair_sorted`)."""
+  x_ref, len_ref, refs = _repair_refs(refs, repair)
+  sel_ref = refs.pop(0) if page else None
+  vo_ref, io_ref, *scratch = refs
+  a = pl.program_id(1) * block
+  over, _, lane, trash = _ranked_row(tot_ref, vo_ref, block, cap)
+  runs = cap // run
+  if repair:
+    @pl.when(over & (pl.program_id(1) == 0))
+    def _():
+      _repair_sorted(x_ref, len_ref, *scratch, vo_ref, io_ref, n=repair[0], chunk=repair[1],
+                     k=k, interpret=interpret, sel_ref=sel_ref, page=page)
+
+  @pl.when(~over)
+  def _():
+    _store_tail(vo_ref, io_ref, a + lane, _live_in_runs(k_ref, runs=runs, run=run), k, trash)
+    kb, ib = k_ref[pl.ds(a, block)], i_ref[pl.ds(a, block)]
+
+    @pl.when(jnp.max(kb) > 0)  # a block of dead slots writes nothing more
+    def _():
+      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run)
+      keep = (kb > 0) & (rank < k)
+      dest = jnp.where(keep, rank, trash)
+      idx = ib
+      if page:
+        blk = plgpu.load(sel_ref.at[jnp.where(keep, ib // page, 0)], mask=keep, other=-1)
+        idx = jnp.where(blk >= 0, blk * page + ib % page, -1)
+      plgpu.store(vo_ref.at[dest], _from_ordered_key(kb), mask=keep)
+      plgpu.store(io_ref.at[dest], idx, mask=keep)
+
+
 def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
                    interpret: bool = False):
   """cv, ci [R, >= cap] candidates in any order, live [R] (<= cap) of them per row (slots
@@ -1663,7 +1739,8 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
                          run_warps: int = 4, interpret: bool = False, block_map=None,
-                         mid: int = 0, repair=None):
+                         mid: int = 0, repair=None, rank_merge: int = 0,
+                         rank_merge_warps: int = 4):
   """`bitonic_finish` as two kernels (three with `mid`), the same network: (rows, cap / run)
   programs each sort a run of `run` candidate slots (the first log2(run) merge sizes, in
   parallel over the GPU),
@@ -1682,7 +1759,10 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   log2(cap / m) of them, over fewer dependent steps on the whole row.
   repair=(x [R, N], lengths [R] or None, chunk): live may be the compaction's row counters
   [R, COUNTER_STRIDE] with counts past cap; the merge program of such a row writes its exact
-  top-k from x instead (no `repair` kernel before the finish)."""
+  top-k from x instead (no `repair` kernel before the finish).
+  rank_merge: 0, or b (a power of two <= run): no merges; the runs are sorted descending and
+  a kernel of (rows, cap / b) programs (rank_merge_warps each) places every entry by binary
+  searches in the runs (`_rank_merge_kernel`); mid is then ignored."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
@@ -1690,10 +1770,12 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
     raise ValueError(f"run={run} must be a power of two in [2, cap={cap})")
   if mid and not (is_pow2(mid) and run < mid < cap):
     raise ValueError(f"mid={mid} must be 0 or a power of two in ({run}, {cap})")
+  if rank_merge and not (is_pow2(rank_merge) and rank_merge <= run):
+    raise ValueError(f"rank_merge={rank_merge} must be 0 or a power of two <= run={run}")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
   live, live_spec = _count_in(live, r)
   keys, idx = pl.pallas_call(
-      functools.partial(_bitonic_runs_kernel, cap=cap),
+      functools.partial(_bitonic_runs_kernel, cap=cap, descending=bool(rank_merge)),
       grid=(r, cap // run),
       in_specs=[blk, blk, live_spec],
       out_specs=[blk, blk],
@@ -1702,6 +1784,10 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
       compiler_params=plgpu.CompilerParams(num_warps=run_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_bitonic_runs",
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), live)
+  if rank_merge:
+    return _rank_merge(keys, idx, live, live_spec, k, cap, run=run, block=rank_merge,
+                       num_warps=rank_merge_warps, interpret=interpret, block_map=block_map,
+                       repair=repair)
   if mid:
     mblk = pl.BlockSpec((None, mid), lambda i, j: (i, j))
     keys, idx = pl.pallas_call(
@@ -1738,4 +1824,35 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_bitonic_merge",
   )(keys, idx, *extra)[:2]
+  return v[:, :k], i[:, :k]
+
+
+def _rank_merge(keys, idx, live, live_spec, k: int, cap: int, *, run: int, block: int,
+                num_warps: int, interpret: bool, block_map, repair):
+  """`bitonic_finish_split`'s second step with rank_merge=block: `_rank_merge_kernel` over
+  runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32; live and its
+  spec from `_count_in`) -> values [R, k], indices [R, k]."""
+  r = keys.shape[0]
+  width = next_pow2(k) + (block if interpret else 0)  # interpret: trash slots past the row
+  whole = pl.BlockSpec((None, cap), lambda i, a: (i, 0))
+  out = pl.BlockSpec((None, width), lambda i, a: (i, 0))
+  rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
+  sel_in, sel_specs, page = [], [], 0
+  if block_map is not None:
+    sel, page = block_map
+    if sel.shape[0] != r or not page:
+      raise ValueError(f"block_map ids {sel.shape} must have {r} rows and page={page} > 0")
+    sel_in = [sel.astype(jnp.int32)]
+    sel_specs = [pl.BlockSpec((None, sel.shape[1]), lambda i, a: (i, 0))]
+  v, i = pl.pallas_call(
+      functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
+                        interpret=interpret, repair=rep),
+      grid=(r, cap // block),
+      in_specs=[whole, whole, live_spec] + rep_specs + sel_specs,
+      out_specs=[out, out] + rep_out,
+      out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + rep_shapes,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="jaxsparse_topk_rank_merge",
+  )(keys, idx, live, *rep_in, *sel_in)[:2]
   return v[:, :k], i[:, :k]
