@@ -1585,11 +1585,12 @@ def _bitonic_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref):
   _write_sorted(*_bitonic_sort(*_sort_keys(v_ref, i_ref, live_ref[0])), vo_ref, io_ref)
 
 
-def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *, cap: int,
+def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *n_ref, cap: int,
                          descending: bool = False):
   """Step 1 of the split bitonic finish, one (row, run) per program: the run's candidates
   sorted as the first merge sizes of the whole row's network (direction by row position;
-  descending: every run descending, for `_rank_merge_kernel`).
+  descending: every run descending, for `_rank_merge_kernel`, and n_ref [1] gets the run's
+  live entry count).
   A run wholly at or past the row's live count holds only dead slots, which are in order in
   either direction: it writes them without sorting (the compaction fills slots from 0, so
   with ~k + 15% candidates in a 2k buffer about 3 runs of 8 are dead)."""
@@ -1601,11 +1602,15 @@ def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *, cap: int,
   def _():
     key, idx = _sort_keys(v_ref, i_ref, live, offset)
     ko_ref[...], io_ref[...] = _bitonic_sort(key, idx, offset=0 if descending else offset)
+    if n_ref:
+      n_ref[0][...] = jnp.sum((key > 0).astype(jnp.int32)).reshape(1)
 
   @pl.when(offset >= live)
   def _():  # the dead key and index of `_sort_keys`
     ko_ref[...] = jnp.zeros((run,), jnp.uint32)
     io_ref[...] = jnp.full((run,), jnp.iinfo(jnp.int32).max, jnp.int32)
+    if n_ref:
+      n_ref[0][...] = jnp.zeros((1,), jnp.int32)
 
 
 def _bitonic_mid_kernel(k_ref, i_ref, ko_ref, io_ref, *, run: int):
@@ -1667,20 +1672,8 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
                                                for u in range(runs)])
 
 
-def _live_in_runs(k_ref, *, runs: int, run: int):
-  """The live entries (key > 0) of a row's `runs` runs sorted descending (dead slots, key 0,
-  sort last): lane u binary-searches run u -> a scalar int32."""
-  base = lax.broadcasted_iota(jnp.int32, (runs,), 0) * run
-  c = jnp.zeros((runs,), jnp.int32)
-  s = run // 2
-  while s >= 1:
-    c = c + s * (plgpu.load(k_ref.at[base + c + (s - 1)]) > 0).astype(jnp.int32)
-    s //= 2
-  return jnp.sum(c + (plgpu.load(k_ref.at[base + c]) > 0).astype(jnp.int32))
-
-
-def _rank_merge_kernel(k_ref, i_ref, tot_ref, *refs, k: int, cap: int, run: int, block: int,
-                       page: int, interpret: bool, repair=None):
+def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
+                       block: int, page: int, interpret: bool, repair=None):
   """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
   slots) per program, instead of the merges: every run of `run` slots is sorted descending
   (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
@@ -1688,7 +1681,8 @@ def _rank_merge_kernel(k_ref, i_ref, tot_ref, *refs, k: int, cap: int, run: int,
   probes, where the merges take ~log2(cap)^2 / 2 network steps), and the block writes its
   live entries ranked below k to their slots. Dead slots (key 0) are not written; the
   block writes the -inf / -1 tail into its share of the slots from the row's live count
-  (`_live_in_runs`) to k. k_ref / i_ref: the row's sorted runs [cap]. tot_ref: the row's
+  (the sum of n_ref [cap / run], each run's live entries) to k. k_ref / i_ref: the row's
+  sorted runs [cap]. tot_ref: the row's
   count, or the compaction's counters. refs: [the row [, its length] (repair: (n, chunk,
   with_lengths)),] [block ids (page > 0: indices are mapped to slots, as `_write_sorted`
   does),] values, indices [, a scratch pair (repair)]; with repair a row with more
@@ -1707,7 +1701,7 @@ def _rank_merge_kernel(k_ref, i_ref, tot_ref, *refs, k: int, cap: int, run: int,
 
   @pl.when(~over)
   def _():
-    _store_tail(vo_ref, io_ref, a + lane, _live_in_runs(k_ref, runs=runs, run=run), k, trash)
+    _store_tail(vo_ref, io_ref, a + lane, jnp.sum(n_ref[...]), k, trash)
     kb, ib = k_ref[pl.ds(a, block)], i_ref[pl.ds(a, block)]
 
     @pl.when(jnp.max(kb) > 0)  # a block of dead slots writes nothing more
@@ -1774,18 +1768,20 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
     raise ValueError(f"rank_merge={rank_merge} must be 0 or a power of two <= run={run}")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
   live, live_spec = _count_in(live, r)
-  keys, idx = pl.pallas_call(
+  counts = ([pl.BlockSpec((None, 1), lambda i, j: (i, j))],
+            [jax.ShapeDtypeStruct((r, cap // run), jnp.int32)]) if rank_merge else ([], [])
+  keys, idx, *n_live = pl.pallas_call(
       functools.partial(_bitonic_runs_kernel, cap=cap, descending=bool(rank_merge)),
       grid=(r, cap // run),
       in_specs=[blk, blk, live_spec],
-      out_specs=[blk, blk],
+      out_specs=[blk, blk] + counts[0],
       out_shape=[jax.ShapeDtypeStruct((r, cap), jnp.uint32),
-                 jax.ShapeDtypeStruct((r, cap), jnp.int32)],
+                 jax.ShapeDtypeStruct((r, cap), jnp.int32)] + counts[1],
       compiler_params=plgpu.CompilerParams(num_warps=run_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_bitonic_runs",
   )(cv.astype(jnp.float32), ci.astype(jnp.int32), live)
   if rank_merge:
-    return _rank_merge(keys, idx, live, live_spec, k, cap, run=run, block=rank_merge,
+    return _rank_merge(keys, idx, n_live[0], live, live_spec, k, cap, run=run, block=rank_merge,
                        num_warps=rank_merge_warps, interpret=interpret, block_map=block_map,
                        repair=repair)
   if mid:
@@ -1827,11 +1823,12 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   return v[:, :k], i[:, :k]
 
 
-def _rank_merge(keys, idx, live, live_spec, k: int, cap: int, *, run: int, block: int,
-                num_warps: int, interpret: bool, block_map, repair):
+def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: int,
+                block: int, num_warps: int, interpret: bool, block_map, repair):
   """`bitonic_finish_split`'s second step with rank_merge=block: `_rank_merge_kernel` over
-  runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32; live and its
-  spec from `_count_in`) -> values [R, k], indices [R, k]."""
+  runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32, n_live
+  [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`) ->
+  values [R, k], indices [R, k]."""
   r = keys.shape[0]
   width = next_pow2(k) + (block if interpret else 0)  # interpret: trash slots past the row
   whole = pl.BlockSpec((None, cap), lambda i, a: (i, 0))
@@ -1848,11 +1845,12 @@ def _rank_merge(keys, idx, live, live_spec, k: int, cap: int, *, run: int, block
       functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
                         interpret=interpret, repair=rep),
       grid=(r, cap // block),
-      in_specs=[whole, whole, live_spec] + rep_specs + sel_specs,
+      in_specs=[whole, whole, pl.BlockSpec((None, cap // run), lambda i, a: (i, 0)),
+                live_spec] + rep_specs + sel_specs,
       out_specs=[out, out] + rep_out,
       out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)] + rep_shapes,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_rank_merge",
-  )(keys, idx, live, *rep_in, *sel_in)[:2]
+  )(keys, idx, n_live, live, *rep_in, *sel_in)[:2]
   return v[:, :k], i[:, :k]
