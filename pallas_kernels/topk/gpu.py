@@ -1682,11 +1682,11 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
   live entries ranked below k to their slots. Dead slots (key 0) are not written; the
   block writes the -inf / -1 tail into its share of the slots from the row's live count
   (the sum of n_ref [cap / run], each run's live entries) to k. k_ref / i_ref: the row's
-  sorted runs [cap]. tot_ref: the row's
-  count, or the compaction's counters. refs: [the row [, its length] (repair: (n, chunk,
-  with_lengths)),] [block ids (page > 0: indices are mapped to slots, as `_write_sorted`
-  does),] values, indices [, a scratch pair (repair)]; with repair a row with more
-  candidates than cap gets its exact sorted top-k from program 0 (`_repair_sorted`)."""
+  sorted runs [cap]. tot_ref: the row's count, or the compaction's counters. refs: [the row
+  [, its length] (repair: (n, chunk, with_lengths)),] [block ids (page > 0: indices are
+  mapped to slots, as `_write_sorted` does),] values, indices [, a scratch pair (repair)];
+  with repair a row with more candidates than cap gets its exact sorted top-k from program
+  0 (`_repair_sorted`)."""
   x_ref, len_ref, refs = _repair_refs(refs, repair)
   sel_ref = refs.pop(0) if page else None
   vo_ref, io_ref, *scratch = refs
