@@ -1476,6 +1476,18 @@ def _repair_refs(refs, repair):
   return x_ref, len_ref, refs
 
 
+def _block_map_in(block_map, r: int):
+  """block_map=(sel [R, W] block ids, page) or None -> (extra inputs, their specs for a grid
+  whose first axis is the row, page; 0 without a map)."""
+  if block_map is None:
+    return [], [], 0
+  sel, page = block_map
+  if sel.shape[0] != r or not page:
+    raise ValueError(f"block_map ids {sel.shape} must have {r} rows and page={page} > 0")
+  return [sel.astype(jnp.int32)], [pl.BlockSpec((None, sel.shape[1]),
+                                                lambda i, *_: (i, 0))], page
+
+
 def _check_cap(cap: int, k: int, buffer_width: int):
   if not is_pow2(cap) or cap < k or buffer_width < cap:
     raise ValueError(f"cap={cap} must be a power of two, >= k={k} and <= the buffer width "
@@ -1668,8 +1680,7 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
   while s >= 1:  # afterwards c[u] = min(count, run - 1)
     c = [c[u] + s * before(u * run + c[u] + (s - 1)) for u in range(runs)]
     s //= 2
-  return functools.reduce(lambda x, y: x + y, [c[u] + before(u * run + c[u])
-                                               for u in range(runs)])
+  return sum(c[u] + before(u * run + c[u]) for u in range(runs))
 
 
 def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
@@ -1799,13 +1810,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
     run = mid
   row_in = pl.BlockSpec((None, cap), lambda i: (i, 0))
   row_out = pl.BlockSpec((None, width), lambda i: (i, 0))
-  extra, extra_specs, page = [], [], 0
-  if block_map is not None:
-    sel, page = block_map
-    if sel.shape[0] != r or not page:
-      raise ValueError(f"block_map ids {sel.shape} must have {r} rows and page={page} > 0")
-    extra, extra_specs = [sel.astype(jnp.int32)], [pl.BlockSpec((None, sel.shape[1]),
-                                                                lambda i: (i, 0))]
+  extra, extra_specs, page = _block_map_in(block_map, r)
   rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
   if rep:  # the row's count, then the row itself, before the block ids
     extra, extra_specs = [live] + rep_in + extra, [live_spec] + rep_specs + extra_specs
@@ -1834,13 +1839,7 @@ def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: in
   whole = pl.BlockSpec((None, cap), lambda i, a: (i, 0))
   out = pl.BlockSpec((None, width), lambda i, a: (i, 0))
   rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
-  sel_in, sel_specs, page = [], [], 0
-  if block_map is not None:
-    sel, page = block_map
-    if sel.shape[0] != r or not page:
-      raise ValueError(f"block_map ids {sel.shape} must have {r} rows and page={page} > 0")
-    sel_in = [sel.astype(jnp.int32)]
-    sel_specs = [pl.BlockSpec((None, sel.shape[1]), lambda i, a: (i, 0))]
+  sel_in, sel_specs, page = _block_map_in(block_map, r)
   v, i = pl.pallas_call(
       functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
                         interpret=interpret, repair=rep),
