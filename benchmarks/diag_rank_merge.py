@@ -11,7 +11,12 @@ import subprocess
 import sys
 import time
 
-STEPS = ("split", "merge256", "merge128", "merge256w8", "topk")
+STEPS = ("split", "merge256", "merge128", "merge256w8", "topk", "topk_w8", "topk_w16",
+         "topk_norepair")
+# the whole call's rank merge configs (8 x 32K x 2048): call 2 found the default 4 warps'
+# compile stalled with the overflow repair inside the rank merge kernel
+TOPK = {"topk": {}, "topk_w8": {"rank_merge_warps": 8}, "topk_w16": {"rank_merge_warps": 16},
+        "topk_norepair": {"repair_in_finish": False}}
 
 
 def _finish_inputs(rows: int, cap: int, seed: int = 0):
@@ -44,12 +49,13 @@ def run_step(step: str) -> None:
   t0 = time.perf_counter()
   say = lambda what: print(f"{step}: {what} at {time.perf_counter() - t0:.1f} s", flush=True)
   k, cap = 2048, 4096
-  if step == "topk":
+  if step in TOPK:
     import jaxsparse
     from pallas_kernels.topk import TopkConfig
     x = np.random.default_rng(1).standard_normal((8, 32768)).astype(np.float32)
     fn = jax.jit(lambda x: jaxsparse.topk(x, k, implementation="pallas",
-                                          config=TopkConfig(bitonic_rank_merge=256)))
+                                          config=TopkConfig(bitonic_rank_merge=256,
+                                                            **TOPK[step])))
     args = (jnp.asarray(x),)
     want = _expected(x, np.broadcast_to(np.arange(32768, dtype=np.int32), x.shape),
                      np.full(8, 32768), k)
