@@ -1670,14 +1670,17 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
   """Entries (key, idx) [L] -> [L] int32: for each, how many entries of a row's `runs`
   sorted runs (k_ref / i_ref [runs * run]: each run's keys descending, ties by ascending
   index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
-  runs' searches step together as one [runs, L] gather of keys and one of indices a step
-  (session 22: a gather per run and step, 16 a step, made the kernel ~4x slower)."""
+  runs' searches step together as one [runs, L] gather of keys a step, and of indices only
+  where the keys tie (session 22: a gather per run and step made the kernel ~1.5x slower
+  at blocks of 256; its time follows the elements gathered)."""
   base = lax.broadcasted_iota(jnp.int32, (runs, 1), 0) * run
   kc, ic = key[None, :], idx[None, :]
 
   def before(p):
-    kp, ip = plgpu.load(k_ref.at[p]), plgpu.load(i_ref.at[p])
-    return ((kp > kc) | ((kp == kc) & (ip < ic))).astype(jnp.int32)
+    kp = plgpu.load(k_ref.at[p])
+    tie = kp == kc  # only ties read the index (masked lanes make no memory request)
+    ip = plgpu.load(i_ref.at[p], mask=tie, other=0)
+    return ((kp > kc) | (tie & (ip < ic))).astype(jnp.int32)
 
   c = jnp.zeros((runs, key.shape[0]), jnp.int32)
   s = run // 2
