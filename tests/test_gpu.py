@@ -103,14 +103,15 @@ def _check_repaired_rows(cfg, rows: int, n: int, k: int):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("rows,n,k", [(8, 32768, 2048), (8, 131072, 512), (8, 1 << 20, 2048)])
+@pytest.mark.parametrize("rows,n,k", [(8, 32768, 2048), (8, 131072, 1024), (8, 1 << 20, 2048)])
 def test_topk_gpu_rank_merge(rows, n, k):
-  """The split bitonic finish with the rank merge (TopkConfig(bitonic_rank_merge=256): runs
-  sorted descending, each entry placed by binary searches in every run) compiled, with
-  overflowing (repaired), ragged and empty rows (`_check_repaired_rows`), and SPIN's block
-  map through it."""
+  """The split bitonic finish with the rank merge (the default at these shapes: runs sorted
+  descending, each entry placed by binary searches in every run, overflowing rows repaired
+  inside) compiled, with overflowing, ragged and empty rows (`_check_repaired_rows`), and
+  SPIN's block map through it."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(bitonic_rank_merge=256)
+  cfg = TopkConfig()
+  assert cfg.rank_merge_for(rows, k) == 32
   _check_repaired_rows(cfg, rows, n, k)
   if n == 32768:
     rng = np.random.default_rng(5)

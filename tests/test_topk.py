@@ -204,9 +204,15 @@ def test_finish_repairs_and_fused_rank():
               dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
               dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0),
               dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1),
-              dict(bitonic_rank_merge=8), dict(rank_merge_warps=0)):
+              dict(bitonic_rank_merge=8), dict(rank_merge_warps=0),
+              dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
+  # the rank merge: at most rank_merge_max_rows rows, k >= rank_merge_min_k, <= the run
+  cfg = ktopk.TopkConfig()
+  assert (cfg.rank_merge_for(8, 2048), cfg.rank_merge_for(9, 2048),
+          cfg.rank_merge_for(8, 512)) == (32, 0, 0)
+  assert ktopk.TopkConfig(bitonic_rank_merge=1024).rank_merge_for(2, 1024) == 512
 
 
 def test_pivot_probes_even_the_buckets():

@@ -319,8 +319,7 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
                                       run_warps=config.bitonic_run_warps, interpret=interp,
                                       block_map=block_map, repair=repair,
                                       mid=config.mid_for(capacity),
-                                      rank_merge=min(config.bitonic_rank_merge,
-                                                     config.bitonic_run),
+                                      rank_merge=config.rank_merge_for(cv.shape[0], k),
                                       rank_merge_warps=config.rank_merge_warps
                                       ), False, block_map is not None
   if how == "bitonic":

@@ -197,13 +197,16 @@ class TopkConfig:
     64 x 128K x 2048 on the H200, and one row of 128K 12.3 instead of 23.7
     (benchmarks/results/session10/topk_variants_b*.json).
   bitonic_run_warps: warps of each run-sorting program of the split finish (GPU).
-  bitonic_rank_merge, rank_merge_warps: 0 (the default), the split bitonic finish merges
-    its runs (the middle and per-row merge kernels); b (a power of two >= 16), the runs are
-    sorted descending and one kernel of (rows, capacity / b) programs of rank_merge_warps
-    places each entry at the sum of its ranks in every run, by binary searches
-    (`gpu._rank_merge_kernel`: log2(bitonic_run) + 1 dependent probes instead of the
-    merges' ~33 network steps over 2 kernels at capacity 4096). Opt-in until timed on the
-    H200 (benchmarks/NOTES.md, session 21's next steps).
+  bitonic_rank_merge, rank_merge_warps, rank_merge_max_rows, rank_merge_min_k: 0, the split
+    bitonic finish merges its runs (the middle and per-row merge kernels); b (a power of
+    two >= 16; 32, the default), for calls of at most rank_merge_max_rows rows (8) and
+    k >= rank_merge_min_k (1024), the runs are sorted descending and one kernel of (rows,
+    capacity / b) programs of rank_merge_warps places each entry at the sum of its ranks in
+    every run, by binary searches (`gpu._rank_merge_kernel`: log2(bitonic_run) + 1
+    dependent probes instead of the merges' ~33 network steps over 2 kernels at capacity
+    4096). On the H200 at 8 x 32K x 2048 it took the call 17.63 -> 14.51 us of kernels
+    (blocks of 256: 18.54; session22/topk_merge_s22{d,f}.json). At 64 rows it loses
+    (28.67 -> 33.5-36.0): every entry does ~80 probes against the network's ~33 steps.
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
@@ -286,8 +289,10 @@ class TopkConfig:
   rank_buckets_min_k: int = 1024
   rank_pivot_probes: int = 0
   bitonic_mid: int = 2048
-  bitonic_rank_merge: int = 0
+  bitonic_rank_merge: int = 32
   rank_merge_warps: int = 4
+  rank_merge_max_rows: int = 8
+  rank_merge_min_k: int = 1024
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -338,6 +343,13 @@ class TopkConfig:
     if self.threshold != "falsi":
       return 0
     return max(self.falsi_slack, self.falsi_slack_entries // group)
+
+  def rank_merge_for(self, rows: int, k: int) -> int:
+    """The split bitonic finish's rank merge block for `rows` rows of top-k (0: the merges;
+    at most bitonic_run where it applies)."""
+    if rows > self.rank_merge_max_rows or k < self.rank_merge_min_k:
+      return 0
+    return min(self.bitonic_rank_merge, self.bitonic_run)
 
   def mid_for(self, capacity: int) -> int:
     """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
@@ -402,7 +414,7 @@ class TopkConfig:
       if not isinstance(v, int) or not is_pow2(v) or v < low:
         raise ValueError(f"{name}={v!r} must be a power of two >= {low}")
     for name in ("persist_programs", "persist_max_rows", "rank_preload", "falsi_slack_entries",
-                 "rank_pivot_probes"):
+                 "rank_pivot_probes", "rank_merge_max_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")
@@ -418,7 +430,7 @@ class TopkConfig:
                  "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps",
                  "lane_min_rows", "lane_min_ratio", "gather_min_entries", "rank_warps",
                  "threshold_warps", "falsi_slack", "max_group_rows", "persist_warps",
-                 "persist_spin", "rank_merge_warps"):
+                 "persist_spin", "rank_merge_warps", "rank_merge_min_k"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
