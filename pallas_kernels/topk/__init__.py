@@ -10,14 +10,16 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
   3. count and compact the candidates in index order into a [R, C] buffer (before an
      order-free finish on GPU, for large calls, TopkConfig.gather: the threshold kernel lists
      the groups whose maximum reaches t, and the compaction gathers only their entries),
-  4. on GPU by default (TopkConfig(finish="auto")) the candidates are sorted by (value,
-     index) with a bitonic network in registers (programs sort runs, one program per row
-     merges them; finish="bitonic"), or for a single row at k >= 512 by counting: a grid of
+  4. on GPU by default (TopkConfig(finish="auto")) the candidates are sorted by (value, index)
+     with a bitonic network in registers (programs sort runs, one program per row merges them;
+     finish="bitonic"; for 2-8 rows at k >= 1024 the runs are sorted descending and a grid of
+     programs places each entry by binary searches in every run instead,
+     TopkConfig.bitonic_rank_merge), or for a single row at k >= 512 by counting: a grid of
      tiles counts, for every candidate, the candidates before it, and a second kernel puts
-     each in its place (finish="rank"). Both are order-free, which lets step 3 be one pass
-     (no count pass: chunk ranges, or for many long rows single slots, reserved by atomic
-     adds; TopkConfig.compact). Otherwise `lax.top_k` over the C candidates (ties -> lower
-     candidate slot -> lower index; finish="sort", and always on TPU).
+     each in its place (finish="rank"). Both are order-free, which lets step 3 be one pass (no
+     count pass: chunk ranges, or for many long rows single slots, reserved by atomic adds;
+     TopkConfig.compact). Otherwise `lax.top_k` over the C candidates (ties -> lower candidate
+     slot -> lower index; finish="sort", and always on TPU).
      When the caller asks for the top-k as a set
      (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
      then compacts in index order, and a GPU kernel finds the exact k-th candidate bit by bit
@@ -127,7 +129,8 @@ def topk_rows(x, lengths, k: int, config: TopkConfig, platform: KernelPlatform, 
   block_map: optional (sel [R, W] int32, page) when x holds the scores of W blocks of `page`
     slots each, block sel[r, j] at positions j * page ... (SPIN's block-sparse scores; -1: a
     padding block): the indices returned are then slots sel[p // page] * page + p % page
-    (-1 for the tail). The GPU's split bitonic finish maps them in its merge kernel.
+    (-1 for the tail). The GPU's split bitonic finish maps them in its merge (or rank
+    merge) kernel.
   """
   sel, page = block_map if block_map is not None else (None, 0)
   return _topk_rows(x, lengths, k, config, platform, ordered, gmax, page, sel)
