@@ -52,7 +52,7 @@ def _label(c: TopkConfig) -> str:
 # falsi_slack_entries and rank_pivot_probes from session 20; 0 entries: the slack is
 # falsi_slack alone; bucket_chunk and bucket_chunk_min_entries from session 21, 0: small_chunk,
 # as before; bitonic_rank_merge and rank_merge_warps from session 21, rank_merge_max_rows
-# and rank_merge_min_k from session 22)
+# and rank_merge_min_k and rank_merge_samples from session 22)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
@@ -62,7 +62,8 @@ LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_bloc
                   rank_preload=0, rank_split_ties=False, rank_buckets=False,
                   rank_buckets_min_k=1024, falsi_slack_entries=0, rank_pivot_probes=0,
                   bucket_chunk=0, bucket_chunk_min_entries=0, bitonic_rank_merge=0,
-                  rank_merge_warps=4, rank_merge_max_rows=8, rank_merge_min_k=1024)
+                  rank_merge_warps=4, rank_merge_max_rows=8, rank_merge_min_k=1024,
+                  rank_merge_samples=0)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,

@@ -103,14 +103,16 @@ def _check_repaired_rows(cfg, rows: int, n: int, k: int):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("rows,n,k", [(8, 32768, 2048), (8, 131072, 1024), (8, 1 << 20, 2048)])
-def test_topk_gpu_rank_merge(rows, n, k):
+@pytest.mark.parametrize("rows,n,k,samples", [(8, 32768, 2048, 0), (8, 131072, 1024, 0),
+                                               (8, 1 << 20, 2048, 0), (8, 32768, 2048, 16)])
+def test_topk_gpu_rank_merge(rows, n, k, samples):
   """The split bitonic finish with the rank merge (the default at these shapes: runs sorted
   descending, each entry placed by binary searches in every run, overflowing rows repaired
-  inside) compiled, with overflowing, ragged and empty rows (`_check_repaired_rows`), and
-  SPIN's block map through it."""
+  inside; samples: the searches' first steps against sampled keys, opt-in) compiled, with
+  overflowing, ragged and empty rows (`_check_repaired_rows`), and SPIN's block map
+  through it."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig()
+  cfg = TopkConfig(rank_merge_samples=samples)
   assert cfg.rank_merge_for(rows, k) == 32
   _check_repaired_rows(cfg, rows, n, k)
   if n == 32768:

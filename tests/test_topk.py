@@ -119,7 +119,9 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True),
                 dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16),
                 dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
-                     compact="lane")):
+                     compact="lane"),
+                dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16,
+                     rank_merge_samples=4)):
     cfg = ktopk.TopkConfig(**base, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   # block-mapped rows (SPIN) through the repairing merge, and through the rank merge
@@ -205,7 +207,8 @@ def test_finish_repairs_and_fused_rank():
               dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0),
               dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1),
               dict(bitonic_rank_merge=8), dict(rank_merge_warps=0),
-              dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0)):
+              dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0),
+              dict(rank_merge_samples=3)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
   # the rank merge: at most rank_merge_max_rows rows, k >= rank_merge_min_k, <= the run
@@ -639,6 +642,9 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
     outs += [kg.bitonic_finish_split(*args, run=run, interpret=True) for run in {2, cap // 2}]
     outs += [kg.bitonic_finish_split(*args, run=run, rank_merge=b, interpret=True)
              for run in {2, cap // 2} for b in {2, run}]
+    # the searches' first steps against 2 keys a run, and against every key
+    outs += [kg.bitonic_finish_split(*args, run=cap // 2, rank_merge=2, rank_merge_samples=m,
+                                     interpret=True) for m in {2, cap // 2}]
   for v, i in outs:
     for r in range(3):
       ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
@@ -648,6 +654,26 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
       want_i[:len(ent)] = [b for _, b in ent]
       np.testing.assert_array_equal(np.asarray(v[r]), want_v)
       np.testing.assert_array_equal(np.asarray(i[r]), want_i)
+
+
+def test_rank_merge_samples_place_every_entry():
+  """The rank merge whose searches start against sampled keys (rank_merge_samples): with
+  k = capacity every entry must come out at its exact place, including the last entries,
+  which come after every entry of the other runs (where the sampled count must stop at the
+  run's last slot, as the binary search does)."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(11)
+  cap, rows = 16, 6
+  x = np.stack([rng.permutation(cap) for _ in range(rows - 1)]
+               + [np.zeros(cap)]).astype(np.float32)  # the last row: all tied
+  idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(rows)]).astype(np.int32)
+  want = np.argsort(-x + np.argsort(np.argsort(idx, 1), 1) * 1e-3, 1)  # ties: lower index
+  for m in (2, 4, 8):
+    v, i = kg.bitonic_finish_split(jnp.asarray(x), jnp.asarray(idx),
+                                   jnp.full((rows,), cap, jnp.int32), cap, cap, run=8,
+                                   rank_merge=2, rank_merge_samples=m, interpret=True)
+    np.testing.assert_array_equal(np.asarray(i), np.take_along_axis(idx, want, 1))
+    np.testing.assert_array_equal(np.asarray(v), np.take_along_axis(x, want, 1))
 
 
 @settings(max_examples=12, deadline=None)
@@ -770,6 +796,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(finish="rank", rank_buckets=True), True),
                        (ktopk.TopkConfig(finish="rank", rank_pivot_probes=2), True),
                        (ktopk.TopkConfig(bitonic_rank_merge=256), True),
+                       (ktopk.TopkConfig(rank_merge_samples=16), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

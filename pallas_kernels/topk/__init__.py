@@ -323,7 +323,9 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
                                       block_map=block_map, repair=repair,
                                       mid=config.mid_for(capacity),
                                       rank_merge=config.rank_merge_for(cv.shape[0], k),
-                                      rank_merge_warps=config.rank_merge_warps
+                                      rank_merge_warps=config.rank_merge_warps,
+                                      rank_merge_samples=min(config.rank_merge_samples,
+                                                             config.bitonic_run)
                                       ), False, block_map is not None
   if how == "bitonic":
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,

@@ -207,6 +207,11 @@ class TopkConfig:
     4096). On the H200 at 8 x 32K x 2048 it took the call 17.63 -> 14.51 us of kernels
     (blocks of 256: 18.54; session22/topk_merge_s22{d,f}.json). At 64 rows it loses
     (28.67 -> 33.5-36.0): every entry does ~80 probes against the network's ~33 steps.
+  rank_merge_samples: 0 (the default), the rank merge's searches gather every probe; m (a
+    power of two >= 2), their first log2(m) steps compare against m keys of each run
+    loaded once a program (capped at bitonic_run). Opt-in, not yet timed: on the H200 the
+    rank merge's time followed the elements gathered (benchmarks/NOTES.md, session 22),
+    and m = 16 gathers 6 probes an entry and run instead of 10.
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
@@ -293,6 +298,7 @@ class TopkConfig:
   rank_merge_warps: int = 4
   rank_merge_max_rows: int = 8
   rank_merge_min_k: int = 1024
+  rank_merge_samples: int = 0
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -422,6 +428,10 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
         raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
+    if not isinstance(self.rank_merge_samples, int) or (self.rank_merge_samples and (
+        not is_pow2(self.rank_merge_samples) or self.rank_merge_samples < 2)):
+      raise ValueError(f"rank_merge_samples={self.rank_merge_samples!r} must be 0 or a power "
+                       "of two >= 2")
     if not isinstance(self.bitonic_rank_merge, int) or (self.bitonic_rank_merge and (
         not is_pow2(self.bitonic_rank_merge) or self.bitonic_rank_merge < 16)):
       raise ValueError(f"bitonic_rank_merge={self.bitonic_rank_merge!r} must be 0 or a power "

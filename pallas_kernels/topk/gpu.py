@@ -1666,13 +1666,17 @@ def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int, cap: int,
                    sel_ref=sel_ref[0] if sel_ref else None, page=page)
 
 
-def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
+def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, samples: int = 0):
   """Entries (key, idx) [L] -> [L] int32: for each, how many entries of a row's `runs`
   sorted runs (k_ref / i_ref [runs * run]: each run's keys descending, ties by ascending
   index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
   runs' searches step together as one [runs, L] gather of keys a step, and of indices only
   where the keys tie (session 22: a gather per run and step made the kernel ~1.5x slower
-  at blocks of 256; its time follows the elements gathered)."""
+  at blocks of 256; its time follows the elements gathered).
+  samples: 0, or m (a power of two <= run): the first log2(m) steps are done in registers
+  instead, against m keys of each run loaded once for the whole block (the last of every
+  run / m slots): an entry's count of those before it, times run / m, is where those steps
+  would have left the search (at most run - run / m, hence the min)."""
   base = lax.broadcasted_iota(jnp.int32, (runs, 1), 0) * run
   kc, ic = key[None, :], idx[None, :]
 
@@ -1684,6 +1688,14 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
 
   c = jnp.zeros((runs, key.shape[0]), jnp.int32)
   s = run // 2
+  if samples:
+    stride = run // samples
+    pos = base + lax.broadcasted_iota(jnp.int32, (runs, samples), 1) * stride + (stride - 1)
+    ks, is_ = plgpu.load(k_ref.at[pos])[:, :, None], plgpu.load(i_ref.at[pos])[:, :, None]
+    kc3, ic3 = key[None, None, :], idx[None, None, :]
+    ahead = ((ks > kc3) | ((ks == kc3) & (is_ < ic3))).astype(jnp.int32)  # [runs, m, L]
+    c = stride * jnp.minimum(jnp.sum(ahead, axis=1), samples - 1)
+    s = stride // 2
   while s >= 1:  # afterwards c = min(count, run - 1) for each run
     c = c + s * before(base + c + (s - 1))
     s //= 2
@@ -1691,7 +1703,7 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int):
 
 
 def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
-                       block: int, page: int, interpret: bool, repair=None):
+                       block: int, page: int, interpret: bool, repair=None, samples: int = 0):
   """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
   slots) per program, instead of the merges: every run of `run` slots is sorted descending
   (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
@@ -1724,7 +1736,7 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
 
     @pl.when(jnp.max(kb) > 0)  # a block of dead slots writes nothing more
     def _():
-      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run)
+      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run, samples=samples)
       keep = (kb > 0) & (rank < k)
       dest = jnp.where(keep, rank, trash)
       idx = ib
@@ -1752,7 +1764,7 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
                          run_warps: int = 4, interpret: bool = False, block_map=None,
                          mid: int = 0, repair=None, rank_merge: int = 0,
-                         rank_merge_warps: int = 4):
+                         rank_merge_warps: int = 4, rank_merge_samples: int = 0):
   """`bitonic_finish` as two kernels (three with `mid`), the same network: (rows, cap / run)
   programs each sort a run of `run` candidate slots (the first log2(run) merge sizes, in
   parallel over the GPU),
@@ -1774,7 +1786,9 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   top-k from x instead (no `repair` kernel before the finish).
   rank_merge: 0, or b (a power of two <= run): no merges; the runs are sorted descending and
   a kernel of (rows, cap / b) programs (rank_merge_warps each) places every entry by binary
-  searches in the runs (`_rank_merge_kernel`); mid is then ignored."""
+  searches in the runs (`_rank_merge_kernel`); mid is then ignored. rank_merge_samples: 0,
+  or m (a power of two <= run), each search's first log2(m) steps against m keys a run
+  held in registers (`_count_before_in_runs`)."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
@@ -1784,6 +1798,9 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
     raise ValueError(f"mid={mid} must be 0 or a power of two in ({run}, {cap})")
   if rank_merge and not (is_pow2(rank_merge) and rank_merge <= run):
     raise ValueError(f"rank_merge={rank_merge} must be 0 or a power of two <= run={run}")
+  if rank_merge_samples and not (is_pow2(rank_merge_samples) and rank_merge_samples <= run):
+    raise ValueError(f"rank_merge_samples={rank_merge_samples} must be 0 or a power of two "
+                     f"<= run={run}")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
   live, live_spec = _count_in(live, r)
   counts = ([pl.BlockSpec((None, 1), lambda i, j: (i, j))],
@@ -1801,7 +1818,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   if rank_merge:
     return _rank_merge(keys, idx, n_live[0], live, live_spec, k, cap, run=run, block=rank_merge,
                        num_warps=rank_merge_warps, interpret=interpret, block_map=block_map,
-                       repair=repair)
+                       repair=repair, samples=rank_merge_samples)
   if mid:
     mblk = pl.BlockSpec((None, mid), lambda i, j: (i, j))
     keys, idx = pl.pallas_call(
@@ -1836,11 +1853,12 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
 
 
 def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: int,
-                block: int, num_warps: int, interpret: bool, block_map, repair):
+                block: int, num_warps: int, interpret: bool, block_map, repair,
+                samples: int = 0):
   """`bitonic_finish_split`'s second step with rank_merge=block: `_rank_merge_kernel` over
   runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32, n_live
-  [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`) ->
-  values [R, k], indices [R, k]."""
+  [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`;
+  samples: `_count_before_in_runs`'s) -> values [R, k], indices [R, k]."""
   r = keys.shape[0]
   width = next_pow2(k) + (block if interpret else 0)  # interpret: trash slots past the row
   whole = pl.BlockSpec((None, cap), lambda i, a: (i, 0))
@@ -1849,7 +1867,7 @@ def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: in
   sel_in, sel_specs, page = _block_map_in(block_map, r)
   v, i = pl.pallas_call(
       functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
-                        interpret=interpret, repair=rep),
+                        interpret=interpret, repair=rep, samples=samples),
       grid=(r, cap // block),
       in_specs=[whole, whole, pl.BlockSpec((None, cap // run), lambda i, a: (i, 0)),
                 live_spec] + rep_specs + sel_specs,
