@@ -640,11 +640,14 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
   outs = [kg.bitonic_finish(*args, interpret=True), kg.rank_finish(*args, interpret=True)]
   if cap >= 4:  # runs of 2 and of cap / 2
     outs += [kg.bitonic_finish_split(*args, run=run, interpret=True) for run in {2, cap // 2}]
+    # rank merges: blocks of a quarter run (at least 2; fewer interpreted programs than
+    # blocks of 2 at large caps) and of a whole run
     outs += [kg.bitonic_finish_split(*args, run=run, rank_merge=b, interpret=True)
-             for run in {2, cap // 2} for b in {2, run}]
+             for run in {2, cap // 2} for b in {max(2, run // 4), run}]
     # the searches' first steps against 2 keys a run, and against every key
-    outs += [kg.bitonic_finish_split(*args, run=cap // 2, rank_merge=2, rank_merge_samples=m,
-                                     interpret=True) for m in {2, cap // 2}]
+    outs += [kg.bitonic_finish_split(*args, run=cap // 2, rank_merge=max(2, cap // 8),
+                                     rank_merge_samples=m, interpret=True)
+             for m in {2, cap // 2}]
   for v, i in outs:
     for r in range(3):
       ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
