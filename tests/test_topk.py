@@ -208,7 +208,8 @@ def test_finish_repairs_and_fused_rank():
               dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1),
               dict(bitonic_rank_merge=8), dict(rank_merge_warps=0),
               dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0),
-              dict(rank_merge_samples=3)):
+              dict(rank_merge_samples=3), dict(rank_merge_live_probes=1),
+              dict(rank_merge_run_warps=0)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
   # the rank merge: at most rank_merge_max_rows rows, k >= rank_merge_min_k, <= the run
@@ -216,6 +217,9 @@ def test_finish_repairs_and_fused_rank():
   assert (cfg.rank_merge_for(8, 2048), cfg.rank_merge_for(9, 2048),
           cfg.rank_merge_for(8, 512)) == (32, 0, 0)
   assert ktopk.TopkConfig(bitonic_rank_merge=1024).rank_merge_for(2, 1024) == 512
+  # its run-sorting programs take rank_merge_run_warps; elsewhere bitonic_run_warps
+  assert (cfg.run_warps_for(8, 2048), cfg.run_warps_for(9, 2048),
+          cfg.run_warps_for(8, 512)) == (8, 4, 4)
 
 
 def test_pivot_probes_even_the_buckets():

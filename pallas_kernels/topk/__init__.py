@@ -319,13 +319,15 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
   if how == "bitonic" and 0 < config.bitonic_run < capacity:
     return *_gpu.bitonic_finish_split(cv, ci, live, k, capacity, run=config.bitonic_run,
                                       num_warps=config.bitonic_warps,
-                                      run_warps=config.bitonic_run_warps, interpret=interp,
+                                      run_warps=config.run_warps_for(cv.shape[0], k),
+                                      interpret=interp,
                                       block_map=block_map, repair=repair,
                                       mid=config.mid_for(capacity),
                                       rank_merge=config.rank_merge_for(cv.shape[0], k),
                                       rank_merge_warps=config.rank_merge_warps,
                                       rank_merge_samples=min(config.rank_merge_samples,
-                                                             config.bitonic_run)
+                                                             config.bitonic_run),
+                                      rank_merge_live_probes=config.rank_merge_live_probes,
                                       ), False, block_map is not None
   if how == "bitonic":
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,

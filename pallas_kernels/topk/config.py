@@ -212,6 +212,16 @@ class TopkConfig:
     loaded once a program (capped at bitonic_run). Opt-in, not yet timed: on the H200 the
     rank merge's time followed the elements gathered (benchmarks/NOTES.md, session 22),
     and m = 16 gathers 6 probes an entry and run instead of 10.
+    Session 23 timed it: at 8 x 32K x 2048 the rank merge took 4.90 -> 5.96 us (m = 16)
+    and 5.82 (m = 32), the whole call 14.84 -> 15.98 / 15.96
+    (benchmarks/results/session23/topk_samples_s23a.json); it stays opt-in.
+  rank_merge_live_probes: True (the default), the rank merge's searches load no probe past
+    a run's live count (a dead slot's key is known: 0, after every live entry), which is
+    ~40% of them with ~k + 15% candidates in a 2k buffer; False, every probe.
+  rank_merge_run_warps: warps of the run-sorting programs (bitonic_run_warps' role) where
+    the rank merge applies (`rank_merge_for`): at most 8 rows, so few programs (64 at
+    8 x 2048), each best with more warps: 8 (the default) took them 3.81 -> 3.66 us at
+    8 x 32K x 2048 (session23/topk_samples_s23a.json).
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
@@ -299,6 +309,8 @@ class TopkConfig:
   rank_merge_max_rows: int = 8
   rank_merge_min_k: int = 1024
   rank_merge_samples: int = 0
+  rank_merge_live_probes: bool = True
+  rank_merge_run_warps: int = 8
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -357,6 +369,11 @@ class TopkConfig:
       return 0
     return min(self.bitonic_rank_merge, self.bitonic_run)
 
+  def run_warps_for(self, rows: int, k: int) -> int:
+    """Warps of the split bitonic finish's run-sorting programs for `rows` rows of top-k:
+    rank_merge_run_warps where the rank merge applies, else bitonic_run_warps."""
+    return self.rank_merge_run_warps if self.rank_merge_for(rows, k) else self.bitonic_run_warps
+
   def mid_for(self, capacity: int) -> int:
     """The split bitonic finish's middle block for a buffer of `capacity` (0: none)."""
     return self.bitonic_mid if self.bitonic_run < self.bitonic_mid < capacity else 0
@@ -409,7 +426,7 @@ class TopkConfig:
     if self.compact not in ("auto", "scan", "rows", "lane"):
       raise ValueError(f"compact={self.compact!r} must be 'auto', 'scan', 'rows' or 'lane'")
     for name in ("skip_groups", "fused_rank", "repair_in_finish", "rank_rows",
-                 "rank_split_ties", "rank_buckets"):
+                 "rank_split_ties", "rank_buckets", "rank_merge_live_probes"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
     if not (isinstance(self.gather, bool) or self.gather == "auto"):
@@ -440,7 +457,7 @@ class TopkConfig:
                  "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps",
                  "lane_min_rows", "lane_min_ratio", "gather_min_entries", "rank_warps",
                  "threshold_warps", "falsi_slack", "max_group_rows", "persist_warps",
-                 "persist_spin", "rank_merge_warps", "rank_merge_min_k"):
+                 "persist_spin", "rank_merge_warps", "rank_merge_min_k", "rank_merge_run_warps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")

@@ -1666,7 +1666,8 @@ def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int, cap: int,
                    sel_ref=sel_ref[0] if sel_ref else None, page=page)
 
 
-def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, samples: int = 0):
+def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, samples: int = 0,
+                          n_live=None):
   """Entries (key, idx) [L] -> [L] int32: for each, how many entries of a row's `runs`
   sorted runs (k_ref / i_ref [runs * run]: each run's keys descending, ties by ascending
   index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
@@ -1676,14 +1677,21 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
   samples: 0, or m (a power of two <= run): the first log2(m) steps are done in registers
   instead, against m keys of each run loaded once for the whole block (the last of every
   run / m slots): an entry's count of those before it, times run / m, is where those steps
-  would have left the search (at most run - run / m, hence the min)."""
+  would have left the search (at most run - run / m, hence the min).
+  n_live: None, or [runs] int32, each run's live entries (keys > 0, first in the run: dead
+  slots hold key 0 and sort last); a probe at or past its run's live count is then not
+  loaded but read as a dead key, which comes before no live entry. The searches keep their
+  steps; what they save is memory requests (the compaction fills slots from 0, so with
+  ~k + 15% candidates in a 2k buffer ~40% of the probes fall in dead slots)."""
   base = lax.broadcasted_iota(jnp.int32, (runs, 1), 0) * run
   kc, ic = key[None, :], idx[None, :]
+  end = None if n_live is None else base + n_live.reshape(runs, 1)
 
   def before(p):
-    kp = plgpu.load(k_ref.at[p])
+    ok = None if end is None else p < end
+    kp = plgpu.load(k_ref.at[p], mask=ok, other=0)
     tie = kp == kc  # only ties read the index (masked lanes make no memory request)
-    ip = plgpu.load(i_ref.at[p], mask=tie, other=0)
+    ip = plgpu.load(i_ref.at[p], mask=tie if ok is None else tie & ok, other=0)
     return ((kp > kc) | (tie & (ip < ic))).astype(jnp.int32)
 
   c = jnp.zeros((runs, key.shape[0]), jnp.int32)
@@ -1703,7 +1711,8 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
 
 
 def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
-                       block: int, page: int, interpret: bool, repair=None, samples: int = 0):
+                       block: int, page: int, interpret: bool, repair=None, samples: int = 0,
+                       live_probes: bool = False):
   """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
   slots) per program, instead of the merges: every run of `run` slots is sorted descending
   (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
@@ -1716,7 +1725,8 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
   [, its length] (repair: (n, chunk, with_lengths)),] [block ids (page > 0: indices are
   mapped to slots, as `_write_sorted` does),] values, indices [, a scratch pair (repair)];
   with repair a row with more candidates than cap gets its exact sorted top-k from program
-  0 (`_repair_sorted`)."""
+  0 (`_repair_sorted`). live_probes: the searches load no probe past its run's live count
+  (`_count_before_in_runs`'s n_live, from n_ref)."""
   x_ref, len_ref, refs = _repair_refs(refs, repair)
   sel_ref = refs.pop(0) if page else None
   vo_ref, io_ref, *scratch = refs
@@ -1736,7 +1746,8 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
 
     @pl.when(jnp.max(kb) > 0)  # a block of dead slots writes nothing more
     def _():
-      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run, samples=samples)
+      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run, samples=samples,
+                                   n_live=n_ref[...] if live_probes else None)
       keep = (kb > 0) & (rank < k)
       dest = jnp.where(keep, rank, trash)
       idx = ib
@@ -1764,7 +1775,8 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
                          run_warps: int = 4, interpret: bool = False, block_map=None,
                          mid: int = 0, repair=None, rank_merge: int = 0,
-                         rank_merge_warps: int = 4, rank_merge_samples: int = 0):
+                         rank_merge_warps: int = 4, rank_merge_samples: int = 0,
+                         rank_merge_live_probes: bool = True):
   """`bitonic_finish` as two kernels (three with `mid`), the same network: (rows, cap / run)
   programs each sort a run of `run` candidate slots (the first log2(run) merge sizes, in
   parallel over the GPU),
@@ -1788,7 +1800,9 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   a kernel of (rows, cap / b) programs (rank_merge_warps each) places every entry by binary
   searches in the runs (`_rank_merge_kernel`); mid is then ignored. rank_merge_samples: 0,
   or m (a power of two <= run), each search's first log2(m) steps against m keys a run
-  held in registers (`_count_before_in_runs`)."""
+  held in registers (`_count_before_in_runs`). rank_merge_live_probes: True (the default),
+  the searches load no probe past a run's live count (`_count_before_in_runs`'s n_live);
+  False, every probe (as before session 23)."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
@@ -1818,7 +1832,8 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   if rank_merge:
     return _rank_merge(keys, idx, n_live[0], live, live_spec, k, cap, run=run, block=rank_merge,
                        num_warps=rank_merge_warps, interpret=interpret, block_map=block_map,
-                       repair=repair, samples=rank_merge_samples)
+                       repair=repair, samples=rank_merge_samples,
+                       live_probes=rank_merge_live_probes)
   if mid:
     mblk = pl.BlockSpec((None, mid), lambda i, j: (i, j))
     keys, idx = pl.pallas_call(
@@ -1854,11 +1869,12 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
 
 def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: int,
                 block: int, num_warps: int, interpret: bool, block_map, repair,
-                samples: int = 0):
+                samples: int = 0, live_probes: bool = True):
   """`bitonic_finish_split`'s second step with rank_merge=block: `_rank_merge_kernel` over
   runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32, n_live
   [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`;
-  samples: `_count_before_in_runs`'s) -> values [R, k], indices [R, k]."""
+  samples: `_count_before_in_runs`'s; live_probes: `_rank_merge_kernel`'s) -> values [R, k],
+  indices [R, k]."""
   r = keys.shape[0]
   width = next_pow2(k) + (block if interpret else 0)  # interpret: trash slots past the row
   whole = pl.BlockSpec((None, cap), lambda i, a: (i, 0))
@@ -1867,7 +1883,8 @@ def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: in
   sel_in, sel_specs, page = _block_map_in(block_map, r)
   v, i = pl.pallas_call(
       functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
-                        interpret=interpret, repair=rep, samples=samples),
+                        interpret=interpret, repair=rep, samples=samples,
+                        live_probes=live_probes),
       grid=(r, cap // block),
       in_specs=[whole, whole, pl.BlockSpec((None, cap // run), lambda i, a: (i, 0)),
                 live_spec] + rep_specs + sel_specs,
