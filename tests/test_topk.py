@@ -121,7 +121,7 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
                      compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16,
-                     rank_merge_samples=4)):
+                     rank_merge_samples=4, rank_merge_live_probes=False)):
     cfg = ktopk.TopkConfig(**base, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   # block-mapped rows (SPIN) through the repairing merge, and through the rank merge
@@ -804,6 +804,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(finish="rank", rank_pivot_probes=2), True),
                        (ktopk.TopkConfig(bitonic_rank_merge=256), True),
                        (ktopk.TopkConfig(rank_merge_samples=16), True),
+                       (ktopk.TopkConfig(rank_merge_live_probes=False), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

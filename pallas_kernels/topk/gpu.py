@@ -1688,10 +1688,13 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
   end = None if n_live is None else base + n_live.reshape(runs, 1)
 
   def before(p):
-    ok = None if end is None else p < end
-    kp = plgpu.load(k_ref.at[p], mask=ok, other=0)
-    tie = kp == kc  # only ties read the index (masked lanes make no memory request)
-    ip = plgpu.load(i_ref.at[p], mask=tie if ok is None else tie & ok, other=0)
+    if end is None:
+      kp, tie = plgpu.load(k_ref.at[p]), True
+    else:  # masked lanes make no memory request
+      tie = p < end
+      kp = plgpu.load(k_ref.at[p], mask=tie, other=0)
+    tie = tie & (kp == kc)  # only ties read the index
+    ip = plgpu.load(i_ref.at[p], mask=tie, other=0)
     return ((kp > kc) | (tie & (ip < ic))).astype(jnp.int32)
 
   c = jnp.zeros((runs, key.shape[0]), jnp.int32)
