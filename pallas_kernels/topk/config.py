@@ -217,11 +217,15 @@ class TopkConfig:
     (benchmarks/results/session23/topk_samples_s23a.json); it stays opt-in.
   rank_merge_live_probes: True (the default), the rank merge's searches load no probe past
     a run's live count (a dead slot's key is known: 0, after every live entry), which is
-    ~40% of them with ~k + 15% candidates in a 2k buffer; False, every probe.
+    ~40% of them with ~k + 15% candidates in a 2k buffer; False, every probe. On the H200
+    at 8 x 32K x 2048 it saves only 0.05-0.2 us of the rank merge's ~4.7: the searches are
+    a chain of dependent loads, not a stream (session23/topk_live_s23{b,e}.json).
   rank_merge_run_warps: warps of the run-sorting programs (bitonic_run_warps' role) where
     the rank merge applies (`rank_merge_for`): at most 8 rows, so few programs (64 at
-    8 x 2048), each best with more warps: 8 (the default) took them 3.81 -> 3.66 us at
-    8 x 32K x 2048 (session23/topk_samples_s23a.json).
+    8 x 2048), each best with more warps: 8 (the default) took them from 3.81-3.91 to
+    3.64-3.66 us at 8 x 32K x 2048 (session23/topk_samples_s23a.json,
+    topk_live_s23e.json). With both defaults the call took 14.35 us, against 14.62 without
+    (topk_live_s23e.json).
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
