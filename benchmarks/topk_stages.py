@@ -63,7 +63,8 @@ LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_bloc
                   rank_buckets_min_k=1024, falsi_slack_entries=0, rank_pivot_probes=0,
                   bucket_chunk=0, bucket_chunk_min_entries=0, bitonic_rank_merge=0,
                   rank_merge_warps=4, rank_merge_max_rows=8, rank_merge_min_k=1024,
-                  rank_merge_samples=0, rank_merge_live_probes=False, rank_merge_run_warps=4)
+                  rank_merge_samples=0, rank_merge_live_probes=False, rank_merge_run_warps=4,
+                  rank_merge_arity=2)
 
 
 def stages(bsz: int, n: int, k: int, config: TopkConfig, rows: list, *, brief: bool = False,

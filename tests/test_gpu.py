@@ -103,16 +103,18 @@ def _check_repaired_rows(cfg, rows: int, n: int, k: int):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("rows,n,k,samples", [(8, 32768, 2048, 0), (8, 131072, 1024, 0),
-                                               (8, 1 << 20, 2048, 0), (8, 32768, 2048, 16)])
-def test_topk_gpu_rank_merge(rows, n, k, samples):
+@pytest.mark.parametrize("rows,n,k,samples,arity", [
+    (8, 32768, 2048, 0, 2), (8, 131072, 1024, 0, 2), (8, 1 << 20, 2048, 0, 2),
+    (8, 32768, 2048, 16, 2), (8, 32768, 2048, 0, 4), (8, 32768, 2048, 0, 8)])
+def test_topk_gpu_rank_merge(rows, n, k, samples, arity):
   """The split bitonic finish with the rank merge (the default at these shapes: runs sorted
   descending, each entry placed by binary searches in every run, overflowing rows repaired
-  inside; samples: the searches' first steps against sampled keys, opt-in) compiled, with
+  inside; samples: the searches' first steps against sampled keys, arity: parts a search
+  step splits its range into, both opt-in) compiled, with
   overflowing, ragged and empty rows (`_check_repaired_rows`), and SPIN's block map
   through it."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(rank_merge_samples=samples)
+  cfg = TopkConfig(rank_merge_samples=samples, rank_merge_arity=arity)
   assert cfg.rank_merge_for(rows, k) == 32
   _check_repaired_rows(cfg, rows, n, k)
   if n == 32768:

@@ -121,7 +121,9 @@ def test_finish_repairs_and_fused_rank():
                 dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
                      compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16,
-                     rank_merge_samples=4, rank_merge_live_probes=False)):
+                     rank_merge_samples=4, rank_merge_live_probes=False),
+                dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
+                     rank_merge_arity=8)):
     cfg = ktopk.TopkConfig(**base, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   # block-mapped rows (SPIN) through the repairing merge, and through the rank merge
@@ -209,7 +211,8 @@ def test_finish_repairs_and_fused_rank():
               dict(bitonic_rank_merge=8), dict(rank_merge_warps=0),
               dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0),
               dict(rank_merge_samples=3), dict(rank_merge_live_probes=1),
-              dict(rank_merge_run_warps=0)):
+              dict(rank_merge_run_warps=0), dict(rank_merge_arity=3),
+              dict(rank_merge_arity=1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
   # the rank merge: at most rank_merge_max_rows rows, k >= rank_merge_min_k, <= the run
@@ -648,10 +651,11 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
     # blocks of 2 at large caps) and of a whole run
     outs += [kg.bitonic_finish_split(*args, run=run, rank_merge=b, interpret=True)
              for run in {2, cap // 2} for b in {max(2, run // 4), run}]
-    # the searches' first steps against 2 keys a run, and against every key
+    # the searches' first steps against 2 keys a run, and against every key; searches of
+    # 4 and 8 parts a step, after 2 samples and from the start
     outs += [kg.bitonic_finish_split(*args, run=cap // 2, rank_merge=max(2, cap // 8),
-                                     rank_merge_samples=m, interpret=True)
-             for m in {2, cap // 2}]
+                                     rank_merge_samples=m, rank_merge_arity=a, interpret=True)
+             for m, a in {(2, 2), (cap // 2, 2), (2, 4), (0, 8)}]
   for v, i in outs:
     for r in range(3):
       ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
@@ -663,11 +667,12 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
       np.testing.assert_array_equal(np.asarray(i[r]), want_i)
 
 
-def test_rank_merge_samples_place_every_entry():
-  """The rank merge whose searches start against sampled keys (rank_merge_samples): with
-  k = capacity every entry must come out at its exact place, including the last entries,
-  which come after every entry of the other runs (where the sampled count must stop at the
-  run's last slot, as the binary search does)."""
+def test_rank_merge_variants_place_every_entry():
+  """The rank merge whose searches start against sampled keys (rank_merge_samples) or split
+  their range in 4 or 8 parts a step (rank_merge_arity): with k = capacity every entry must
+  come out at its exact place, including the last entries, which come after every entry of
+  the other runs (where the sampled count must stop at the run's last slot, as the binary
+  search does)."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(11)
   cap, rows = 16, 6
@@ -675,10 +680,11 @@ def test_rank_merge_samples_place_every_entry():
                + [np.zeros(cap)]).astype(np.float32)  # the last row: all tied
   idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(rows)]).astype(np.int32)
   want = np.argsort(-x + np.argsort(np.argsort(idx, 1), 1) * 1e-3, 1)  # ties: lower index
-  for m in (2, 4, 8):
+  for m, a in ((2, 2), (4, 2), (8, 2), (0, 4), (0, 8), (2, 4)):
     v, i = kg.bitonic_finish_split(jnp.asarray(x), jnp.asarray(idx),
                                    jnp.full((rows,), cap, jnp.int32), cap, cap, run=8,
-                                   rank_merge=2, rank_merge_samples=m, interpret=True)
+                                   rank_merge=2, rank_merge_samples=m, rank_merge_arity=a,
+                                   interpret=True)
     np.testing.assert_array_equal(np.asarray(i), np.take_along_axis(idx, want, 1))
     np.testing.assert_array_equal(np.asarray(v), np.take_along_axis(x, want, 1))
 
@@ -805,6 +811,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(bitonic_rank_merge=256), True),
                        (ktopk.TopkConfig(rank_merge_samples=16), True),
                        (ktopk.TopkConfig(rank_merge_live_probes=False), True),
+                       (ktopk.TopkConfig(rank_merge_arity=4), True),
                        (ktopk.TopkConfig(skip_groups=True), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)

@@ -328,6 +328,7 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
                                       rank_merge_samples=min(config.rank_merge_samples,
                                                              config.bitonic_run),
                                       rank_merge_live_probes=config.rank_merge_live_probes,
+                                      rank_merge_arity=config.rank_merge_arity,
                                       ), False, block_map is not None
   if how == "bitonic":
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,

@@ -226,6 +226,11 @@ class TopkConfig:
     3.64-3.66 us at 8 x 32K x 2048 (session23/topk_samples_s23a.json,
     topk_live_s23e.json). With both defaults the call took 14.35 us, against 14.62 without
     (topk_live_s23e.json).
+  rank_merge_arity: 2 (the default), the rank merge's searches are binary; a (a power of
+    two), each step probes a - 1 places of the range at once and keeps one of a parts:
+    at runs of 512, 6 dependent loads a search at a = 4 (14 loads in all) and 4 at a = 8
+    (22), against 10 binary. Opt-in, not yet timed: calls 2 and 5 of session 23 showed
+    the searches' time is their chain of dependent loads.
   skip_groups: True, the compaction passes (GPU) read only the groups whose maximum reaches
     the threshold (exact: no other group holds a candidate; with 2048 of 128K kept, about a
     quarter of the groups); False (the default), they read every score. On the H200 it
@@ -315,6 +320,7 @@ class TopkConfig:
   rank_merge_samples: int = 0
   rank_merge_live_probes: bool = True
   rank_merge_run_warps: int = 8
+  rank_merge_arity: int = 2
 
   def finish_for(self, rows: int, k: int, persistent: bool = True) -> str:
     """The sorted finish for rows of top-k ("auto" resolved): "persistent", "bitonic", "rank"
@@ -453,6 +459,10 @@ class TopkConfig:
         not is_pow2(self.rank_merge_samples) or self.rank_merge_samples < 2)):
       raise ValueError(f"rank_merge_samples={self.rank_merge_samples!r} must be 0 or a power "
                        "of two >= 2")
+    if not isinstance(self.rank_merge_arity, int) or not (
+        is_pow2(self.rank_merge_arity) and self.rank_merge_arity >= 2):
+      raise ValueError(f"rank_merge_arity={self.rank_merge_arity!r} must be a power of two "
+                       ">= 2")
     if not isinstance(self.bitonic_rank_merge, int) or (self.bitonic_rank_merge and (
         not is_pow2(self.bitonic_rank_merge) or self.bitonic_rank_merge < 16)):
       raise ValueError(f"bitonic_rank_merge={self.bitonic_rank_merge!r} must be 0 or a power "

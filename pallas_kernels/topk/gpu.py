@@ -1667,13 +1667,14 @@ def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int, cap: int,
 
 
 def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, samples: int = 0,
-                          n_live=None):
+                          n_live=None, arity: int = 2):
   """Entries (key, idx) [L] -> [L] int32: for each, how many entries of a row's `runs`
   sorted runs (k_ref / i_ref [runs * run]: each run's keys descending, ties by ascending
   index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
   runs' searches step together as one [runs, L] gather of keys a step, and of indices only
   where the keys tie (session 22: a gather per run and step made the kernel ~1.5x slower
-  at blocks of 256; its time follows the elements gathered).
+  at blocks of 256; session 23: skipping ~40% of the loads (n_live) saved ~4%, so the
+  chain of dependent loads sets the time).
   samples: 0, or m (a power of two <= run): the first log2(m) steps are done in registers
   instead, against m keys of each run loaded once for the whole block (the last of every
   run / m slots): an entry's count of those before it, times run / m, is where those steps
@@ -1682,7 +1683,13 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
   slots hold key 0 and sort last); a probe at or past its run's live count is then not
   loaded but read as a dead key, which comes before no live entry. The searches keep their
   steps; what they save is memory requests (the compaction fills slots from 0, so with
-  ~k + 15% candidates in a 2k buffer ~40% of the probes fall in dead slots)."""
+  ~k + 15% candidates in a 2k buffer ~40% of the probes fall in dead slots).
+  arity: 2, binary searches; a (a power of two), each step splits the range left into up to
+  a parts with a - 1 independent probes (one [runs, L] load each, issued together), so a
+  run of 512 takes 4 dependent steps of 3 probes and one of 1 at a = 4 (6 with the last
+  probe, against 10), at the cost of 14 loads a search instead of 10. The entries before
+  the key are a prefix of each run, so the probes before it are a prefix of the probes and
+  their count is how many parts the search skips."""
   base = lax.broadcasted_iota(jnp.int32, (runs, 1), 0) * run
   kc, ic = key[None, :], idx[None, :]
   end = None if n_live is None else base + n_live.reshape(runs, 1)
@@ -1698,7 +1705,7 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
     return ((kp > kc) | (tie & (ip < ic))).astype(jnp.int32)
 
   c = jnp.zeros((runs, key.shape[0]), jnp.int32)
-  s = run // 2
+  width = run  # the count lies in [c, c + width] (c + width - 1 at most but for the last)
   if samples:
     stride = run // samples
     pos = base + lax.broadcasted_iota(jnp.int32, (runs, samples), 1) * stride + (stride - 1)
@@ -1706,16 +1713,18 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
     kc3, ic3 = key[None, None, :], idx[None, None, :]
     ahead = ((ks > kc3) | ((ks == kc3) & (is_ < ic3))).astype(jnp.int32)  # [runs, m, L]
     c = stride * jnp.minimum(jnp.sum(ahead, axis=1), samples - 1)
-    s = stride // 2
-  while s >= 1:  # afterwards c = min(count, run - 1) for each run
-    c = c + s * before(base + c + (s - 1))
-    s //= 2
+    width = stride
+  while width > 1:  # afterwards c = min(count, run - 1) for each run
+    parts = min(arity, width)
+    width //= parts
+    hits = [before(base + c + (j * width - 1)) for j in range(1, parts)]
+    c = c + width * sum(hits[1:], hits[0])
   return jnp.sum(c + before(base + c), axis=0)
 
 
 def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
                        block: int, page: int, interpret: bool, repair=None, samples: int = 0,
-                       live_probes: bool = False):
+                       live_probes: bool = False, arity: int = 2):
   """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
   slots) per program, instead of the merges: every run of `run` slots is sorted descending
   (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
@@ -1729,7 +1738,7 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
   mapped to slots, as `_write_sorted` does),] values, indices [, a scratch pair (repair)];
   with repair a row with more candidates than cap gets its exact sorted top-k from program
   0 (`_repair_sorted`). live_probes: the searches load no probe past its run's live count
-  (`_count_before_in_runs`'s n_live, from n_ref)."""
+  (`_count_before_in_runs`'s n_live, from n_ref). arity: the searches' (2: binary)."""
   x_ref, len_ref, refs = _repair_refs(refs, repair)
   sel_ref = refs.pop(0) if page else None
   vo_ref, io_ref, *scratch = refs
@@ -1750,7 +1759,7 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
     @pl.when(jnp.max(kb) > 0)  # a block of dead slots writes nothing more
     def _():
       rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run, samples=samples,
-                                   n_live=n_ref[...] if live_probes else None)
+                                   n_live=n_ref[...] if live_probes else None, arity=arity)
       keep = (kb > 0) & (rank < k)
       dest = jnp.where(keep, rank, trash)
       idx = ib
@@ -1779,7 +1788,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
                          run_warps: int = 4, interpret: bool = False, block_map=None,
                          mid: int = 0, repair=None, rank_merge: int = 0,
                          rank_merge_warps: int = 4, rank_merge_samples: int = 0,
-                         rank_merge_live_probes: bool = True):
+                         rank_merge_live_probes: bool = True, rank_merge_arity: int = 2):
   """`bitonic_finish` as two kernels (three with `mid`), the same network: (rows, cap / run)
   programs each sort a run of `run` candidate slots (the first log2(run) merge sizes, in
   parallel over the GPU),
@@ -1805,7 +1814,8 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   or m (a power of two <= run), each search's first log2(m) steps against m keys a run
   held in registers (`_count_before_in_runs`). rank_merge_live_probes: True (the default),
   the searches load no probe past a run's live count (`_count_before_in_runs`'s n_live);
-  False, every probe (as before session 23)."""
+  False, every probe (as before session 23). rank_merge_arity: 2 (the default), binary
+  searches; a power of two a > 2, a - 1 probes a step (`_count_before_in_runs`)."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
@@ -1818,6 +1828,8 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   if rank_merge_samples and not (is_pow2(rank_merge_samples) and rank_merge_samples <= run):
     raise ValueError(f"rank_merge_samples={rank_merge_samples} must be 0 or a power of two "
                      f"<= run={run}")
+  if not (is_pow2(rank_merge_arity) and rank_merge_arity >= 2):
+    raise ValueError(f"rank_merge_arity={rank_merge_arity} must be a power of two >= 2")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
   live, live_spec = _count_in(live, r)
   counts = ([pl.BlockSpec((None, 1), lambda i, j: (i, j))],
@@ -1836,7 +1848,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
     return _rank_merge(keys, idx, n_live[0], live, live_spec, k, cap, run=run, block=rank_merge,
                        num_warps=rank_merge_warps, interpret=interpret, block_map=block_map,
                        repair=repair, samples=rank_merge_samples,
-                       live_probes=rank_merge_live_probes)
+                       live_probes=rank_merge_live_probes, arity=rank_merge_arity)
   if mid:
     mblk = pl.BlockSpec((None, mid), lambda i, j: (i, j))
     keys, idx = pl.pallas_call(
@@ -1872,12 +1884,12 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
 
 def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: int,
                 block: int, num_warps: int, interpret: bool, block_map, repair,
-                samples: int = 0, live_probes: bool = True):
+                samples: int = 0, live_probes: bool = True, arity: int = 2):
   """`bitonic_finish_split`'s second step with rank_merge=block: `_rank_merge_kernel` over
   runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32, n_live
   [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`;
-  samples: `_count_before_in_runs`'s; live_probes: `_rank_merge_kernel`'s) -> values [R, k],
-  indices [R, k]."""
+  samples, arity: `_count_before_in_runs`'s; live_probes: `_rank_merge_kernel`'s) ->
+  values [R, k], indices [R, k]."""
   r = keys.shape[0]
   width = next_pow2(k) + (block if interpret else 0)  # interpret: trash slots past the row
   whole = pl.BlockSpec((None, cap), lambda i, a: (i, 0))
@@ -1887,7 +1899,7 @@ def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: in
   v, i = pl.pallas_call(
       functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
                         interpret=interpret, repair=rep, samples=samples,
-                        live_probes=live_probes),
+                        live_probes=live_probes, arity=arity),
       grid=(r, cap // block),
       in_specs=[whole, whole, pl.BlockSpec((None, cap // run), lambda i, a: (i, 0)),
                 live_spec] + rep_specs + sel_specs,
