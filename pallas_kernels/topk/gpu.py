@@ -1673,8 +1673,8 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
   index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
   runs' searches step together as one [runs, L] gather of keys a step, and of indices only
   where the keys tie (session 22: a gather per run and step made the kernel ~1.5x slower
-  at blocks of 256; session 23: skipping ~40% of the loads (n_live) saved ~4%, so the
-  chain of dependent loads sets the time).
+  at blocks of 256; session 23: skipping ~40% of the loads (n_live) saved ~4%, and
+  searches of 6 dependent loads instead of 10 (arity 4) saved nothing).
   samples: 0, or m (a power of two <= run): the first log2(m) steps are done in registers
   instead, against m keys of each run loaded once for the whole block (the last of every
   run / m slots): an entry's count of those before it, times run / m, is where those steps
