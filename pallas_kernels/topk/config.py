@@ -209,12 +209,10 @@ class TopkConfig:
     (28.67 -> 33.5-36.0): every entry does ~80 probes against the network's ~33 steps.
   rank_merge_samples: 0 (the default), the rank merge's searches gather every probe; m (a
     power of two >= 2), their first log2(m) steps compare against m keys of each run
-    loaded once a program (capped at bitonic_run). Opt-in, not yet timed: on the H200 the
-    rank merge's time followed the elements gathered (benchmarks/NOTES.md, session 22),
-    and m = 16 gathers 6 probes an entry and run instead of 10.
-    Session 23 timed it: at 8 x 32K x 2048 the rank merge took 4.90 -> 5.96 us (m = 16)
-    and 5.82 (m = 32), the whole call 14.84 -> 15.98 / 15.96
-    (benchmarks/results/session23/topk_samples_s23a.json); it stays opt-in.
+    loaded once a program (capped at bitonic_run); m = 16 gathers 6 probes an entry and
+    run instead of 10. Opt-in: on the H200 at 8 x 32K x 2048 the rank merge took 4.90 ->
+    5.96 us (m = 16) and 5.82 (m = 32), the whole call 14.84 -> 15.98 / 15.96
+    (benchmarks/results/session23/topk_samples_s23a.json).
   rank_merge_live_probes: True (the default), the rank merge's searches load no probe past
     a run's live count (a dead slot's key is known: 0, after every live entry), which is
     ~40% of them with ~k + 15% candidates in a 2k buffer; False, every probe. On the H200
