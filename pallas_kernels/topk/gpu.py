@@ -1724,7 +1724,7 @@ def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, sample
 
 def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
                        block: int, page: int, interpret: bool, repair=None, samples: int = 0,
-                       live_probes: bool = False, arity: int = 2):
+                       live_probes: bool = True, arity: int = 2):
   """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
   slots) per program, instead of the merges: every run of `run` slots is sorted descending
   (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
