@@ -52,7 +52,8 @@ def _label(c: TopkConfig) -> str:
 # falsi_slack_entries and rank_pivot_probes from session 20; 0 entries: the slack is
 # falsi_slack alone; bucket_chunk and bucket_chunk_min_entries from session 21, 0: small_chunk,
 # as before; bitonic_rank_merge and rank_merge_warps from session 21, rank_merge_max_rows
-# and rank_merge_min_k and rank_merge_samples from session 22)
+# and rank_merge_min_k and rank_merge_samples from session 22; rank_merge_live_probes,
+# rank_merge_run_warps (False / 4: as before) and rank_merge_arity from session 23)
 LABEL_BASE = dict(finish="bitonic", rank_max_rows=16, rank_min_k=1024, rank_block_i=64,
                   rank_block_j=256, rank_warps=4, threshold_warps=8, threshold="bisect",
                   falsi_slack=64, small_chunk_entries=0, small_chunk=512, groups_per_k=4,
