@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the chosen benchmark(s). Logs and JSON land in $OUT.
-#   bash benchmarks/run_h200.sh indexer|topk|all
+# The device driver: one target per argument, logs and JSON in $OUT.
+#   bash benchmarks/run_h200.sh TARGET...
+# Targets:
+#   gpu-tests        tests/test_gpu.py compiled on the GPU
+#   indexer | topk   the scoring / top-K benchmark tables
+#   train-indexers   long-context lightning indexers (train.indexer, resumes from $RUN)
+#   assets           quality report + shipped traces from $RUN/indexers.npz
+# Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
+# CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
+# TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes).
 set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-what=${1:-all}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RUN=${RUN:-/root/run}
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
-if [ "$what" != topk ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-  python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log"
-fi
-if [ "$what" = topk ] || [ "$what" = all ]; then
-  # the CPU suite under the device's jax (0.11.x), interpret mode: checks the version difference
-  JAX_PLATFORMS=cpu python3 -m pytest -q -p no:cacheprovider -n 8 tests 2>&1 | tee "$OUT/cpu_tests_jax011.log" | tail -5
-fi
-if [ "$what" != indexer ]; then
-  python3 benchmarks/bench_topk.py --out "$OUT/topk_h200.json" 2>&1 | tee "$OUT/bench_topk.log"
-fi
+for what in "$@"; do
+  case $what in
+    gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+    indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;
+    topk) python3 benchmarks/bench_topk.py --out "$OUT/topk_h200.json" 2>&1 | tee "$OUT/bench_topk.log" ;;
+    train-indexers)
+      python3 -m train.indexer --out "$RUN" ${CORPUS:+--corpus "$CORPUS"} \
+        --max-seconds "${TRAIN_SECONDS:-0}" 2>&1 | tee -a "$OUT/train_indexers.log" | grep -v "━"
+      cp "$RUN/report.json" "$OUT/indexer_report.json"; cp "$RUN/indexers.npz" "$OUT/" ;;
+    assets)
+      python3 -m jaxsparse.model.make_assets --indexers "$RUN/indexers.npz" --data-dir "$OUT" \
+        --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/assets.log" ;;
+    *) echo "unknown target $what"; exit 2 ;;
+  esac
+done

