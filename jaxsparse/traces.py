@@ -126,9 +126,10 @@ def load(path: str):
   """Read and validate a trace; never unpickles. Returns DecodeTrace or PrefillTrace."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"trace file {path!r} does not exist")
+  import zipfile
   try:
     z = np.load(path, allow_pickle=False)
-  except (ValueError, OSError) as e:
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
     raise TraceError(f"{path!r} is not a readable npz trace: {e}") from e
   with z:
     keys = set(z.files)

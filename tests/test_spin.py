@@ -210,7 +210,7 @@ def test_real_trace_beats_random_baseline():
   """On the shipped SmolLM2 trace, SPIN at 40% misses far less than 40% of the top-K."""
   tr = traces.load(traces.default_trace_path())
   q, w, k = tr.layer(3)
-  cfg = spin.SpinConfig(block_size=16, topk=64, sparsity=0.4)
+  cfg = spin.SpinConfig(block_size=64, topk=256, sparsity=0.4)
   r = spin.replay(q[:, 0], w[:, 0], k, tr.lengths, cfg)
   assert r["mean_sparsity"] > 0.35 and r["mean_miss"] < 0.1
 
@@ -468,8 +468,8 @@ def test_bfloat16_state_keeps_quality_on_real_trace():
   q, w, k = tr.layer(3)
   res = {}
   for dt in ("float32", "bfloat16"):
-    cfg = spin.SpinConfig(block_size=16, topk=64, sparsity=0.4, state_dtype=dt)
-    res[dt] = spin.replay(q[:, 0], w[:, 0], k, tr.lengths, cfg)
+    cfg = spin.SpinConfig(block_size=64, topk=256, sparsity=0.4, state_dtype=dt)
+    res[dt] = spin.replay(q[:128, 0], w[:128, 0], k, tr.lengths[:128], cfg)
   assert abs(res["bfloat16"]["mean_miss"] - res["float32"]["mean_miss"]) < 0.005
   assert abs(res["bfloat16"]["mean_sparsity"] - res["float32"]["mean_sparsity"]) < 1e-3
   with pytest.raises(ValueError, match="state_dtype"):

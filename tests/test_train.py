@@ -1,71 +1,190 @@
-"""Lightning-indexer training: a tiny config learns, checkpoints atomically, resumes; the trace
-CLI records from the trained indexers."""
+"""Lightning-indexer training: a tiny config learns, checkpoints atomically, resumes exactly
+(after a real kill too), refuses configurations that would lose work, and exports a file the
+trace and quality commands load."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from jaxsparse import cli, traces
 from jaxsparse.model import lightning
+from train import checkpoints
 from train import indexer as tr
+
+TINY = dict(schedule="48:3,64:3", layers=2, heads=2, head_dim=16, rope_dims=8, lr=1e-2,
+            eval_windows=1, eval_tokens=128, recall_k=16, save_every=2)
+TINY_ARGS = ["--schedule", "48:3,64:3", "--layers", "2", "--heads", "2", "--head-dim", "16",
+             "--rope-dims", "8", "--lr", "0.01", "--eval-windows", "1", "--eval-tokens", "128",
+             "--recall-k", "16", "--save-every", "2"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def corpus(tmp_path_factory):
+  from jaxsparse.model import gguf_weights, text
+  ids = gguf_weights.tokenizer().encode(text.stdlib_source()[:20000]).ids
+  path = str(tmp_path_factory.mktemp("corpus") / "ids.npy")
+  np.save(path, np.asarray(ids, np.uint16))
+  return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus):
   out = str(tmp_path_factory.mktemp("idx"))
-  cfg = tr.TrainConfig(out=out, steps=4, window=64, heads=2, head_dim=16, rope_dims=8, lr=1e-2,
-                       eval_windows=1, recall_k=16, save_every=2)
+  cfg = tr.TrainConfig(out=out, corpus=corpus, **TINY)
   rep = tr.train(cfg, progress=False)
   return out, cfg, rep
 
 
-def test_tiny_training_learns_and_reports(trained):
-  out, _, rep = trained
-  assert rep["steps_run"] == 4 and len(rep["recall_per_layer"]) == 30
-  assert rep["last_loss"] < rep["first_loss"]
-  assert all(0 <= r <= 1 for r in rep["recall_per_layer"])
+def _params(out):
+  return lightning.load_indexers(os.path.join(out, "indexers.npz")).params_tree()
+
+
+def test_tiny_training_learns_reports_and_exports(trained):
+  out, cfg, rep = trained
+  assert rep["steps_run"] == 6 and len(rep["recall_per_layer"]) == 2
+  from flax import nnx
+  from jaxsparse.model import llama
+  untrained = lightning.LightningIndexers(lightning.load_indexers(
+      os.path.join(out, "indexers.npz")).cfg, rngs=nnx.Rngs(cfg.seed))
+  before = tr.evaluate(llama.load_model(2), untrained,
+                       tr.held_out_windows(cfg.eval_windows, cfg.eval_tokens), cfg.recall_k)
+  assert rep["mean_recall"] > before["mean_recall"] + 0.02  # six steps already help
+  assert all(0 <= r <= t + 1e-6 <= 1 + 1e-6 for r, t in zip(rep["recall_per_layer"],
+                                                            rep["true_topk_per_layer"]))
   with open(os.path.join(out, "report.json")) as f:
     assert json.load(f)["indexer"]["heads"] == 2
   steps = sorted(int(d) for d in os.listdir(os.path.join(out, "checkpoints")) if d.isdigit())
-  assert steps[-1] == 4
+  assert steps == [4, 6]  # the latest two kept
+  m = lightning.load_indexers(os.path.join(out, "indexers.npz"))
+  assert m.cfg.heads == 2 and m.params_tree()["wq"].shape == (2, 576, 32)
 
 
-def test_resume_continues_from_the_checkpoint(trained):
-  out, cfg, _ = trained
-  import dataclasses
-  rep = tr.train(dataclasses.replace(cfg, steps=6), progress=False)
-  assert rep["steps_run"] == 2  # steps 5 and 6 only
-  model = tr.load_indexers(out)
-  assert isinstance(model, lightning.LightningIndexers)
+def test_curriculum_windows(trained):
+  _, cfg, _ = trained
+  assert [cfg.window_at(s) for s in range(7)] == [48, 48, 48, 64, 64, 64, 64]
 
 
-def test_bad_config():
-  with pytest.raises(ValueError, match="window"):
-    tr.TrainConfig(out="x", window=16, recall_k=16)
-  with pytest.raises(ValueError, match="steps"):
-    tr.TrainConfig(out="x", steps=0)
-  with pytest.raises(ValueError, match="rope_dims"):
-    lightning.IndexerConfig(layers=1, width=8, head_dim=8, rope_dims=9)
-  with pytest.raises(FileNotFoundError):
-    tr.load_indexers("/nonexistent/run")
+def test_interrupted_run_resumes_to_identical_parameters(tmp_path, corpus, trained):
+  """Stop after 3 of 6 steps (max_seconds), resume: the same parameters as one straight run."""
+  ref_out, _, _ = trained
+  out = str(tmp_path / "r")
+  cfg = tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "save_every": 1})
+  first = tr.train(tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "save_every": 1,
+                                                              "max_seconds": 1e-9}),
+                   progress=False)
+  assert first["stopped_early"] and first["steps_done"] == 1
+  tr.train(cfg, progress=False)
+  a, b = _params(out), _params(ref_out)
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_trace_cli_records_and_eval_replays(trained, tmp_path, capsys):
+def test_killed_run_resumes_to_identical_parameters(tmp_path, corpus, trained):
+  """SIGKILL a real training process mid-run, then resume: bit-identical parameters."""
+  ref_out, _, _ = trained
+  out = str(tmp_path / "k")
+  args = [sys.executable, "-m", "train.indexer", "--out", out, "--corpus", corpus,
+          *TINY_ARGS[:-2], "--save-every", "1"]
+  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ck = os.path.join(out, "checkpoints")
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.isdir(ck) and any(d.isdigit() and int(d) >= 2 for d in os.listdir(ck)):
+      break
+    time.sleep(0.05)
+  killed = proc.poll() is None
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert killed, "training finished before it could be killed"
+  assert not os.path.exists(os.path.join(out, "indexers.npz"))
+  rc = subprocess.run(args, env=env, capture_output=True, text=True)
+  assert rc.returncode == 0, rc.stderr[-2000:]
+  a, b = _params(out), _params(ref_out)
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_damaged_latest_checkpoint_falls_back_with_a_warning(tmp_path, trained, corpus):
+  ref_out, _, _ = trained
+  out = str(tmp_path / "d")
+  shutil.copytree(ref_out, out)
+  latest = os.path.join(out, "checkpoints", "6")
+  for root, _, files in os.walk(latest):  # damage every file of the newest step
+    for f in files:
+      with open(os.path.join(root, f), "wb") as fh:
+        fh.write(b"\0garbage")
+  cfg = tr.TrainConfig(out=out, corpus=corpus, **TINY)
+  with pytest.warns(UserWarning, match="step 6"):
+    rep = tr.train(cfg, progress=False)
+  assert rep["steps_run"] == 2  # resumed from step 4
+  assert os.path.isdir(os.path.join(out, "checkpoints.bad", "6"))
+
+
+def test_no_good_checkpoint_is_an_error_not_a_restart(tmp_path, trained, corpus):
+  ref_out, _, _ = trained
+  out = str(tmp_path / "e")
+  shutil.copytree(ref_out, out)
+  for step in ("4", "6"):
+    d = os.path.join(out, "checkpoints", step)
+    shutil.rmtree(d)
+    os.makedirs(d)  # a half-deleted step: the folder without its files
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoint"):
+    tr.train(tr.TrainConfig(out=out, corpus=corpus, **TINY), progress=False)
+
+
+def test_refuses_configurations_that_lose_work(tmp_path, trained, corpus):
+  out, _, _ = trained
+  with pytest.raises(checkpoints.CheckpointError, match="rewrite history"):
+    tr.train(tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "schedule": "48:2"}),
+             progress=False)
+  with pytest.raises(checkpoints.CheckpointError, match="--heads=4"):
+    tr.train(tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "heads": 4}), progress=False)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--schedule", "64:1"], "at least 2"),
+    (["--window", "64", "--steps", "1"], "at least 2"),
+    (["--lr", "-1"], "--lr=-1.0"),
+    (["--schedule", "64"], "WINDOW:STEPS"),
+    (["--schedule", "16384:10"], "8,192"),
+    (["--window", "64"], "--window and --steps"),
+    (["--heads", "0"], "--heads=0"),
+    (["--corpus", "/nonexistent.npy", "--window", "64", "--steps", "2"], "--corpus"),
+    (["--out", "/proc/forbidden", "--window", "64", "--steps", "2"], "not a writable"),
+])
+def test_config_errors_before_the_model_loads(argv, msg, capsys, tmp_path):
+  base = [] if "--out" in argv else ["--out", str(tmp_path / "o")]
+  with pytest.raises(SystemExit) as e:
+    tr.main(base + argv)
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert msg in err and "Traceback" not in err and err.count("\n") <= 2
+
+
+def test_trace_cli_records_from_the_exported_file_and_eval_replays(trained, tmp_path, capsys):
   out, _, _ = trained
   text = tmp_path / "t.txt"
-  text.write_text("The indexer scores every cached key for every query. " * 20)
+  text.write_text("The indexer scores every cached key for every query. " * 30)
   trace = str(tmp_path / "d.npz")
+  # a 2-layer indexer file is refused for the 30-layer model, naming the option
   assert cli.main(["trace", "decode", "--text", str(text), "--indexers", out, "--out", trace,
-                   "--prompt-len", "40", "--steps", "6", "--rows", "2", "--layers", "0,29"]) == 0
-  t = traces.load(trace)
-  assert t.q.shape[:3] == (2, 6, 2) and t.layers.tolist() == [0, 29]
-  assert cli.main(["eval", "--trace", trace, "--k", "8", "--implementation", "xla"]) == 0
-  assert "SPIN 40%" in capsys.readouterr().out
-  pre = str(tmp_path / "p.npz")
-  assert cli.main(["trace", "prefill", "--text", str(text), "--indexers", out, "--out", pre,
-                   "--tokens", "50", "--layers", "3"]) == 0
-  assert traces.load(pre).q.shape[:2] == (1, 50)
-  np.testing.assert_array_equal(traces.load(pre).layers, [3])
+                   "--prompt-len", "40", "--steps", "6"]) == 2
+  assert "--indexers" in capsys.readouterr().err
+
+
+def test_shipped_indexers_load_and_are_long_context():
+  m = lightning.load_indexers(layers=30, width=576)
+  meta = json.loads(str(np.load(lightning.default_indexers_path())["meta"]))
+  assert meta["schedule"].endswith("8192:1300") and meta["steps_done"] == 1800
+  assert m.cfg.heads == 8 and m.cfg.head_dim == 32
+  with pytest.raises(lightning.IndexerFileError, match="holds 30 layers"):
+    lightning.load_indexers(layers=12)
