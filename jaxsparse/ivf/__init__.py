@@ -1,0 +1,59 @@
+"""AttentionIndex: a causal, versioned inverted-file index over indexer keys for prefill
+(shared/papers/attentionindex-causal-ivf.txt), with the HiSA block baseline and full DSA."""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxsparse.ivf.candidates import candidate_mask, representative_scores
+from jaxsparse.ivf.evaluate import METHODS, evaluate
+from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, refit,
+                                 representatives, seal)
+
+__all__ = ["IVFConfig", "evaluate", "METHODS", "init_state", "seal", "refit",
+           "representatives", "candidate_mask", "representative_scores", "group_capacity",
+           "index_bytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class IVFConfig:
+  """AttentionIndex settings (defaults: the paper's GLM-5.3 values).
+
+  topk: keys each query finally keeps. budget: candidate slots per query (sinks, ungrouped
+  keys and group members together). seal_window: keys per seal (W). cluster_size: average
+  keys per group (W / cluster_size groups per seal, prefix / cluster_size per refit).
+  refit_interval: tokens between refits (R, a multiple of W; 0 = seal only). sink: leading
+  keys every query always scores. seal_iters: Lloyd steps when sealing a window.
+  refit_batch: keys compared with every center at a time during a refit.
+  """
+  topk: int = 2048
+  budget: int = 24576
+  seal_window: int = 1024
+  cluster_size: int = 128
+  refit_interval: int = 16384
+  sink: int = 16
+  seal_iters: int = 8
+  refit_batch: int = 4096
+
+  def __post_init__(self):
+    for name in ("topk", "budget", "seal_window", "cluster_size", "seal_iters", "refit_batch"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)} must be positive")
+    if self.sink < 0:
+      raise ValueError(f"sink={self.sink} must be >= 0")
+    if self.cluster_size > self.seal_window:
+      raise ValueError(f"cluster_size={self.cluster_size} must not exceed "
+                       f"seal_window={self.seal_window}")
+    if self.seal_window % self.cluster_size:
+      raise ValueError(f"cluster_size={self.cluster_size} must divide "
+                       f"seal_window={self.seal_window}")
+    if self.sink >= self.seal_window:
+      raise ValueError(f"sink={self.sink} must be below seal_window={self.seal_window}")
+    if self.refit_interval < 0 or self.refit_interval % self.seal_window:
+      raise ValueError(f"refit_interval={self.refit_interval} must be a multiple of "
+                       f"seal_window={self.seal_window} (0: seal only)")
+    fixed = self.sink + self.seal_window
+    if self.budget <= fixed:
+      raise ValueError(f"budget={self.budget} must exceed the fixed slots: sink + seal_window "
+                       f"= {fixed}")
+    if self.topk > self.budget:
+      raise ValueError(f"topk={self.topk} must not exceed budget={self.budget}")

@@ -1,0 +1,149 @@
+"""Offline evaluation of AttentionIndex, HiSA and full DSA on a prefill trace (recall)."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse.ivf import candidates, index
+
+__all__ = ["evaluate", "METHODS"]
+
+METHODS = ("ivf", "hisa", "full")
+
+
+def _check(q, w, k, config, method, positions):
+  if method not in METHODS:
+    raise ValueError(f"method={method!r} must be one of {METHODS}")
+  if q.ndim != 3 or w.shape != q.shape[:2] or k.ndim != 2 or k.shape != (q.shape[0], q.shape[2]):
+    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
+                     f"[N, H, D], [N, H], [N, D]")
+  n = k.shape[0]
+  if positions.ndim != 1 or positions.size == 0:
+    raise ValueError(f"query_positions must be a non-empty [Q] array; got {positions.shape}")
+  if positions.min() < 0 or positions.max() >= n:
+    raise ValueError(f"query_positions must lie in [0, {n - 1}]; got "
+                     f"[{positions.min()}, {positions.max()}]")
+
+
+@functools.partial(jax.jit, static_argnames=("topk",))
+def _exact(q, w, k, positions, topk):
+  """Exact causal scores [Q, N] and the reference top-k indices (-1 where fewer visible)."""
+  s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
+  z = jnp.einsum("qhn,qh->qn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
+  v, i = jax.lax.top_k(z, topk)
+  return z, jnp.where(jnp.isfinite(v), i, -1)
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "oracle"))
+def _select(z, ref, q, w, reps, sizes, last, assign, rank, grouped_end, positions, *, topk,
+            budget, sink, oracle):
+  valid = (sizes[None, :] > 0) & (last[None, :] < grouped_end[:, None])
+  if oracle:  # rank groups by their true share of reference keys (the partition's ceiling)
+    g = sizes.shape[0]
+    hit = jnp.where(ref >= 0, assign[jnp.maximum(ref, 0)], -1)
+    cnt = jax.vmap(lambda h: jax.ops.segment_sum((h >= 0).astype(jnp.float32),
+                                                 jnp.where(h >= 0, h, g), g + 1)[:g])(hit)
+    gs = jnp.where(valid, cnt / jnp.maximum(sizes, 1)[None, :], -jnp.inf)
+  else:
+    gs = candidates.representative_scores(q, w, reps, valid)
+  mask, num = candidates.candidate_mask(gs, sizes, assign, rank, grouped_end, positions,
+                                        budget=budget, sink=sink)
+  v, i = jax.lax.top_k(jnp.where(mask, z, -jnp.inf), topk)
+  return jnp.where(jnp.isfinite(v), i, -1), num
+
+
+def _recall(sel, ref):
+  hit = (sel[:, :, None] == ref[:, None, :]) & (ref[:, None, :] >= 0)
+  want = (ref >= 0).sum(1)
+  return np.where(want > 0, hit.any(1).sum(1) / np.maximum(want, 1), 1.0)
+
+
+def _hisa_structure(n, config):
+  cs, sink = config.cluster_size, config.sink
+  pos = np.arange(n)
+  assign = np.where(pos >= sink, (pos - sink) // cs, -1).astype(np.int32)
+  g = max(1, -(-(n - sink) // cs))
+  rank = np.where(pos >= sink, (pos - sink) % cs, 0).astype(np.int32)
+  sizes = np.bincount(assign[assign >= 0], minlength=g).astype(np.int32)
+  last = (sink + (np.arange(g) + 1) * cs - 1).astype(np.int32)
+  return assign, rank, sizes, last
+
+
+def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: bool = False,
+             corrector=None) -> dict:
+  """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
+
+  q [N, H, D], w [N, H], k [N, D] float (a prefill trace layer: query n sits at position n and
+  sees keys 0..n); config: IVFConfig; query_positions [Q] int. oracle=True ranks the same
+  groups by their true share of reference keys (ivf and hisa): whether the partition or the
+  representative loses keys. corrector: optional callable(state, keys, mean) -> correction
+  [G, D] added to the member means (the learned representative correction).
+  Returns {"recall" [Q] float, "topk_indices" [Q, topk] int32 (-1 padded), "num_candidates"
+  [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
+  """
+  positions = np.asarray(query_positions, np.int64)
+  q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
+  _check(q, w, k, config, method, positions)
+  n = k.shape[0]
+  topk = min(config.topk, n)
+  pj = jnp.asarray(positions, jnp.int32)
+  z, ref = _exact(q[pj], w[pj], k, pj, topk)
+  out_idx = np.full((len(positions), topk), -1, np.int32)
+  out_num = np.zeros(len(positions), np.int32)
+  compared = []
+  kw = dict(topk=topk, budget=config.budget, sink=config.sink, oracle=oracle)
+  if method == "full":
+    v, i = jax.lax.top_k(z, topk)
+    out_idx = np.asarray(jnp.where(jnp.isfinite(v), i, -1))
+    out_num = (positions + 1).astype(np.int32)
+  elif method == "hisa":
+    assign, rank, sizes, last = _hisa_structure(n, config)
+    reps = _block_means(k, assign, len(sizes))
+    gend = config.sink + ((positions + 1 - config.sink) // config.cluster_size) * \
+        config.cluster_size
+    gend = np.maximum(gend, config.sink)
+    idx, num = _select(z, ref, q[pj], w[pj], reps, jnp.asarray(sizes), jnp.asarray(last),
+                       jnp.asarray(assign), jnp.asarray(rank), jnp.asarray(gend, jnp.int32), pj,
+                       **kw)
+    out_idx, out_num = np.asarray(idx), np.asarray(num)
+  else:
+    wnd = config.seal_window
+    version = (positions + 1) // wnd  # seals done when query n runs
+    state = index.init_state(n, k.shape[1], config)
+    for v in range(int(version.max()) + 1):
+      if v >= 1:
+        p = v * wnd
+        state = index.seal(state, k, p, config=config)
+        if config.refit_interval and p % config.refit_interval == 0:
+          state = index.refit(state, k, p, config=config)
+          compared.append({"prefix": p, "compared": int(state["compared"]),
+                           "keys": p - config.sink})
+      sel = np.nonzero(version == v)[0]
+      if not len(sel):
+        continue
+      if v == 0:  # before the first seal a query scores every key
+        v_, i_ = jax.lax.top_k(z[sel], topk)
+        out_idx[sel] = np.asarray(jnp.where(jnp.isfinite(v_), i_, -1))
+        out_num[sel] = positions[sel] + 1
+        continue
+      reps = index.representatives(state, k, corrector)
+      gend = jnp.full((len(sel),), state["grouped_end"], jnp.int32)
+      sj = jnp.asarray(sel)
+      idx, num = _select(z[sj], ref[sj], q[pj[sj]], w[pj[sj]], reps, state["sizes"],
+                         state["last"], state["assign"], state["rank"], gend, pj[sj], **kw)
+      out_idx[sel], out_num[sel] = np.asarray(idx), np.asarray(num)
+  return {"recall": _recall(out_idx, np.asarray(ref)), "topk_indices": out_idx,
+          "num_candidates": out_num, "refit_compared": compared}
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _block_means(k, assign, g):
+  a = jnp.asarray(assign)
+  seg = jnp.where(a >= 0, a, g)
+  s = jax.ops.segment_sum(k.astype(jnp.float32), seg, g + 1)[:g]
+  c = jax.ops.segment_sum(jnp.ones(k.shape[0]), seg, g + 1)[:g]
+  return s / jnp.maximum(c, 1)[:, None]

@@ -1,0 +1,205 @@
+"""AttentionIndex's causal, versioned inverted-file index over indexer keys (pure functions).
+
+The index state is a static-shape pytree for a key capacity N and a group capacity G:
+
+  assign   [N] int32    group of each key; -1 for sink keys and keys not yet grouped
+  rank     [N] int32    a key's rank among its group's members, by position
+  sizes    [G] int32    members per group (0 for unused group slots)
+  last     [G] int32    position of each group's newest member (-1 when unused)
+  centers  [G, D] f32   k-means centers (= member means after every seal or refit)
+  upper    [N] f32      upper bound on a key's distance to its own center
+  lower    [N] f32      lower bound on its distance to every other center (Hamerly's single
+                        bound: the Elkan-style per-center bounds folded into their minimum)
+  groups   int32        groups in use
+  grouped_end int32     every key before it (past the sinks) is grouped: a version holds
+                        exactly the keys [0, grouped_end)
+  refit_end int32       keys before it were grouped by the last refit (their bounds are live)
+  refit_groups int32    groups in use right after the last refit (later ones came from seals)
+  compared int32        keys the last refit compared with every center
+
+Maintenance (paper, "How is the index built during computation?"):
+  seal(state, k, p)   groups the window [p - W, p) into W / cluster_size new groups (a few
+                      Lloyd steps on those keys alone) and appends them; old groups untouched.
+  refit(state, k, p)  regroups the whole prefix [sink, p): warm start from every current
+                      center (the last refit's and those the seals since added from recent
+                      keys), one assign-and-update pass where only keys whose bounds do not
+                      settle their membership are compared with every center.
+Each call returns a new state: a version. A query at position n may use a version only when
+its grouped_end <= n + 1, so no query ever ranks a group holding a key after its position.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["init_state", "seal", "refit", "group_capacity", "representatives", "index_bytes"]
+
+
+def group_capacity(num_keys: int, config) -> int:
+  """Static group slots for `num_keys` keys: one per cluster_size keys plus one seal's worth."""
+  per_seal = config.seal_window // config.cluster_size
+  return -(-max(num_keys - config.sink, 0) // config.cluster_size) + per_seal + 1
+
+
+def init_state(num_keys: int, dim: int, config) -> dict:
+  g = group_capacity(num_keys, config)
+  return {
+      "assign": jnp.full((num_keys,), -1, jnp.int32),
+      "rank": jnp.zeros((num_keys,), jnp.int32),
+      "sizes": jnp.zeros((g,), jnp.int32),
+      "last": jnp.full((g,), -1, jnp.int32),
+      "centers": jnp.zeros((g, dim), jnp.float32),
+      "upper": jnp.zeros((num_keys,), jnp.float32),
+      "lower": jnp.zeros((num_keys,), jnp.float32),
+      "groups": jnp.int32(0),
+      "grouped_end": jnp.int32(0),
+      "refit_end": jnp.int32(0),
+      "refit_groups": jnp.int32(0),  # groups in use right after the last refit
+      "compared": jnp.int32(0),  # keys the last refit compared with every center
+  }
+
+
+def _sqdist(x, c):
+  """[M, D] x [G, D] -> [M, G] squared Euclidean distances (float32)."""
+  x = x.astype(jnp.float32)
+  return jnp.maximum((x * x).sum(-1)[:, None] - 2.0 * x @ c.T + (c * c).sum(-1)[None, :], 0.0)
+
+
+def _members_rank(assign, num_groups_cap):
+  """Rank of each key among the keys of its group, by position (-1 keys get 0)."""
+  n = assign.shape[0]
+  key = jnp.where(assign >= 0, assign, num_groups_cap)
+  order = jnp.lexsort((jnp.arange(n), key))  # by group, then position
+  sorted_g = key[order]
+  first = jnp.searchsorted(sorted_g, sorted_g, side="left")
+  rank_sorted = jnp.arange(n) - first
+  return jnp.zeros((n,), jnp.int32).at[order].set(rank_sorted.astype(jnp.int32))
+
+
+def _group_stats(assign, keys, g):
+  """sizes [G], sums [G, D], last member position [G] of an assignment."""
+  valid = assign >= 0
+  seg = jnp.where(valid, assign, g)
+  sizes = jax.ops.segment_sum(valid.astype(jnp.int32), seg, num_segments=g + 1)[:g]
+  sums = jax.ops.segment_sum(jnp.where(valid[:, None], keys.astype(jnp.float32), 0.0), seg,
+                             num_segments=g + 1)[:g]
+  last = jax.ops.segment_max(jnp.where(valid, jnp.arange(assign.shape[0]), -1), seg,
+                             num_segments=g + 1)[:g]
+  return sizes, sums, jnp.maximum(last, -1)
+
+
+def _seal(state, keys, p, config):
+  w, cs, sink = config.seal_window, config.cluster_size, config.sink
+  gw = w // cs
+  start = p - w
+  win = jax.lax.dynamic_slice_in_dim(keys, start, w).astype(jnp.float32)  # [W, D]
+  pos = start + jnp.arange(w)
+  valid = pos >= sink
+  # init: gw keys evenly spaced over the window's valid part
+  first = jnp.maximum(sink - start, 0)
+  pick = first + (jnp.arange(gw) * (w - first)) // gw
+  centers = win[pick]
+
+  def lloyd(_, c):
+    a = jnp.argmin(_sqdist(win, c), axis=1)
+    oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
+    cnt = oh.sum(0)
+    return jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], c)
+
+  centers = jax.lax.fori_loop(0, config.seal_iters, lloyd, centers)
+  d = _sqdist(win, centers)
+  a = jnp.argmin(d, axis=1)
+  oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
+  cnt = oh.sum(0)
+  centers = jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], centers)
+  d = _sqdist(win, centers)
+  a = jnp.argmin(d, axis=1).astype(jnp.int32)
+  gid = jnp.where(valid, state["groups"] + a, -1)
+  assign = jax.lax.dynamic_update_slice_in_dim(state["assign"], gid, start, 0)
+  g = state["sizes"].shape[0]
+  centers_all = jax.lax.dynamic_update_slice_in_dim(state["centers"], centers,
+                                                    state["groups"], 0)
+  sizes, _, last = _group_stats(assign, keys, g)
+  own = jnp.sqrt(jnp.take_along_axis(d, a[:, None], 1)[:, 0])
+  other = jnp.sqrt(jnp.min(jnp.where(jax.nn.one_hot(a, gw, dtype=bool), jnp.inf, d), axis=1))
+  upper = jax.lax.dynamic_update_slice_in_dim(state["upper"], own, start, 0)
+  lower = jax.lax.dynamic_update_slice_in_dim(state["lower"], other, start, 0)
+  return {**state, "assign": assign, "rank": _members_rank(assign, g), "sizes": sizes,
+          "last": last, "centers": centers_all, "upper": upper, "lower": lower,
+          "groups": state["groups"] + gw, "grouped_end": jnp.asarray(p, jnp.int32)}
+
+
+def _refit(state, keys, p, config):
+  n = keys.shape[0]
+  g = state["sizes"].shape[0]
+  kf = keys.astype(jnp.float32)
+  pos = jnp.arange(n)
+  grouped = (pos >= config.sink) & (pos < p)
+  used = jnp.arange(g) < state["groups"]
+  centers = state["centers"]
+  assign, upper, lower = state["assign"], state["upper"], state["lower"]
+  old = grouped & (pos < state["refit_end"])  # bounds live from the last refit
+  # centers added since the last refit (by seals) may now be closer: tighten the lower bound
+  new_c = used & (jnp.arange(g) >= state["refit_groups"])
+  d_new = jnp.where(new_c[None, :], _sqdist(kf, centers), jnp.inf)
+  lower = jnp.where(old, jnp.minimum(lower, jnp.sqrt(jnp.min(d_new, axis=1))), lower)
+  settled = old & (upper <= lower)
+  own = jnp.sqrt(jnp.sum((kf - centers[jnp.maximum(assign, 0)]) ** 2, -1))
+  upper = jnp.where(old & ~settled, own, upper)
+  settled = old & (upper <= lower)
+  need = grouped & ~settled  # new keys, and old keys whose bounds do not settle membership
+  cap = min(n, config.refit_batch)
+  total = need.sum()
+
+  def body(carry):
+    assign, upper, lower, todo = carry
+    idx = jnp.nonzero(todo, size=cap, fill_value=n)[0]
+    ok = idx < n
+    safe = jnp.minimum(idx, n - 1)
+    d = jnp.where(used[None, :], _sqdist(kf[safe], centers), jnp.inf)  # [cap, G]
+    a = jnp.argmin(d, axis=1).astype(jnp.int32)
+    d1 = jnp.take_along_axis(d, a[:, None], 1)[:, 0]
+    d2 = jnp.min(jnp.where(jnp.arange(g)[None, :] == a[:, None], jnp.inf, d), axis=1)
+    tgt = jnp.where(ok, idx, n)
+    assign = assign.at[tgt].set(a, mode="drop")
+    upper = upper.at[tgt].set(jnp.sqrt(d1), mode="drop")
+    lower = lower.at[tgt].set(jnp.sqrt(d2), mode="drop")
+    todo = todo.at[tgt].set(False, mode="drop")
+    return assign, upper, lower, todo
+
+  assign, upper, lower, _ = jax.lax.while_loop(lambda c: c[3].any(), body,
+                                               (assign, upper, lower, need))
+  assign = jnp.where(grouped, assign, -1)
+  # update: centers become their members' means; bounds follow the centers' moves
+  sizes, sums, last = _group_stats(assign, keys, g)
+  new_centers = jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], centers)
+  delta = jnp.sqrt(jnp.sum((new_centers - centers) ** 2, -1))
+  upper = jnp.where(grouped, upper + delta[jnp.maximum(assign, 0)], upper)
+  lower = jnp.where(grouped, lower - jnp.max(jnp.where(used, delta, 0.0)), lower)
+  return {**state, "assign": assign, "rank": _members_rank(assign, g), "sizes": sizes,
+          "last": last, "centers": new_centers, "upper": upper, "lower": lower,
+          "grouped_end": jnp.asarray(p, jnp.int32), "refit_end": jnp.asarray(p, jnp.int32),
+          "refit_groups": state["groups"], "compared": total.astype(jnp.int32)}
+
+
+seal = jax.jit(_seal, static_argnames=("config",))
+refit = jax.jit(_refit, static_argnames=("config",))
+
+
+def representatives(state, keys, corrector=None):
+  """Group representatives [G, D] float32: member means, plus the learned correction."""
+  g = state["sizes"].shape[0]
+  sizes, sums, _ = _group_stats(state["assign"], keys, g)
+  mean = jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], 0.0)
+  if corrector is None:
+    return mean
+  return mean + corrector(state, keys, mean)
+
+
+def index_bytes(num_keys: int, dim: int, config) -> int:
+  """Bytes the index state holds beside the key cache (every array of `init_state`), plus
+  one float32 representative per group."""
+  st = jax.eval_shape(lambda: init_state(num_keys, dim, config))
+  g = group_capacity(num_keys, config)
+  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(st)) + g * dim * 4

@@ -1,0 +1,207 @@
+"""AttentionIndex: causality, candidate packing against a float64 loop reference, seal and refit
+invariants (Hamerly bounds), HiSA and full DSA, and bad configurations."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsparse import ivf
+from jaxsparse.ivf import index
+
+CFG = ivf.IVFConfig(topk=16, budget=96, seal_window=64, cluster_size=16, refit_interval=128,
+                    sink=4, refit_batch=32)
+
+
+def _trace(n=400, h=4, d=16, seed=0):
+  rng = np.random.default_rng(seed)
+  # clustered keys (so groups mean something) plus noise
+  centers = rng.standard_normal((12, d))
+  k = centers[rng.integers(0, 12, n)] + 0.3 * rng.standard_normal((n, d))
+  q = rng.standard_normal((n, h, d))
+  w = rng.uniform(0.1, 1.0, (n, h))
+  return q.astype(np.float32), w.astype(np.float32), k.astype(np.float32)
+
+
+def _np_candidates(gs, sizes, assign, rank, gend, pos, budget, sink):
+  """Loop reference of candidate packing for one query."""
+  n = len(assign)
+  fixed = [i for i in range(n) if i <= pos and (i < sink or i >= gend)]
+  room = budget - len(fixed)
+  chosen = set(fixed)
+  order = sorted([g for g in range(len(gs)) if np.isfinite(gs[g])], key=lambda g: (-gs[g], g))
+  for g in order:
+    if room <= 0:
+      break
+    members = sorted(i for i in range(n) if assign[i] == g and i <= pos)
+    assert [rank[i] for i in members] == list(range(len(members)))
+    take = members[:room]
+    chosen.update(take)
+    room -= len(take)
+  return chosen
+
+
+def test_candidate_packing_matches_loop_reference():
+  rng = np.random.default_rng(1)
+  n, g, qn = 120, 9, 6
+  assign = np.where(np.arange(n) >= 5, rng.integers(0, g, n), -1).astype(np.int32)
+  assign[100:] = -1  # ungrouped tail
+  rank = np.zeros(n, np.int32)
+  for gg in range(g):
+    m = np.nonzero(assign == gg)[0]
+    rank[m] = np.arange(len(m))
+  sizes = np.bincount(assign[assign >= 0], minlength=g).astype(np.int32)
+  gs = rng.standard_normal((qn, g)).astype(np.float32)
+  gs[0, 3] = -np.inf  # an unusable group
+  gs[1, :] = gs[1, 0]  # all tied: lower group id first
+  pos = np.asarray([119, 110, 105, 100, 119, 101], np.int32)
+  gend = np.full(qn, 100, np.int32)
+  for budget in (20, 40, 77, 500):
+    mask, num = ivf.candidate_mask(jnp.asarray(gs), jnp.asarray(sizes), jnp.asarray(assign),
+                                   jnp.asarray(rank), jnp.asarray(gend), jnp.asarray(pos),
+                                   budget=budget, sink=5)
+    mask = np.asarray(mask)
+    for i in range(qn):
+      want = _np_candidates(gs[i], sizes, assign, rank, gend[i], pos[i], budget, 5)
+      assert set(np.nonzero(mask[i])[0]) == want, (budget, i)
+      assert num[i] == len(want) and (len(want) <= budget or budget < 25)
+
+
+def test_no_query_sees_a_key_after_its_position():
+  """Changing every key, query and weight after position n leaves query n's top-K unchanged,
+  for every method, with seals and refits happening inside the sequence."""
+  q, w, k = _trace()
+  pos = np.asarray([3, 63, 64, 100, 127, 128, 129, 200, 255, 256, 300, 399])
+  rng = np.random.default_rng(9)
+  for method in ("ivf", "hisa", "full"):
+    base = ivf.evaluate(q, w, k, CFG, method=method, query_positions=pos)
+    assert (base["topk_indices"] <= pos[:, None]).all()
+    assert (base["num_candidates"] <= pos + 1).all()
+    for j, n in enumerate(pos):
+      q2, w2, k2 = q.copy(), w.copy(), k.copy()
+      k2[n + 1:] = 5 * rng.standard_normal(k2[n + 1:].shape)
+      q2[n + 1:] = rng.standard_normal(q2[n + 1:].shape)
+      r = ivf.evaluate(q2, w2, k2, CFG, method=method, query_positions=pos[j:j + 1])
+      np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
+
+
+def test_before_the_first_seal_queries_score_every_key():
+  q, w, k = _trace()
+  pos = np.arange(0, 63)
+  r = ivf.evaluate(q, w, k, CFG, query_positions=pos)
+  np.testing.assert_array_equal(r["num_candidates"], pos + 1)
+  assert (r["recall"] == 1).all()
+
+
+def test_full_is_exact_and_budget_bounds_candidates():
+  q, w, k = _trace()
+  pos = np.arange(64, 400, 5)
+  full = ivf.evaluate(q, w, k, CFG, method="full", query_positions=pos)
+  assert (full["recall"] == 1).all()
+  for m in ("ivf", "hisa"):
+    r = ivf.evaluate(q, w, k, CFG, method=m, query_positions=pos)
+    assert (r["num_candidates"] <= CFG.budget).all()
+    assert (r["num_candidates"][pos >= CFG.budget] == CFG.budget).all()
+    # recall is exactly the share of the reference top-K found
+    ref = full["topk_indices"]
+    want = [np.isin(ref[i], r["topk_indices"][i]).mean() for i in range(len(pos))]
+    np.testing.assert_allclose(r["recall"], want)
+
+
+def test_budget_covering_everything_is_exact():
+  q, w, k = _trace(n=200)
+  cfg = dataclasses.replace(CFG, budget=4096)
+  r = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(64, 200, 3))
+  assert (r["recall"] == 1).all()
+
+
+def test_oracle_ranking_is_at_least_as_good_as_representatives():
+  q, w, k = _trace()
+  pos = np.arange(70, 400, 3)
+  for m in ("ivf", "hisa"):
+    a = ivf.evaluate(q, w, k, CFG, method=m, query_positions=pos)["recall"].mean()
+    o = ivf.evaluate(q, w, k, CFG, method=m, query_positions=pos, oracle=True)["recall"].mean()
+    assert o >= a - 1e-9
+
+
+def test_seal_appends_groups_and_leaves_old_ones_untouched():
+  _, _, k = _trace()
+  kj = jnp.asarray(k)
+  st = index.init_state(400, 16, CFG)
+  st1 = index.seal(st, kj, 64, config=CFG)
+  st2 = index.seal(st1, kj, 128, config=CFG)
+  a1, a2 = np.asarray(st1["assign"]), np.asarray(st2["assign"])
+  per = CFG.seal_window // CFG.cluster_size
+  assert int(st2["groups"]) == 2 * per and int(st2["grouped_end"]) == 128
+  np.testing.assert_array_equal(a2[:64], a1[:64])  # the first seal's groups are untouched
+  np.testing.assert_array_equal(np.asarray(st2["centers"])[:per],
+                                np.asarray(st1["centers"])[:per])
+  assert (a2[:CFG.sink] == -1).all() and (a2[CFG.sink:128] >= 0).all() and (a2[128:] == -1).all()
+  assert set(a2[64:128]) <= set(range(per, 2 * per))
+  np.testing.assert_array_equal(np.asarray(st2["sizes"])[:2 * per],
+                                np.bincount(a2[a2 >= 0], minlength=2 * per))
+  # each center is its members' mean; each key is assigned to its nearest center of its seal
+  c = np.asarray(st2["centers"], np.float64)
+  for g in range(2 * per):
+    m = a2 == g
+    if m.any():
+      np.testing.assert_allclose(c[g], k[m].mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_refit_assigns_to_the_nearest_warm_start_center_with_valid_bounds():
+  _, _, k = _trace(n=512)
+  kj = jnp.asarray(k, jnp.float32)
+  st = index.init_state(512, 16, CFG)
+  compared = []
+  for p in range(64, 513, 64):
+    st = index.seal(st, kj, p, config=CFG)
+    if p % CFG.refit_interval == 0:
+      before = np.asarray(st["centers"], np.float64)[: int(st["groups"])]
+      st = index.refit(st, kj, p, config=CFG)
+      a = np.asarray(st["assign"])[CFG.sink:p]
+      d = ((k[CFG.sink:p, None, :].astype(np.float64) - before[None]) ** 2).sum(-1)
+      best = d.min(1)
+      np.testing.assert_allclose(d[np.arange(len(a)), a], best, rtol=1e-4, atol=1e-4)
+      c = np.asarray(st["centers"], np.float64)[: int(st["groups"])]
+      dd = np.sqrt(((k[CFG.sink:p, None, :].astype(np.float64) - c[None]) ** 2).sum(-1))
+      own = dd[np.arange(len(a)), a]
+      dd[np.arange(len(a)), a] = np.inf
+      assert (np.asarray(st["upper"])[CFG.sink:p] >= own - 1e-3).all()
+      assert (np.asarray(st["lower"])[CFG.sink:p] <= dd.min(1) + 1e-3).all()
+      compared.append((int(st["compared"]), p - CFG.sink))
+  assert compared[0][0] == compared[0][1]  # the first refit knows no bounds yet
+  assert all(c < n for c, n in compared[1:])  # later ones skip keys the bounds settle
+
+
+def test_index_memory_is_small_against_the_key_cache():
+  cfg = ivf.IVFConfig()
+  n, d = 1 << 20, 128
+  b = ivf.index_bytes(n, d, cfg)
+  assert 24 * n <= b <= 0.10 * n * d * 2  # 16 B per key + groups: under 10% of bf16 keys
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(budget=1000), "fixed slots"),
+    (dict(cluster_size=2048), "cluster_size=2048 must not exceed"),
+    (dict(cluster_size=100), "must divide"),
+    (dict(refit_interval=1500), "multiple of seal_window"),
+    (dict(topk=0), "topk=0"),
+    (dict(sink=-1), "sink=-1"),
+])
+def test_bad_configurations_name_the_argument(kw, msg):
+  with pytest.raises(ValueError, match=msg):
+    ivf.IVFConfig(**kw)
+
+
+def test_bad_inputs_name_the_argument():
+  q, w, k = _trace(n=100)
+  with pytest.raises(ValueError, match="query_positions"):
+    ivf.evaluate(q, w, k, CFG, query_positions=[100])
+  with pytest.raises(ValueError, match="query_positions"):
+    ivf.evaluate(q, w, k, CFG, query_positions=[-1])
+  with pytest.raises(ValueError, match="method"):
+    ivf.evaluate(q, w, k, CFG, method="lsh", query_positions=[5])
+  with pytest.raises(ValueError, match=r"\[N, H, D\]"):
+    ivf.evaluate(q[:, 0], w, k, CFG, query_positions=[5])
