@@ -1,14 +1,14 @@
 """SPIN studies on the real SmolLM2 traces (CPU is enough): writes JSON and plots.
 
-  python benchmarks/spin_studies.py [--indexers runs/indexer_w512]
+  python benchmarks/spin_studies.py [--indexers FILE.npz] [--quick]
 
 1. The paper's Table 1: random, prev-layer, prev-layer best-of-5, prev-iter and prev-iter
    offset 1 as predictors of the current indexer scores (Pearson r and top-K recall), per
-   layer and averaged. Needs consecutive layers: with --indexers a 64-step trace of all 30
-   layers is recorded on the fly; without, the shipped 7-layer trace is used (prev-layer then
-   means the previous stored layer, 5 layers back).
+   layer and averaged, on a 64-step decode trace of all 30 layers at 3.6-3.7K slots recorded
+   on the fly (held-out text, the shipped long-context indexers unless --indexers).
 2. Mean and p99 miss against target sparsity 10-50%, with and without exploration, for A0,
-   A1 (max, top-4, mean pooling) and A2 (max) on the shipped decode trace.
+   A1 (max, top-4, mean pooling) and A2 (max) on the shipped 4K-slot decode trace, averaged
+   and per layer.
 3. MTP policy ablation (mask union / row-0 x update prefix / row-0) on the shipped R=4 trace.
 """
 from __future__ import annotations
@@ -64,8 +64,19 @@ def sweep(tr, k, block):
         m = np.concatenate(miss)
         out.append(dict(reduction=red, pooling=pool, explore=explore, target=rho,
                         realized=float(np.concatenate(spars).mean()), mean_miss=float(m.mean()),
-                        p99_miss=float(np.percentile(m, 99))))
+                        p99_miss=float(np.percentile(m, 99)),
+                        per_layer=[dict(layer=int(tr.layers[l]), mean_miss=float(x.mean()),
+                                        p99_miss=float(np.percentile(x, 99)))
+                                   for l, x in enumerate(miss)]))
   return out
+
+
+def _head(tr, steps, layers):
+  """The first `steps` steps of the first `layers` layers of a decode trace (quick mode)."""
+  import dataclasses
+  return dataclasses.replace(tr, q=tr.q[:layers, :steps], w=tr.w[:layers, :steps],
+                             k=tr.k[:layers], lengths=tr.lengths[:steps],
+                             accepted=tr.accepted[:steps], layers=tr.layers[:layers])
 
 
 def mtp(tr, k, block):
@@ -128,22 +139,27 @@ def plots(res, path_prefix):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--indexers", default="", help="trained indexers (enables the 30-layer Table 1)")
-  p.add_argument("--k", type=int, default=64)
-  p.add_argument("--block-size", type=int, default=16)
+  p.add_argument("--indexers", default="", help="indexers.npz (default: the shipped ones)")
+  p.add_argument("--k", type=int, default=256)
+  p.add_argument("--block-size", type=int, default=64)
   p.add_argument("--out", default="benchmarks/results/spin_studies")
+  p.add_argument("--quick", action="store_true", help="a few steps and layers (a smoke test)")
   a = p.parse_args(argv)
+  global SPARSITIES
   dec = traces.load(traces.default_trace_path())
   mtp_tr = traces.load(os.path.join(os.path.dirname(traces.default_trace_path()),
                                     "smollm2_mtp.npz"))
-  if a.indexers:
-    from jaxsparse.model import llama, make_assets, record
-    from train.indexer import load_indexers
-    t1_trace = record.record_decode(llama.load_model(), load_indexers(a.indexers),
-                                    make_assets.held_out_tokens(1100), prompt_len=768, steps=64,
-                                    source="held-out python docs")
+  from jaxsparse.model import lightning, llama, make_assets, record
+  idx = lightning.load_indexers(a.indexers or None)
+  ids = make_assets.held_out_ids()[-(make_assets.PROMPT + 64):]
+  if a.quick:
+    SPARSITIES = (0.4,)
+    dec = _head(dec, 16, 2)
+    mtp_tr = _head(mtp_tr, 8, 1)
+    t1_trace = _head(dec, 8, 2)
   else:
-    t1_trace = dec
+    t1_trace = record.record_decode(llama.load_model(), idx, ids, prompt_len=make_assets.PROMPT,
+                                    steps=64, source="held-out python docs")
   res = {"environment": environment(), "k": a.k, "block_size": a.block_size,
          "table1": table1(t1_trace, a.k), "sweep": sweep(dec, a.k, a.block_size),
          "mtp": mtp(mtp_tr, a.k, a.block_size)}
