@@ -6,6 +6,9 @@
 #   indexer | topk   the scoring / top-K benchmark tables
 #   train-indexers   long-context lightning indexers (train.indexer, resumes from $RUN)
 #   assets           quality report + shipped traces from $RUN/indexers.npz
+#   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
+#   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces: 8K (all layers) and
+#                    32K (extrapolated, three layers, the paper's W / group size / refit R)
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
 # CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
 # TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes).
@@ -26,6 +29,18 @@ for what in "$@"; do
     assets)
       python3 -m jaxsparse.model.make_assets --indexers "$RUN/indexers.npz" --data-dir "$OUT" \
         --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/assets.log" ;;
+    quality)
+      python3 -m jaxsparse.model.make_assets --indexers jaxsparse/data/smollm2_indexers.npz \
+        --quality-only --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/quality.log" | grep -v window ;;
+    ivf-recall)
+      python3 benchmarks/record_prefill.py --tokens 8192 --out /tmp/prefill_8k.npz
+      python3 benchmarks/bench_ivf_recall.py --trace /tmp/prefill_8k.npz \
+        --out "$OUT/ivf_recall" 2>&1 | tee "$OUT/ivf_recall.log" | tail -4
+      python3 benchmarks/record_prefill.py --tokens 32768 --layers 3,15,27 --out /tmp/prefill_32k.npz
+      python3 benchmarks/bench_ivf_recall.py --trace /tmp/prefill_32k.npz --topk 512 \
+        --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 --cluster-size 128 \
+        --refit-interval 8192 --queries 256 --out "$OUT/ivf_recall_32k" 2>&1 \
+        | tee "$OUT/ivf_recall_32k.log" | tail -4 ;;
     *) echo "unknown target $what"; exit 2 ;;
   esac
 done

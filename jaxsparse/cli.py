@@ -340,7 +340,7 @@ def _quality(args) -> int:
   con = Console(stderr=True)
   with con.status("measuring") as st:
     q = quality.measure(base, idx, wins, ks=tuple(args.k), chunk=args.chunk,
-                        progress=lambda m: st.update(m))
+                        progress=lambda m: st.update(m), oracle=args.oracle)
   _print_quality(q)
   if args.out:
     write_json(args.out, dict(environment=environment(), text=args.text,
@@ -357,7 +357,9 @@ def _print_quality(q):
   for name in q["perplexity"]:
     d0, h0 = q["perplexity"]["dense"], q["second_half"]["dense"]
     p, h = q["perplexity"][name], q["second_half"][name]
-    rows.append({"attention": "dense" if name == "dense" else f"DSA top-{name[7:]}",
+    label = ("dense" if name == "dense" else f"DSA top-{name[7:]}" if name.startswith("dsa")
+             else f"true top-{name[10:]}")
+    rows.append({"attention": label,
                  "perplexity": f"{p:.3f}", "vs dense": f"{p / d0 - 1:+.1%}",
                  "2nd half": f"{h:.3f}", "2nd half vs dense": f"{h / h0 - 1:+.1%}"})
   print_table(rows, ["attention", "perplexity", "vs dense", "2nd half", "2nd half vs dense"])
@@ -490,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
   q.add_argument("--indexers", default="", help="indexers.npz (default: the shipped ones)")
   q.add_argument("--chunk", type=_positive("--chunk"), default=512,
                  help="queries per chunk (memory ~ chunk x tokens; default 512)")
+  q.add_argument("--oracle", action="store_true", help="also run attention restricted to its "
+                 "own true top-K per layer (the ceiling of any K-key selection)")
   q.add_argument("--out", default="", help="also write the figures as JSON here")
   q.set_defaults(func=_quality)
 

@@ -9,11 +9,14 @@ import numpy as np
 __all__ = ["measure"]
 
 
-def measure(base, indexers, windows, *, ks=(64, 256), chunk: int = 512, progress=None) -> dict:
+def measure(base, indexers, windows, *, ks=(64, 256), chunk: int = 512, progress=None,
+            oracle: bool = False) -> dict:
   """Quality of DSA over one or more equal windows of tokens ([T] int arrays, or [n, T]).
 
   Returns a dict (each figure pooled over the windows):
-    perplexity: {"dense", "dsa_top{k}"...} over all T - 1 predictions of each window, and
+    perplexity: {"dense", "dsa_top{k}"...} over all T - 1 predictions of each window (with
+      oracle=True also "oracle_top{k}": attention restricted to each layer's true top-k keys,
+      the ceiling of any shared k-key selection), and
       second_half: the same over predictions at positions >= T // 2 (long context);
     recall_top{k}: per layer, the mean over queries with more than k visible keys of the
       attention mass (summed over heads, each row sums to 1) on the indexer's top-k keys;
@@ -43,6 +46,10 @@ def measure(base, indexers, windows, *, ks=(64, 256), chunk: int = 512, progress
       say(f"window {i + 1}/{len(windows)}: DSA top-{k} forward")
       n, _, _, _ = llama.run_chunked(base, wnd, indexers=indexers, k_sel=k, chunk=min(chunk, t))
       nll.setdefault(f"dsa_top{k}", []).append(np.asarray(n, np.float64))
+      if oracle:
+        say(f"window {i + 1}/{len(windows)}: oracle top-{k} forward")
+        n, _, _, _ = llama.run_chunked(base, wnd, k_sel=k, chunk=min(chunk, t), oracle=True)
+        nll.setdefault(f"oracle_top{k}", []).append(np.asarray(n, np.float64))
   ppl = lambda name, start: float(np.exp(np.mean([a[start:] for a in nll[name]])))
   out = {"tokens": t, "windows": len(windows), "ks": list(ks),
          "perplexity": {name: ppl(name, 0) for name in nll},

@@ -166,7 +166,7 @@ def _topk_keep(z, k: int):
 
 
 def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final_norm, layers,
-                     iparams, tokens):
+                     iparams, tokens, oracle=False):
   t = tokens.shape[0]
   nc = -(-t // chunk)
   tp = nc * chunk
@@ -201,6 +201,9 @@ def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final
         if k_sel:
           mask = mask & _topk_keep(z, k_sel)
       s = _gqa_scores(cfg, jax.lax.dynamic_slice_in_dim(qp, start, chunk), k)
+      if oracle:  # the attention's own top-k_sel keys (head-summed): the selection ceiling
+        a = jax.nn.softmax(jnp.where(vis, s, -jnp.inf), axis=-1).sum((0, 1))
+        mask = vis & _topk_keep(jnp.where(vis, a, -jnp.inf), k_sel)
       p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1)
       o = jnp.einsum("ngct,tnd->cngd", p, v).reshape(chunk, nh * hd)
       if ip is not None and stat_ks:
@@ -238,28 +241,33 @@ def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final
   return nll.reshape(tp)[: t - 1], pred.reshape(tp)[:t].astype(jnp.int32), hidden, stats
 
 
-_chunked_forward = jax.jit(_chunked_forward, static_argnums=(0, 1, 2, 3, 4, 5))
+_chunked_forward = jax.jit(_chunked_forward, static_argnums=(0, 1, 2, 3, 4, 5, 11))
 
 
 def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=(),
-                chunk: int = 512, hidden: bool = False):
+                chunk: int = 512, hidden: bool = False, oracle: bool = False):
   """Forward over queries in chunks of `chunk`: memory O(chunk x T), never the [T, T] matrix.
 
   tokens [T] int32. indexers: a `LightningIndexers` (needed for k_sel or stat_ks).
-  k_sel > 0: DSA inference, every layer attends only to its indexer's top-k_sel keys.
+  k_sel > 0: DSA inference, every layer attends only to its indexer's top-k_sel keys; with
+  oracle=True to the top-k_sel keys of its own head-summed attention instead (no indexer
+  needed): the best any k_sel-key selection shared by the heads can do.
   stat_ks: with k_sel = 0, per layer and k, the attention mass (head-summed, rows sum to 1)
   captured by the indexer's top-k and by the true top-k, summed over rows with more than k
   visible keys, and the count of exactly-zero indexer scores among visible entries.
   Returns (nll [T-1] float32 of predicting token t+1 at t, greedy pred [T] int32,
   hidden [L, T, width] or None, stats dict of [L] arrays).
   """
-  if (k_sel or stat_ks) and indexers is None:
+  if oracle and not k_sel:
+    raise ValueError("oracle=True needs k_sel > 0")
+  if ((k_sel and not oracle) or stat_ks) and indexers is None:
     raise ValueError("indexers are needed for k_sel or stat_ks")
   if k_sel and stat_ks:
     raise ValueError("stat_ks are measured on the dense forward (k_sel=0)")
-  icfg = indexers.cfg if indexers is not None else None
-  ip = indexers.params_tree() if indexers is not None else None
+  use = indexers is not None and not oracle
+  icfg = indexers.cfg if use else None
+  ip = indexers.params_tree() if use else None
   return _chunked_forward(model.cfg, icfg, int(chunk), tuple(int(k) for k in stat_ks),
                           int(k_sel), bool(hidden), var_value(model.embed),
                           var_value(model.final_norm), var_value(model.layers), ip,
-                          jnp.asarray(tokens, jnp.int32))
+                          jnp.asarray(tokens, jnp.int32), bool(oracle))

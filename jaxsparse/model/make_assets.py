@@ -36,6 +36,7 @@ def main(argv=None):
   p.add_argument("--report", default="benchmarks/results/dsa_quality.json")
   p.add_argument("--windows", type=int, default=4, help="held-out windows per length")
   p.add_argument("--lengths", default="4096,8192")
+  p.add_argument("--quality-only", action="store_true", help="write the report, not the traces")
   a = p.parse_args(argv)
   base = llama.load_model()
   idx = lightning.load_indexers(a.indexers, layers=base.cfg.layers, width=base.cfg.width)
@@ -44,10 +45,13 @@ def main(argv=None):
          "held_out": SOURCE, "quality": {}}
   for t in (int(v) for v in a.lengths.split(",")):
     wins = [ids[i * t:(i + 1) * t] for i in range(min(a.windows, len(ids) // t))]
-    rep["quality"][str(t)] = quality.measure(base, idx, wins, ks=(64, 256), progress=print)
+    rep["quality"][str(t)] = quality.measure(base, idx, wins, ks=(64, 256), progress=print,
+                                                oracle=True)
     q = rep["quality"][str(t)]
     print(t, q["perplexity"], "min recall256", min(q["recall_top256"]))
   write_json(a.report, rep)
+  if a.quality_only:
+    return
   tail = ids[-(PROMPT + STEPS + 3):]
   dec = record.record_decode(base, idx, tail, prompt_len=PROMPT, steps=STEPS, rows=1,
                              layers=TRACE_LAYERS, source=SOURCE)
