@@ -80,6 +80,7 @@ def plot(rows, budgets, main_budget, path):
   b.set_xticks(np.arange(len(layers)), layers, fontsize=7)
   b.set_xlabel(f"layer (budget {main_budget})")
   b.set_ylabel("recall")
+  b.set_ylim(max(0.0, min(r["recall"] for r in rows) - 0.05), 1.0)
   b.legend(fontsize=7, ncol=3)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
