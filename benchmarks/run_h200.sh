@@ -3,7 +3,8 @@
 #   bash benchmarks/run_h200.sh TARGET...
 # Targets:
 #   gpu-tests        tests/test_gpu.py compiled on the GPU
-#   indexer | topk   the scoring / top-K benchmark tables
+#   indexer | topk   the full scoring / top-K benchmark sweeps
+#   readme-tables    the README's performance rows (decode, prefill, top-K), one file each
 #   train-indexers   long-context lightning indexers (train.indexer, resumes from $RUN)
 #   assets           quality report + shipped traces from $RUN/indexers.npz
 #   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
@@ -22,6 +23,15 @@ for what in "$@"; do
     gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;
     topk) python3 benchmarks/bench_topk.py --out "$OUT/topk_h200.json" 2>&1 | tee "$OUT/bench_topk.log" ;;
+    readme-tables)
+      python3 benchmarks/bench_indexer.py --what decode --best-only --key-dtypes 'bfloat16,fp8 q+k' \
+        --decode-batches 64,8 --decode-slots 1048576,131072 --out "$OUT/decode_table.json" 2>&1 | tail -12
+      python3 benchmarks/bench_indexer.py --what prefill --best-only --key-dtypes bfloat16 \
+        --prefill-keys 65536 --out "$OUT/prefill_table.json" 2>&1 | tail -6
+      for shape in "64 131072 b64" "8 1048576 1m" "1 131072 b1"; do set -- $shape
+        python3 benchmarks/bench_topk.py --default-config-only --kernels --no-approx --batches $1 \
+          --n $2 --k 2048 --out "$OUT/topk_table_$3.json" 2>&1 | tail -6
+      done ;;
     train-indexers)
       python3 -m train.indexer --out "$RUN" ${CORPUS:+--corpus "$CORPUS"} \
         --max-seconds "${TRAIN_SECONDS:-0}" 2>&1 | tee -a "$OUT/train_indexers.log" | grep -v "━"
