@@ -70,7 +70,7 @@ CASES = [
     (["eval", "--trace", "{d}/not.npz"], "--trace"),
     (["eval", "--trace", "{d}/truncated.npz"], "--trace"),
     (["eval", "--trace", "{d}/noschema.npz"], "schema_version"),
-    (["eval", "--trace", "{d}/prefill.npz"], "prefill trace"),
+    (["eval", "--trace", "{d}/prefill.npz"], "--k=256 must be below the trace's 8 tokens"),
     (["eval", "--out", "/nonexistent/dir/r.json"], "--out"),
     (["eval", "--out", "{d}"], "is a directory"),
     (["eval", "--plot", "/proc/x.png"], "--plot"),
@@ -194,3 +194,26 @@ def test_kernel_time_needs_gpu_kernels():
   step = jax.jit(lambda s, x: (s + x, x.sum()), donate_argnums=0)
   with pytest.raises(RuntimeError, match="no GPU kernel events"):
     kernel_time(step, (jnp.zeros(8), jnp.ones(8)), calls=3, carry=(0, 0))
+
+
+def test_eval_on_a_prefill_trace_compares_attentionindex_hisa_and_full(tmp_path, capsys):
+  rng = np.random.default_rng(0)
+  n, h, d = 640, 2, 16
+  k = (rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d)))
+  pre = traces.PrefillTrace(q=rng.standard_normal((1, n, h, d)).astype(np.float32),
+                            w=rng.uniform(0, 1, (1, n, h)).astype(np.float32),
+                            k=k[None].astype(np.float32), layers=np.asarray([7], np.int32),
+                            meta={})
+  path = str(tmp_path / "p.npz")
+  traces.save(path, pre)
+  out = tmp_path / "r.json"
+  assert cli.main(["eval", "--trace", path, "--k", "16", "--budget", "200", "--seal-window",
+                   "64", "--cluster-size", "16", "--refit-interval", "256", "--queries", "16",
+                   "--out", str(out)]) == 0
+  text = capsys.readouterr().out
+  assert "AttentionIndex (IVF)" in text and "HiSA blocks" in text and "summary" in text
+  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  assert rows["full DSA"]["recall"] == 1.0
+  assert 0 < rows["HiSA blocks"]["recall"] <= 1 and rows["AttentionIndex (IVF)"]["candidates"] <= 200
+  assert cli.main(["eval", "--trace", path, "--budget", "50", "--seal-window", "64"]) == 2
+  assert "--budget=50" in capsys.readouterr().err.strip().splitlines()[-1]
