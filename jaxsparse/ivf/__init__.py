@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxsparse.ivf.candidates import candidate_mask, representative_scores
-from jaxsparse.ivf.evaluate import METHODS, evaluate
+from jaxsparse.ivf.evaluation import METHODS, evaluate
 from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, refit,
                                  representatives, seal)
 

@@ -74,20 +74,23 @@ def _hisa_structure(n, config):
 
 
 def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: bool = False,
-             corrector=None) -> dict:
+             corrector=None, layer: int | None = None) -> dict:
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
 
   q [N, H, D], w [N, H], k [N, D] float (a prefill trace layer: query n sits at position n and
   sees keys 0..n); config: IVFConfig; query_positions [Q] int. oracle=True ranks the same
   groups by their true share of reference keys (ivf and hisa): whether the partition or the
-  representative loses keys. corrector: optional callable(state, keys, mean) -> correction
-  [G, D] added to the member means (the learned representative correction).
+  representative loses keys. corrector: the learned representative correction added to the
+  member means: a path to a file from `jaxsparse train corrector` (with `layer`, the model
+  layer this trace layer is), a `corrector.Corrector`, or a callable(state, keys, mean) ->
+  correction [G, D].
   Returns {"recall" [Q] float, "topk_indices" [Q, topk] int32 (-1 padded), "num_candidates"
   [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
   """
   positions = np.asarray(query_positions, np.int64)
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   _check(q, w, k, config, method, positions)
+  corrector = _resolve_corrector(corrector, layer)
   n = k.shape[0]
   topk = min(config.topk, n)
   pj = jnp.asarray(positions, jnp.int32)
@@ -138,6 +141,19 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
       out_idx[sel], out_num[sel] = np.asarray(idx), np.asarray(num)
   return {"recall": _recall(out_idx, np.asarray(ref)), "topk_indices": out_idx,
           "num_candidates": out_num, "refit_compared": compared}
+
+
+def _resolve_corrector(corrector, layer):
+  from jaxsparse.ivf import corrector as corr_mod
+  if corrector is None or callable(corrector) and not isinstance(corrector, corr_mod.Corrector):
+    return corrector
+  if isinstance(corrector, corr_mod.Corrector):
+    return corr_mod.as_ivf_corrector(corrector)
+  models = corr_mod.load(str(corrector))
+  if layer is None or layer not in models:
+    raise ValueError(f"layer={layer} must name a layer the corrector file holds: "
+                     f"{sorted(models)}")
+  return corr_mod.as_ivf_corrector(models[layer])
 
 
 @functools.partial(jax.jit, static_argnums=2)

@@ -1,0 +1,189 @@
+"""The representative-correction network and its training pipeline: zero init is plain IVF,
+the listwise loss falls, checkpoints round-trip, an interrupted or killed run resumes to the
+same parameters, damaged checkpoints and bad options give clear errors."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxsparse import ivf, traces
+from jaxsparse.ivf import corrector as C
+from train import checkpoints
+from train import corrector as tc
+
+SMALL = dict(topk=16, budget=96, seal_window=64, cluster_size=16, refit_interval=128,
+             queries=32, eval_queries=32, eval_every=10, save_every=5, member_features=16,
+             hidden=32)
+
+
+def _trace(path, seed, n=512, h=2, d=16):
+  rng = np.random.default_rng(seed)
+  centers = rng.standard_normal((10, d))
+  k = centers[rng.integers(0, 10, n)] + 0.5 * rng.standard_normal((n, d))
+  q = rng.standard_normal((n, h, d)) + 0.5
+  w = rng.uniform(0.2, 1.0, (n, h))
+  tr = traces.PrefillTrace(q=q[None].astype(np.float32), w=w[None].astype(np.float32),
+                           k=k[None].astype(np.float32), layers=np.asarray([4], np.int32),
+                           meta={})
+  traces.save(str(path), tr)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  d = tmp_path_factory.mktemp("corr")
+  return _trace(d / "train.npz", 0), _trace(d / "eval.npz", 1)
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("run"))
+  cfg = tc.CorrectorTrainConfig(out=out, train_trace=data[0], eval_trace=data[1], steps=40,
+                                lr=5e-3, **SMALL)
+  return out, cfg, tc.train(cfg, progress=lambda s: None)
+
+
+def _params(out):
+  C.load.cache_clear()
+  m = C.load(os.path.join(out, "correctors.npz"))[4]
+  return [np.asarray(v) for v in __import__("jax").tree.leaves(nnx.state(m, nnx.Param))]
+
+
+def test_zero_initialised_network_is_plain_ivf(data):
+  tr = traces.load(data[1])
+  q, w, k = tr.q[0], tr.w[0], tr.k[0]
+  cfg = ivf.IVFConfig(topk=16, budget=96, seal_window=64, cluster_size=16, refit_interval=128)
+  m = C.Corrector(C.CorrectorConfig(dim=16), rngs=nnx.Rngs(3))
+  pos = np.arange(70, 512, 9)
+  a = ivf.evaluate(q, w, k, cfg, query_positions=pos)
+  b = ivf.evaluate(q, w, k, cfg, query_positions=pos, corrector=m)
+  np.testing.assert_array_equal(a["topk_indices"], b["topk_indices"])
+  _, corr = m(jnp.asarray(k), jnp.asarray(np.arange(512) % 7, jnp.int32), 7)
+  assert float(jnp.abs(corr).max()) == 0.0
+
+
+def test_features_pool_members_exactly():
+  rng = np.random.default_rng(2)
+  keys = rng.standard_normal((30, 4)).astype(np.float32)
+  assign = rng.integers(-1, 5, 30).astype(np.int32)
+  mean, logsize, fmean, fmax = C.group_features(jnp.asarray(keys), jnp.asarray(assign), 6,
+                                                lambda x: x * 2.0)
+  for g in range(6):
+    m = assign == g
+    if m.any():
+      np.testing.assert_allclose(mean[g], keys[m].mean(0), rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(fmean[g], 2 * keys[m].mean(0), rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(fmax[g], 2 * keys[m].max(0), rtol=1e-6)
+      np.testing.assert_allclose(logsize[g], np.log(m.sum()), rtol=1e-6)
+    else:
+      assert float(jnp.abs(fmax[g]).max()) == 0 and float(logsize[g]) == 0
+
+
+def test_training_lowers_the_listwise_loss_and_exports(trained, data):
+  out, cfg, rep = trained
+  r = rep["layers"][0]
+  assert r["layer"] == 4 and r["steps_run"] == 40
+  tr = traces.load(data[0])
+  q, w, k = (np.asarray(a) for a in (tr.q[0], tr.w[0], tr.k[0]))
+  snaps = tc.build_snapshots(q, w, k, cfg.ivf_config())
+  C.load.cache_clear()
+  trained_m = C.load(os.path.join(out, "correctors.npz"))[4]
+  fresh = C.Corrector(trained_m.cfg, rngs=nnx.Rngs(0))
+
+  def loss(m):
+    tot = 0.0
+    for sn in snaps:
+      mean, corr = m(jnp.asarray(k), jnp.asarray(sn["assign"]), len(sn["sizes"]))
+      s = tc._scores(jnp.asarray(q[sn["queries"]]), jnp.asarray(w[sn["queries"]]), mean + corr)
+      tot += float(tc.listnet_loss(s, jnp.asarray(sn["target"]), jnp.asarray(sn["usable"]),
+                                   r["tau"]))
+    return tot / len(snaps)
+
+  assert loss(trained_m) < loss(fresh) - 0.01
+  assert {"recall_plain", "recall_corrected", "recall_oracle"} <= set(r)
+  # the export loads by path in ivf.evaluate
+  ev = traces.load(data[1])
+  res = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=[300, 400],
+                     corrector=os.path.join(out, "correctors.npz"), layer=4)
+  assert res["recall"].shape == (2,)
+  with pytest.raises(ValueError, match="layer=5"):
+    ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=[300],
+                 corrector=os.path.join(out, "correctors.npz"), layer=5)
+
+
+def test_interrupted_run_resumes_to_identical_parameters(trained, data, tmp_path):
+  ref_out, cfg, _ = trained
+  import dataclasses
+  out = str(tmp_path / "r")
+  first = tc.train(dataclasses.replace(cfg, out=out, max_seconds=1e-9, save_every=1),
+                   progress=lambda s: None)
+  assert first["stopped_early"] and not os.path.exists(os.path.join(out, "correctors.npz"))
+  tc.train(dataclasses.replace(cfg, out=out, save_every=1), progress=lambda s: None)
+  for a, b in zip(_params(out), _params(ref_out)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_killed_run_resumes_to_identical_parameters(trained, data, tmp_path):
+  ref_out, cfg, _ = trained
+  out = str(tmp_path / "k")
+  args = [sys.executable, "-m", "train.corrector", "--out", out, "--train-trace", data[0],
+          "--eval-trace", data[1], "--steps", "40", "--lr", "0.005"]
+  for key, v in SMALL.items():
+    args += ["--" + key.replace("_", "-"), str(1 if key == "save_every" else v)]
+  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ck = os.path.join(out, "layer4")
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.isdir(ck) and any(d.isdigit() and int(d) >= 3 for d in os.listdir(ck)):
+      break
+    time.sleep(0.02)
+  killed = proc.poll() is None
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert killed, "training finished before it could be killed"
+  rc = subprocess.run(args, env=env, capture_output=True, text=True)
+  assert rc.returncode == 0, rc.stderr[-2000:]
+  for a, b in zip(_params(out), _params(ref_out)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_damaged_checkpoints_are_an_error_not_a_restart(trained, tmp_path):
+  import shutil
+  ref_out, cfg, _ = trained
+  out = str(tmp_path / "d")
+  shutil.copytree(ref_out, out)
+  for step in os.listdir(os.path.join(out, "layer4")):
+    for root, _, files in os.walk(os.path.join(out, "layer4", step)):
+      for f in files:
+        with open(os.path.join(root, f), "wb") as fh:
+          fh.write(b"junk")
+  import dataclasses
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoint"):
+    tc.train(dataclasses.replace(cfg, out=out), progress=lambda s: None)
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--steps", "1"], "--steps=1"),
+    (["--lr", "0"], "--lr=0.0"),
+    (["--layers", "3"], "--layers [3]"),
+    (["--budget", "10"], "budget=10"),
+    (["--train-trace", "/nonexistent.npz"], "--train-trace"),
+])
+def test_bad_options_are_one_line_errors(extra, msg, data, tmp_path, capsys):
+  argv = ["--out", str(tmp_path / "o"), "--train-trace", data[0], "--eval-trace", data[1],
+          "--seal-window", "64", "--cluster-size", "16", "--refit-interval", "128"]
+  argv += extra
+  with pytest.raises(SystemExit) as e:
+    tc.main(argv)
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert msg in err and "Traceback" not in err

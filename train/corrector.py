@@ -1,0 +1,309 @@
+"""Train AttentionIndex's representative-correction networks, one per layer (Flax NNX + Optax).
+
+Data come from prefill traces of the frozen model (`jaxsparse trace prefill`, training text
+only): the index is replayed over the trace exactly as at inference (seals, refits, versions);
+for sampled queries the full top-K is the reference, and a group's target is (reference keys
+in the group) / (group size). The loss is listwise (ListNet): the cross-entropy between the
+targets normalised over the query's usable groups and the softmax of the corrected
+representatives' indexer scores divided by a temperature (the standard deviation of the plain
+means' scores, fixed from the data). It rewards putting reference-dense groups first, over the
+whole ranking at once, and is smooth in the correction; a pairwise loss would need O(G^2)
+terms per query for the same information.
+
+  python -m train.corrector --train-trace train.npz --eval-trace heldout.npz --layers 0,3 \\
+      --steps 400 --out runs/corrector
+  jaxsparse train corrector ...                                       (same options)
+
+Checkpoints per layer (Orbax, atomic, the latest two kept) hold parameters, optimizer state and
+step; a rerun with the same --out resumes and ends with the same parameters as an uninterrupted
+run. OUT/correctors.npz is the export `ivf.evaluate(..., corrector=PATH, layer=L)` loads.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from train import checkpoints
+
+__all__ = ["CorrectorTrainConfig", "ConfigError", "build_snapshots", "train", "main"]
+
+
+class ConfigError(ValueError):
+  """A training option that cannot work; raised before any data is built."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectorTrainConfig:
+  out: str
+  train_trace: str
+  eval_trace: str
+  layers: str = ""  # comma list of trace layer indices; "" = all
+  steps: int = 300
+  lr: float = 2e-3
+  queries: int = 64  # per step
+  topk: int = 128
+  budget: int = 512
+  seal_window: int = 256
+  cluster_size: int = 32
+  refit_interval: int = 1024
+  member_features: int = 64
+  hidden: int = 128
+  scale: float = 0.5
+  eval_queries: int = 128
+  eval_every: int = 100
+  save_every: int = 50
+  max_seconds: float = 0.0
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("steps", "queries", "topk", "budget", "eval_queries", "eval_every",
+                 "save_every", "member_features", "hidden"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)} must be positive")
+    if self.steps < 2:
+      raise ConfigError(f"--steps={self.steps}: training needs at least 2 steps")
+    if not self.lr > 0:
+      raise ConfigError(f"--lr={self.lr} must be positive")
+    if not self.out:
+      raise ConfigError("--out must name a directory")
+    for name in ("train_trace", "eval_trace"):
+      if not os.path.isfile(getattr(self, name)):
+        raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)!r} does not exist")
+    try:
+      self.ivf_config()
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+
+  def ivf_config(self):
+    from jaxsparse import ivf
+    return ivf.IVFConfig(topk=self.topk, budget=self.budget, seal_window=self.seal_window,
+                         cluster_size=self.cluster_size, refit_interval=self.refit_interval)
+
+  def identity(self) -> dict:
+    return {k: getattr(self, k) for k in ("train_trace", "topk", "budget", "seal_window",
+                                          "cluster_size", "refit_interval", "member_features",
+                                          "hidden", "scale", "lr", "queries", "seed")}
+
+
+def build_snapshots(q, w, k, cfg) -> list[dict]:
+  """Replay the index over one trace layer; per version, its grouping and every query that
+  uses it with its targets. Returns [{"assign" [N], "sizes" [G], "queries" [Qv], "target"
+  [Qv, G] float32 (reference share per group; 0 where unusable), "usable" [Qv, G] bool}]."""
+  from jaxsparse.ivf import evaluation as ev
+  from jaxsparse.ivf import index
+  n = k.shape[0]
+  kj = jnp.asarray(k)
+  pos_all = np.arange(cfg.seal_window, n)
+  pj = jnp.asarray(pos_all, jnp.int32)
+  _, ref = ev._exact(jnp.asarray(q)[pj], jnp.asarray(w)[pj], kj, pj, cfg.topk)
+  ref = np.asarray(ref)
+  state = index.init_state(n, k.shape[1], cfg)
+  out = []
+  for v in range(1, n // cfg.seal_window + 1):
+    p = v * cfg.seal_window
+    state = index.seal(state, kj, p, config=cfg)
+    if cfg.refit_interval and p % cfg.refit_interval == 0:
+      state = index.refit(state, kj, p, config=cfg)
+    sel = np.nonzero((pos_all + 1) // cfg.seal_window == v)[0]
+    if not len(sel):
+      continue
+    assign = np.asarray(state["assign"])
+    sizes = np.asarray(state["sizes"])
+    last = np.asarray(state["last"])
+    g = len(sizes)
+    r = ref[sel]
+    hit = np.where(r >= 0, assign[np.maximum(r, 0)], -1)
+    cnt = np.stack([np.bincount(h[h >= 0], minlength=g) for h in hit]).astype(np.float32)
+    usable = np.broadcast_to((sizes > 0) & (last < p), cnt.shape)
+    out.append({"assign": assign, "sizes": sizes, "queries": pos_all[sel],
+                "target": np.where(usable, cnt / np.maximum(sizes, 1), 0.0).astype(np.float32),
+                "usable": usable.copy()})
+  return out
+
+
+def _scores(q, w, reps):
+  s = jnp.einsum("qhd,gd->qhg", q, reps)
+  return jnp.einsum("qhg,qh->qg", jnp.maximum(s, 0.0), w)
+
+
+def listnet_loss(scores, target, usable, tau):
+  """Cross-entropy of softmax(scores / tau) against the normalised targets over usable groups;
+  queries whose reference keys fall in no usable group are left out."""
+  logp = jax.nn.log_softmax(jnp.where(usable, scores / tau, -jnp.inf), axis=-1)
+  tot = target.sum(-1, keepdims=True)
+  p = target / jnp.maximum(tot, 1e-9)
+  per = -jnp.sum(jnp.where(usable, p * logp, 0.0), -1)
+  live = tot[:, 0] > 0
+  return jnp.sum(jnp.where(live, per, 0.0)) / jnp.maximum(live.sum(), 1)
+
+
+def _batch(snaps, q, w, cfg: CorrectorTrainConfig, step: int):
+  """The step's snapshot and `queries` of its queries (with replacement), deterministic."""
+  rng = np.random.default_rng([cfg.seed, step])
+  sn = snaps[rng.integers(len(snaps))]
+  pick = rng.integers(0, len(sn["queries"]), cfg.queries)
+  pos = sn["queries"][pick]
+  return (sn["assign"], q[pos], w[pos], sn["target"][pick], sn["usable"][pick])
+
+
+def _train_layer(li, layer_id, tr, ev, cfg: CorrectorTrainConfig, out, progress):
+  from flax import nnx
+  from jaxsparse import ivf
+  from jaxsparse.ivf import corrector as C
+  icfg = cfg.ivf_config()
+  q, w, k = (np.asarray(a, np.float32) for a in (tr.q[li], tr.w[li], tr.k[li]))
+  snaps = build_snapshots(q, w, k, icfg)
+  g = len(snaps[0]["sizes"])
+  keys = jnp.asarray(k)
+  model = C.Corrector(C.CorrectorConfig(dim=k.shape[1], member_features=cfg.member_features,
+                                        hidden=cfg.hidden, scale=cfg.scale),
+                      rngs=nnx.Rngs(cfg.seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  # the temperature: the spread of the plain means' scores over the training queries
+  sn = snaps[-1]
+  mean0 = C.group_features(keys, jnp.asarray(sn["assign"]), g, lambda x: x[:, :1])[0]
+  s0 = np.asarray(_scores(jnp.asarray(q[sn["queries"]]), jnp.asarray(w[sn["queries"]]), mean0))
+  tau = float(np.std(s0[np.asarray(sn["usable"])]) or 1.0)
+  tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, cfg.lr, max(1, cfg.steps // 10),
+                                                      cfg.steps), weight_decay=1e-4)
+  opt_state = tx.init(params)
+  mgr = checkpoints.Manager(os.path.join(out, f"layer{layer_id}"), save_every=cfg.save_every)
+  start, restored = mgr.restore_latest({"params": params, "opt": opt_state})
+  if restored is not None:
+    params, opt_state = restored["params"], restored["opt"]
+
+  @jax.jit
+  def step(params, opt_state, assign, qb, wb, target, usable):
+    def loss_fn(p):
+      m = nnx.merge(graphdef, p)
+      mean, corr = m(keys, assign, g)
+      return listnet_loss(_scores(qb, wb, mean + corr), target, usable, tau)
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    upd, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state, loss
+
+  pos_eval = np.unique(np.linspace(icfg.seal_window, ev.k.shape[1] - 1,
+                                   cfg.eval_queries).astype(np.int64))
+  evq, evw, evk = (np.asarray(a, np.float32) for a in (ev.q[li], ev.w[li], ev.k[li]))
+
+  def heldout(p):
+    m = nnx.merge(graphdef, p)
+    return float(ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval,
+                              corrector=m)["recall"].mean())
+
+  losses, history, t0, stopped = [], [], time.time(), False
+  for s in range(start, cfg.steps):
+    assign, qb, wb, tg, us = _batch(snaps, q, w, cfg, s)
+    params, opt_state, loss = step(params, opt_state, jnp.asarray(assign), jnp.asarray(qb),
+                                   jnp.asarray(wb), jnp.asarray(tg), jnp.asarray(us))
+    losses.append(float(loss))
+    mgr.maybe_save(s + 1, {"params": params, "opt": opt_state})
+    if (s + 1) % cfg.eval_every == 0 or s + 1 == cfg.steps:
+      rec = heldout(params)
+      history.append({"step": s + 1, "loss": float(loss), "heldout_recall": rec})
+      progress(f"layer {layer_id} step {s + 1}/{cfg.steps} loss {float(loss):.4f} "
+               f"held-out recall {rec:.4f} ({(s + 1 - start) / (time.time() - t0):.1f} steps/s)")
+    if cfg.max_seconds and time.time() - t0 > cfg.max_seconds and s + 1 < cfg.steps:
+      mgr.save(s + 1, {"params": params, "opt": opt_state})
+      stopped = True
+      break
+  if not stopped:
+    mgr.save(cfg.steps, {"params": params, "opt": opt_state})
+  mgr.close()
+  model = nnx.merge(graphdef, params)
+  result = {"layer": layer_id, "tau": tau, "steps_run": len(losses), "stopped_early": stopped,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, "history": history}
+  if not stopped:
+    base = ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval)
+    orc = ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval, oracle=True)
+    cor = ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval, corrector=model)
+    result.update(recall_plain=float(base["recall"].mean()),
+                  recall_corrected=float(cor["recall"].mean()),
+                  recall_oracle=float(orc["recall"].mean()))
+  return model, result
+
+
+def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
+  out = os.path.abspath(cfg.out)
+  checkpoints.prepare_out(out)
+  checkpoints.check_identity(out, cfg.identity(), cfg.steps)
+  from jaxsparse import traces
+  from jaxsparse.ivf import corrector as C
+  tr, ev = traces.load(cfg.train_trace), traces.load(cfg.eval_trace)
+  for name, t in (("--train-trace", tr), ("--eval-trace", ev)):
+    if t.kind != "prefill":
+      raise ConfigError(f"{name} is a {t.kind} trace; the corrector trains on prefill traces")
+  if tr.layers.tolist() != ev.layers.tolist():
+    raise ConfigError(f"--train-trace layers {tr.layers.tolist()} differ from --eval-trace "
+                      f"layers {ev.layers.tolist()}")
+  idx = [int(v) for v in cfg.layers.split(",")] if cfg.layers else list(range(len(tr.layers)))
+  bad = [i for i in idx if not 0 <= i < len(tr.layers)]
+  if bad:
+    raise ConfigError(f"--layers {bad} out of range: the traces hold {len(tr.layers)} layers")
+  for t, name in ((tr, "--train-trace"), (ev, "--eval-trace")):
+    if t.k.shape[1] <= 2 * cfg.seal_window:
+      raise ConfigError(f"{name} has {t.k.shape[1]} tokens; needs more than 2 x --seal-window")
+  checkpoints.write_identity(out, cfg.identity(), cfg.steps)
+  models, results = {}, []
+  for li in idx:
+    layer_id = int(tr.layers[li])
+    m, r = _train_layer(li, layer_id, tr, ev, cfg, out, progress)
+    models[layer_id] = m
+    results.append(r)
+    if r["stopped_early"]:
+      break
+  report = {"config": dataclasses.asdict(cfg), "layers": results,
+            "stopped_early": any(r["stopped_early"] for r in results)}
+  from jaxsparse.benchtools import environment
+  report["environment"] = environment()
+  if not report["stopped_early"]:
+    C.save(os.path.join(out, "correctors.npz"), models,
+           meta={"ivf": dataclasses.asdict(cfg.ivf_config()), "train_trace": cfg.train_trace})
+  tmp = os.path.join(out, "report.json.tmp")
+  with open(tmp, "w") as f:
+    json.dump(report, f, indent=1)
+  os.replace(tmp, os.path.join(out, "report.json"))
+  return report
+
+
+def build_parser(prog: str = "python -m train.corrector") -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  for f in dataclasses.fields(CorrectorTrainConfig):
+    typ = {"int": int, "float": float, "str": str}[f.type]
+    req = f.default is dataclasses.MISSING
+    p.add_argument("--" + f.name.replace("_", "-"), type=typ, required=req,
+                   default=None if req else f.default,
+                   help="(required)" if req else f"(default {f.default!r})")
+  return p
+
+
+def main(argv=None, prog: str = "python -m train.corrector") -> int:
+  p = build_parser(prog)
+  a = p.parse_args(argv)
+  try:
+    cfg = CorrectorTrainConfig(**vars(a))
+    rep = train(cfg)
+  except (ConfigError, checkpoints.CheckpointError) as e:
+    p.exit(2, f"{p.prog}: error: {e}\n")
+  for r in rep["layers"]:
+    if "recall_plain" in r:
+      print(f"layer {r['layer']}: held-out recall plain {r['recall_plain']:.4f} -> corrected "
+            f"{r['recall_corrected']:.4f} (oracle {r['recall_oracle']:.4f})")
+  if not rep["stopped_early"]:
+    print(f"correctors written to {os.path.join(cfg.out, 'correctors.npz')}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
