@@ -9,6 +9,8 @@ import pytest
 import jaxsparse
 from jaxsparse.prep import quantize_fp8
 from tests.conftest import assert_scores_close
+
+GPU_TOL = 2e-3  # TF32 / MMA accumulation orders on the GPU; a 1% error still fails
 from tests.reference import (index_ordered, np_indexer, np_topk, prefill_case, random_paged,
                              spin_selection_case, spin_state_case, with_block_max)
 
@@ -22,7 +24,7 @@ def test_decode_gpu(key_dtype, bsz, rows, n, num_blocks):
   q, kc, table, lens, w, ks = random_paged(rng, bsz, rows, 64, 128, n, num_blocks, key_dtype)
   out = jaxsparse.paged_indexer_scores(q, kc, table, lens, w, k_scale=ks, implementation="pallas")
   ref = np_indexer.paged(q, kc, table, lens, w, ks)
-  assert_scores_close(out, ref, reduction=64 * 128)
+  assert_scores_close(out, ref, reduction=64 * 128, dtype_tol=GPU_TOL)
 
 
 @pytest.mark.parametrize("key_dtype,kernel", [("bfloat16", "auto"), ("bfloat16", "triton"),
@@ -42,7 +44,7 @@ def test_prefill_gpu(key_dtype, kernel):
   pos = jnp.asarray(np.sort(rng.integers(0, n, t)), jnp.int32)
   out = jaxsparse.indexer_scores(q, k, w, k_scale=ks, query_positions=pos, implementation="pallas",
                                 config=PrefillConfig(kernel=kernel))
-  assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
+  assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d, dtype_tol=GPU_TOL)
 
 
 @pytest.mark.parametrize("finish", ["sort", "rank", "bitonic", "persistent"])
@@ -405,7 +407,7 @@ def test_fp8_queries_gpu():
   q8, qs = quantize_fp8(q)
   out = jaxsparse.paged_indexer_scores(q8, kc, table, lens, w * qs, k_scale=ks,
                                        implementation="pallas")
-  assert_scores_close(out, np_indexer.paged(q8, kc, table, lens, w * qs, ks), reduction=64 * 128)
+  assert_scores_close(out, np_indexer.paged(q8, kc, table, lens, w * qs, ks), reduction=64 * 128, dtype_tol=GPU_TOL)
   t, n = 200, 5000
   qd = jnp.asarray(rng.standard_normal((t, 64, 128)), jnp.bfloat16)
   kd, sd = quantize_fp8(jnp.asarray(rng.standard_normal((n, 128)), jnp.float32))
@@ -414,7 +416,7 @@ def test_fp8_queries_gpu():
   pos = jnp.asarray(np.sort(rng.integers(0, n, t)), jnp.int32)
   outd = jaxsparse.indexer_scores(qd8, kd, wd, k_scale=sd, query_positions=pos,
                                   implementation="pallas")
-  assert_scores_close(outd, np_indexer.dense(qd8, kd, wd, sd, pos), reduction=64 * 128)
+  assert_scores_close(outd, np_indexer.dense(qd8, kd, wd, sd, pos), reduction=64 * 128, dtype_tol=GPU_TOL)
 
 
 @pytest.mark.parametrize("reduction", ["A1", "A2"])
@@ -554,7 +556,7 @@ def test_prefill_mosaic_kernel_gpu(bt, bn, stages, fp8):
   q, k, w, pos, ks = prefill_case(rng, t, h, d, n, fp8=fp8, max_pos=n // 2)
   got = jax.jit(lambda *a: prefill_scores_mgpu(*a, block_t=bt, block_n=bn,
                                                max_concurrent_steps=stages))(q, k, w, pos, ks)
-  assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d)
+  assert_scores_close(got, np_indexer.dense(q, k, w, ks, pos), reduction=h * d, dtype_tol=GPU_TOL)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8 q+k", "fp8 keys"])
@@ -575,7 +577,7 @@ def test_decode_mosaic_kernel_gpu(dtype, pages, steps):
   got = jax.jit(lambda *a: decode_scores_mgpu(*a, pages=pages, steps=steps))(q, kc, table, lens,
                                                                            w, ks)
   ref = np_indexer.paged(q[:, None], kc, table, lens, w[:, None], ks)[:, 0]
-  assert_scores_close(got, ref, reduction=h * d)
+  assert_scores_close(got, ref, reduction=h * d, dtype_tol=GPU_TOL)
 
 
 def test_decode_mosaic_kernel_block_sparse_gpu():
@@ -602,7 +604,7 @@ def test_decode_mosaic_kernel_block_sparse_gpu():
   slots = (sel[:, :, None] * 64 + np.arange(64)).reshape(b, -1)
   ok = (np.repeat(sel, 64, axis=1) >= 0) & (slots < lens[:, None])
   ref = np.where(ok, np.take_along_axis(full, np.where(ok, slots, 0), axis=1), -np.inf)
-  assert_scores_close(got, ref, reduction=h * d)
+  assert_scores_close(got, ref, reduction=h * d, dtype_tol=GPU_TOL)
 
 
 def test_kernel_time_gpu():

@@ -438,3 +438,15 @@ def test_prefill_mosaic_kernel_interpret(fp8):
   assert_scores_close(api, np_indexer.dense(q[:t2], k[:n2], w[:t2],
                                             None if ks is None else ks[:n2],
                                             jnp.minimum(pos[:t2], n2 - 1)), reduction=h * d)
+
+
+def test_score_tolerance_catches_a_one_percent_error():
+  """The kernels' oracle: a kernel whose outputs are 1% off fails assert_scores_close."""
+  rng = np.random.default_rng(0)
+  ref = rng.standard_normal((8, 300))
+  ref[:, 250:] = -np.inf
+  assert_scores_close(ref * (1 + 1e-7), ref, reduction=64 * 128)
+  with pytest.raises(AssertionError, match="relative error"):
+    assert_scores_close(ref * 1.01, ref, reduction=64 * 128)
+  with pytest.raises(AssertionError, match="relative error"):
+    assert_scores_close(ref * 1.001, ref, reduction=64 * 128)
