@@ -469,13 +469,16 @@ def _trace(args) -> int:
     raise CliError(f"--text={args.text!r} has {len(ids):,} tokens; this trace needs {need:,}")
   from jaxsparse import traces
   from jaxsparse.model import llama, record
-  base = llama.load_model()
-  if args.kind == "decode":
-    tr = record.record_decode(base, idx, ids, prompt_len=args.prompt_len, steps=args.steps,
-                              rows=args.rows, layers=layers, source=args.text)
-  else:
-    tr = record.record_prefill(base, idx, ids[: args.tokens], layers=layers, source=args.text)
-  traces.save(args.out, tr)
+  from rich.console import Console
+  with Console(stderr=True).status(f"recording a {args.kind} trace ({need:,} tokens)"):
+    base = llama.load_model()
+    if args.kind == "decode":
+      tr = record.record_decode(base, idx, ids, prompt_len=args.prompt_len, steps=args.steps,
+                                rows=args.rows, layers=layers, source=args.text)
+    else:
+      tr = record.record_prefill(base, idx, ids[: args.tokens], layers=layers,
+                                 source=args.text)
+    traces.save(args.out, tr)
   print(f"wrote {args.out} ({tr.kind}, layers {tr.layers.tolist()}, q {tr.q.shape})")
   return 0
 

@@ -3,7 +3,6 @@ status 2 (before slow work), the main job's output, and quality/trace at tiny si
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest

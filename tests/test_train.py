@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from jaxsparse import cli, traces
+from jaxsparse import cli
 from jaxsparse.model import lightning
 from train import checkpoints
 from train import indexer as tr

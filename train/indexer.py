@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,6 @@
 """Candidate packing: fixed slots for sinks and ungrouped keys, then whole groups by rank."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 __all__ = ["representative_scores", "candidate_mask"]

@@ -1,7 +1,6 @@
 """Produce decode and prefill traces from any text with the real model and trained indexers."""
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse import traces
