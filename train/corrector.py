@@ -44,7 +44,7 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class CorrectorTrainConfig:
   out: str
-  train_trace: str
+  train_trace: str  # one or more prefill traces, comma-separated (same length and layers)
   eval_trace: str
   layers: str = ""  # comma list of trace layer indices; "" = all
   steps: int = 300
@@ -76,8 +76,9 @@ class CorrectorTrainConfig:
     if not self.out:
       raise ConfigError("--out must name a directory")
     for name in ("train_trace", "eval_trace"):
-      if not os.path.isfile(getattr(self, name)):
-        raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)!r} does not exist")
+      for path in getattr(self, name).split(","):
+        if not os.path.isfile(path):
+          raise ConfigError(f"--{name.replace('_', '-')}: {path!r} does not exist")
     try:
       self.ivf_config()
     except ValueError as e:
@@ -146,23 +147,28 @@ def listnet_loss(scores, target, usable, tau):
   return jnp.sum(jnp.where(live, per, 0.0)) / jnp.maximum(live.sum(), 1)
 
 
-def _batch(snaps, q, w, cfg: CorrectorTrainConfig, step: int):
+def _batch(snaps, data, cfg: CorrectorTrainConfig, step: int):
   """The step's snapshot and `queries` of its queries (with replacement), deterministic."""
   rng = np.random.default_rng([cfg.seed, step])
   sn = snaps[rng.integers(len(snaps))]
+  q, w, k = data[sn["trace"]]
   pick = rng.integers(0, len(sn["queries"]), cfg.queries)
   pos = sn["queries"][pick]
-  return (sn["assign"], q[pos], w[pos], sn["target"][pick], sn["usable"][pick])
+  return (k, sn["assign"], q[pos], w[pos], sn["target"][pick], sn["usable"][pick])
 
 
-def _train_layer(li, layer_id, tr, ev, cfg: CorrectorTrainConfig, out, progress):
+def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress):
   from flax import nnx
   from jaxsparse import ivf
   from jaxsparse.ivf import corrector as C
   icfg = cfg.ivf_config()
-  q, w, k = (np.asarray(a, np.float32) for a in (tr.q[li], tr.w[li], tr.k[li]))
-  snaps = build_snapshots(q, w, k, icfg)
+  data, snaps = [], []
+  for ti, tr in enumerate(trs):
+    q, w, k = (np.asarray(a, np.float32) for a in (tr.q[li], tr.w[li], tr.k[li]))
+    data.append((q, w, k))
+    snaps += [{**sn, "trace": ti} for sn in build_snapshots(q, w, k, icfg)]
   g = len(snaps[0]["sizes"])
+  q, w, k = data[-1]
   keys = jnp.asarray(k)
   model = C.Corrector(C.CorrectorConfig(dim=k.shape[1], member_features=cfg.member_features,
                                         hidden=cfg.hidden, scale=cfg.scale),
@@ -182,10 +188,10 @@ def _train_layer(li, layer_id, tr, ev, cfg: CorrectorTrainConfig, out, progress)
     params, opt_state = restored["params"], restored["opt"]
 
   @jax.jit
-  def step(params, opt_state, assign, qb, wb, target, usable):
+  def step(params, opt_state, kb, assign, qb, wb, target, usable):
     def loss_fn(p):
       m = nnx.merge(graphdef, p)
-      mean, corr = m(keys, assign, g)
+      mean, corr = m(kb, assign, g)
       return listnet_loss(_scores(qb, wb, mean + corr), target, usable, tau)
     loss, grads = jax.value_and_grad(loss_fn)(params)
     upd, opt_state = tx.update(grads, opt_state, params)
@@ -202,9 +208,10 @@ def _train_layer(li, layer_id, tr, ev, cfg: CorrectorTrainConfig, out, progress)
 
   losses, history, t0, stopped = [], [], time.time(), False
   for s in range(start, cfg.steps):
-    assign, qb, wb, tg, us = _batch(snaps, q, w, cfg, s)
-    params, opt_state, loss = step(params, opt_state, jnp.asarray(assign), jnp.asarray(qb),
-                                   jnp.asarray(wb), jnp.asarray(tg), jnp.asarray(us))
+    kb, assign, qb, wb, tg, us = _batch(snaps, data, cfg, s)
+    params, opt_state, loss = step(params, opt_state, jnp.asarray(kb), jnp.asarray(assign),
+                                   jnp.asarray(qb), jnp.asarray(wb), jnp.asarray(tg),
+                                   jnp.asarray(us))
     losses.append(float(loss))
     mgr.maybe_save(s + 1, {"params": params, "opt": opt_state})
     if (s + 1) % cfg.eval_every == 0 or s + 1 == cfg.steps:
@@ -239,25 +246,29 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   checkpoints.check_identity(out, cfg.identity(), cfg.steps)
   from jaxsparse import traces
   from jaxsparse.ivf import corrector as C
-  tr, ev = traces.load(cfg.train_trace), traces.load(cfg.eval_trace)
-  for name, t in (("--train-trace", tr), ("--eval-trace", ev)):
+  trs = [traces.load(p) for p in cfg.train_trace.split(",")]
+  ev = traces.load(cfg.eval_trace)
+  tr = trs[0]
+  for name, t in [("--train-trace", t) for t in trs] + [("--eval-trace", ev)]:
     if t.kind != "prefill":
       raise ConfigError(f"{name} is a {t.kind} trace; the corrector trains on prefill traces")
-  if tr.layers.tolist() != ev.layers.tolist():
-    raise ConfigError(f"--train-trace layers {tr.layers.tolist()} differ from --eval-trace "
-                      f"layers {ev.layers.tolist()}")
+    if t.layers.tolist() != tr.layers.tolist():
+      raise ConfigError(f"{name} holds layers {t.layers.tolist()}; the first --train-trace "
+                        f"holds {tr.layers.tolist()}")
+  if len({t.k.shape[1] for t in trs}) > 1:
+    raise ConfigError("every --train-trace must hold the same number of tokens")
   idx = [int(v) for v in cfg.layers.split(",")] if cfg.layers else list(range(len(tr.layers)))
   bad = [i for i in idx if not 0 <= i < len(tr.layers)]
   if bad:
     raise ConfigError(f"--layers {bad} out of range: the traces hold {len(tr.layers)} layers")
-  for t, name in ((tr, "--train-trace"), (ev, "--eval-trace")):
+  for t, name in [(t, "--train-trace") for t in trs] + [(ev, "--eval-trace")]:
     if t.k.shape[1] <= 2 * cfg.seal_window:
       raise ConfigError(f"{name} has {t.k.shape[1]} tokens; needs more than 2 x --seal-window")
   checkpoints.write_identity(out, cfg.identity(), cfg.steps)
   models, results = {}, []
   for li in idx:
     layer_id = int(tr.layers[li])
-    m, r = _train_layer(li, layer_id, tr, ev, cfg, out, progress)
+    m, r = _train_layer(li, layer_id, trs, ev, cfg, out, progress)
     models[layer_id] = m
     results.append(r)
     if r["stopped_early"]:
