@@ -205,3 +205,39 @@ def test_bad_inputs_name_the_argument():
     ivf.evaluate(q, w, k, CFG, method="lsh", query_positions=[5])
   with pytest.raises(ValueError, match=r"\[N, H, D\]"):
     ivf.evaluate(q[:, 0], w, k, CFG, query_positions=[5])
+
+
+def test_gathered_candidates_equal_the_mask():
+  """candidate_indices (what a prefill kernel gathers) holds exactly candidate_mask's keys."""
+  q, w, k = _trace(n=400)
+  kj = jnp.asarray(k)
+  st = index.init_state(400, 16, CFG)
+  for p in (64, 128, 192):
+    st = index.seal(st, kj, p, config=CFG)
+  pos = np.arange(191, 255)
+  reps = index.representatives(st, kj)
+  valid = (st["sizes"][None, :] > 0) & (st["last"][None, :] < 192)
+  gs = ivf.representative_scores(jnp.asarray(q[pos]), jnp.asarray(w[pos]), reps, valid)
+  gend = jnp.full((len(pos),), 192, jnp.int32)
+  pj = jnp.asarray(pos, jnp.int32)
+  mask, num = ivf.candidate_mask(gs, st["sizes"], st["assign"], st["rank"], gend, pj,
+                                 budget=CFG.budget, sink=CFG.sink)
+  members, offsets = ivf.inverted_lists(st["assign"], st["sizes"].shape[0])
+  idx, num2 = ivf.candidate_indices(gs, st["sizes"], members, offsets, gend, pj,
+                                    budget=CFG.budget, sink=CFG.sink, window=CFG.seal_window)
+  np.testing.assert_array_equal(np.asarray(num), np.asarray(num2))
+  mask, idx = np.asarray(mask), np.asarray(idx)
+  for i in range(len(pos)):
+    got = idx[i][idx[i] >= 0]
+    assert len(set(got)) == len(got)
+    assert set(got) == set(np.nonzero(mask[i])[0])
+
+
+def test_prefill_topk_equals_the_evaluation_path_for_every_query():
+  q, w, k = _trace(n=400)
+  idx, num = ivf.prefill_topk(q, w, k, CFG)
+  ref = ivf.evaluate(q, w, k, CFG, query_positions=np.arange(400))
+  np.testing.assert_array_equal(num, ref["num_candidates"])
+  for i in range(400):
+    assert set(idx[i][idx[i] >= 0]) == set(ref["topk_indices"][i][ref["topk_indices"][i] >= 0])
+  assert (idx <= np.arange(400)[:, None]).all()

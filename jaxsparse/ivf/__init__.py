@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxsparse.ivf.candidates import candidate_mask, representative_scores
+from jaxsparse.ivf.candidates import (candidate_indices, candidate_mask, inverted_lists,
+                                      representative_scores)
 from jaxsparse.ivf.evaluation import METHODS, evaluate
+from jaxsparse.ivf.prefill import prefill_topk
 from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, refit,
                                  representatives, seal)
 
-__all__ = ["IVFConfig", "evaluate", "METHODS", "init_state", "seal", "refit",
-           "representatives", "candidate_mask", "representative_scores", "group_capacity",
-           "index_bytes"]
+__all__ = ["IVFConfig", "evaluate", "prefill_topk", "METHODS", "init_state", "seal", "refit",
+           "representatives", "candidate_mask", "candidate_indices", "inverted_lists",
+           "representative_scores", "group_capacity", "index_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Candidate packing: fixed slots for sinks and ungrouped keys, then whole groups by rank."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-__all__ = ["representative_scores", "candidate_mask"]
+__all__ = ["representative_scores", "candidate_mask", "candidate_indices", "inverted_lists"]
 
 
 def representative_scores(q, w, reps, valid):
@@ -45,3 +46,46 @@ def candidate_mask(group_scores, sizes, assign, rank, grouped_end, positions, *,
   grouped = (assign[None, :] >= 0) & (rank[None, :] < per_key) & visible
   mask = fixed | grouped
   return mask, mask.sum(1).astype(jnp.int32)
+
+
+def inverted_lists(assign, num_groups: int):
+  """members [N] int32 (key ids sorted by group, then position; ungrouped keys last) and
+  offsets [G] int32 (where each group's list starts): the index's inverted file."""
+  n = assign.shape[0]
+  key = jnp.where(assign >= 0, assign, num_groups)
+  members = jnp.lexsort((jnp.arange(n), key)).astype(jnp.int32)
+  offsets = jnp.searchsorted(key[members], jnp.arange(num_groups), side="left")
+  return members, offsets.astype(jnp.int32)
+
+
+def candidate_indices(group_scores, sizes, members, offsets, grouped_end, positions, *,
+                      budget: int, sink: int, window: int):
+  """The same candidates as `candidate_mask`, as key indices gathered from the inverted
+  lists: what a prefill kernel reads, with no [Q, N] array.
+
+  Layout per query (static, budget + window slots): sink slots [0, sink), then `window` slots
+  for the ungrouped keys [grouped_end, position] (grouped_end + u), then budget - sink slots
+  filled with group members in rank order, cut at the query's room. Unused slots hold -1.
+  Returns (indices [Q, budget + window] int32, num_candidates [Q] int32).
+  """
+  qn = group_scores.shape[0]
+  s_idx = jnp.broadcast_to(jnp.arange(sink)[None, :], (qn, sink))
+  s_idx = jnp.where(s_idx <= positions[:, None], s_idx, -1)
+  u = grouped_end[:, None] + jnp.arange(window)[None, :]
+  u_idx = jnp.where((u <= positions[:, None]) & (u >= sink), u, -1)
+  nfixed = (s_idx >= 0).sum(1) + (u_idx >= 0).sum(1)
+  room = budget - nfixed
+  order = jnp.argsort(-group_scores, axis=1, stable=True)
+  usable = jnp.isfinite(jnp.take_along_axis(group_scores, order, 1))
+  sz = jnp.where(usable, sizes[order], 0)
+  cum = jnp.cumsum(sz, axis=1)  # [Q, G]
+  slots = jnp.arange(budget - sink)
+  r = jax.vmap(lambda c: jnp.searchsorted(c, slots, side="right"))(cum)  # [Q, B]
+  r = jnp.minimum(r, order.shape[1] - 1)
+  g = jnp.take_along_axis(order, r, 1)
+  start = jnp.take_along_axis(cum - sz, r, 1)
+  member = offsets[g] + (slots[None, :] - start)
+  ok = slots[None, :] < jnp.minimum(room, cum[:, -1])[:, None]
+  g_idx = jnp.where(ok, members[jnp.clip(member, 0, members.shape[0] - 1)], -1)
+  idx = jnp.concatenate([s_idx, u_idx, g_idx], axis=1).astype(jnp.int32)
+  return idx, (idx >= 0).sum(1).astype(jnp.int32)

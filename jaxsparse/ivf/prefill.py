@@ -1,0 +1,84 @@
+"""A chunked AttentionIndex prefill: every query's top-K from gathered candidates.
+
+Queries run in version order (the chunk of queries between two seals shares one version);
+each gathers its candidates from the inverted lists (`candidates.candidate_indices`), so no
+[T, N] array is formed: memory per chunk is [chunk, budget + seal_window] indices and scores.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse.ivf import candidates, index
+
+__all__ = ["prefill_topk"]
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window"))
+def _chunk_topk(q, w, k, reps, sizes, last, assign, grouped_end, positions, *, topk, budget,
+                sink, window):
+  g = sizes.shape[0]
+  valid = (sizes[None, :] > 0) & (last[None, :] < grouped_end[:, None])
+  gs = candidates.representative_scores(q, w, reps, valid)
+  members, offsets = candidates.inverted_lists(assign, g)
+  idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end, positions,
+                                          budget=budget, sink=sink, window=window)
+  kc = k[jnp.maximum(idx, 0)].astype(jnp.float32)  # [Q, S, D]
+  s = jnp.einsum("qhd,qsd->qhs", q.astype(jnp.float32), kc)
+  z = jnp.einsum("qhs,qh->qs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  z = jnp.where(idx >= 0, z, -jnp.inf)
+  v, j = jax.lax.top_k(z, topk)
+  return jnp.where(jnp.isfinite(v), jnp.take_along_axis(idx, j, 1), -1), num
+
+
+@functools.partial(jax.jit, static_argnames=("topk",))
+def _dense_topk(q, w, k, positions, *, topk):
+  s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
+  z = jnp.einsum("qhn,qh->qn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
+  v, i = jax.lax.top_k(z, topk)
+  return jnp.where(jnp.isfinite(v), i, -1)
+
+
+def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
+  """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
+
+  q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
+  score every key. Returns (indices [N, topk] int32, -1 where fewer keys are visible;
+  num_candidates [N] int32).
+  """
+  from jaxsparse.ivf.evaluation import _resolve_corrector
+  q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
+  n = k.shape[0]
+  if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
+    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
+                     f"[N, H, D], [N, H], [N, D]")
+  corrector = _resolve_corrector(corrector, layer)
+  topk, wnd = min(config.topk, n), config.seal_window
+  out_idx = np.full((n, topk), -1, np.int32)
+  out_num = np.zeros(n, np.int32)
+  first = min(wnd - 1, n)
+  if first:
+    pos = jnp.arange(first, dtype=jnp.int32)
+    out_idx[:first] = np.asarray(_dense_topk(q[:first], w[:first], k, pos, topk=topk))
+    out_num[:first] = np.arange(1, first + 1)
+  state = index.init_state(n, k.shape[1], config)
+  for v in range(1, n // wnd + 1):
+    p = v * wnd
+    state = index.seal(state, k, p, config=config)
+    if config.refit_interval and p % config.refit_interval == 0:
+      state = index.refit(state, k, p, config=config)
+    lo, hi = p - 1, min(p - 1 + wnd, n)
+    if lo >= hi:
+      continue
+    pos = jnp.arange(lo, hi, dtype=jnp.int32)
+    reps = index.representatives(state, k, corrector)
+    gend = jnp.full((hi - lo,), state["grouped_end"], jnp.int32)
+    idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, state["sizes"], state["last"],
+                           state["assign"], gend, pos, topk=topk, budget=config.budget,
+                           sink=config.sink, window=wnd)
+    out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
+  return out_idx, out_num
