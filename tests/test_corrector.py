@@ -109,6 +109,7 @@ def test_training_lowers_the_listwise_loss_and_exports(trained, data):
 
   assert loss(trained_m) < loss(fresh) - 0.01
   assert {"recall_plain", "recall_corrected", "recall_oracle"} <= set(r)
+  assert open(os.path.join(out, "report.png"), "rb").read(4) == b"\x89PNG"
   # the export loads by path in ivf.evaluate
   ev = traces.load(data[1])
   res = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=[300, 400],
@@ -176,6 +177,7 @@ def test_damaged_checkpoints_are_an_error_not_a_restart(trained, tmp_path):
     (["--lr", "0"], "--lr=0.0"),
     (["--layers", "3"], "--layers [3]"),
     (["--budget", "10"], "budget=10"),
+    (["--target-power", "0"], "--target-power=0.0"),
     (["--train-trace", "/nonexistent.npz"], "--train-trace"),
 ])
 def test_bad_options_are_one_line_errors(extra, msg, data, tmp_path, capsys):
