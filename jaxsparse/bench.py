@@ -364,7 +364,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       sel, counts = spin.compact_blocks(masks, width)
       zsel = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
                        jax.random.normal(key, (bsz, width * 64), jnp.float32), NEG_INF)
-      group = spin._fused_group(width * 64, cfg, topk_config)
+      group = spin._fused_group(bsz, width * 64, cfg, topk_config)
       # the step's stages alone, as the step runs them on this state's selection (the EMA
       # update's new state is threaded through the calls: otherwise XLA computes only the one
       # element of the elementwise update that the timing loop reads)

@@ -1,0 +1,55 @@
+"""Every benchmark script the README names runs in its --quick mode on the CPU (none rots)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def _run(script, *args):
+  env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT)}
+  res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                       env=env, capture_output=True, text=True, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return res.stdout
+
+
+@pytest.mark.parametrize("script", ["bench_indexer.py", "bench_topk.py", "bench_spin.py"])
+def test_kernel_benchmarks_quick(script, tmp_path):
+  out = tmp_path / "r.json"
+  _run(script, "--quick", "--out", str(out))
+  data = json.loads(out.read_text())
+  assert data["rows"] and {"device", "jax", "command"} <= set(data["environment"])
+  assert all(not r.get("error") for r in data["rows"])
+
+
+def test_ivf_recall_benchmark_quick(tmp_path):
+  from jaxsparse import traces
+  rng = np.random.default_rng(0)
+  n, h, d = 1024, 2, 16
+  k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
+  tr = traces.PrefillTrace(q=rng.standard_normal((2, n, h, d)).astype(np.float32),
+                           w=rng.uniform(0, 1, (2, n, h)).astype(np.float32),
+                           k=np.stack([k, k]).astype(np.float32),
+                           layers=np.asarray([3, 9], np.int32), meta={})
+  path = str(tmp_path / "p.npz")
+  traces.save(path, tr)
+  _run("bench_ivf_recall.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
+       "--seal-window", "128", "--cluster-size", "16", "--refit-interval", "512", "--out",
+       str(tmp_path / "ivf"))
+  data = json.loads((tmp_path / "ivf.json").read_text())
+  methods = {r["method"] for r in data["rows"]}
+  assert methods == {"IVF", "IVF seal only", "IVF oracle", "HiSA", "HiSA oracle"}
+  assert (tmp_path / "ivf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_spin_studies_quick(tmp_path):
+  _run("spin_studies.py", "--quick", "--out", str(tmp_path / "s"))
+  data = json.loads((tmp_path / "s.json").read_text())
+  assert data["sweep"] and "per_layer" in data["sweep"][0] and data["table1"]["average"]
