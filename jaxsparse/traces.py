@@ -29,6 +29,8 @@ import os
 
 import numpy as np
 
+from jaxsparse._io import save_npz_atomic
+
 SCHEMA_VERSION = 1
 
 
@@ -114,12 +116,7 @@ def save(path: str, tr) -> None:
             "k": tr.k}
   if tr.kind == "decode":
     arrays.update(lengths=tr.lengths, accepted=tr.accepted)
-  d = os.path.dirname(os.path.abspath(path))
-  os.makedirs(d, exist_ok=True)
-  tmp = os.path.join(d, f".{os.path.basename(path)}.tmp")
-  with open(tmp, "wb") as f:
-    np.savez_compressed(f, **arrays)
-  os.replace(tmp, path)
+  save_npz_atomic(path, arrays, compressed=True)
 
 
 def load(path: str):

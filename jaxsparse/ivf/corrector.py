@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxsparse._io import save_npz_atomic
+
 __all__ = ["CorrectorConfig", "Corrector", "group_features", "save", "load",
            "CorrectorFileError"]
 
@@ -92,12 +94,7 @@ def save(path: str, models: dict[int, Corrector], meta: dict | None = None) -> N
       arrays[f"{layer}/{'/'.join(map(str, name))}"] = np.asarray(
           leaf.get_value() if hasattr(leaf, "get_value") else leaf.value, np.float32)
   arrays["config"] = np.str_(json.dumps({"layers": cfgs, "meta": meta or {}}))
-  d = os.path.dirname(os.path.abspath(path))
-  os.makedirs(d, exist_ok=True)
-  tmp = os.path.join(d, f".{os.path.basename(path)}.tmp")
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
+  save_npz_atomic(path, arrays)
 
 
 @functools.lru_cache(maxsize=8)

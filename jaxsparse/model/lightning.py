@@ -16,6 +16,7 @@ from flax import nnx
 
 from jaxsparse import indexer as _indexer
 from jaxsparse import prep
+from jaxsparse._io import save_npz_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,6 @@ def param_shapes(cfg: IndexerConfig) -> dict:
 def save_indexers(path: str, cfg: IndexerConfig, params: dict, meta: dict | None = None) -> None:
   """Write trained indexers as a versioned npz (float16 weights, JSON config), atomically."""
   import json
-  import os
   shapes = param_shapes(cfg)
   arrays = {"format": np.int64(FILE_FORMAT),
             "config": np.str_(json.dumps(dataclasses.asdict(cfg))),
@@ -130,12 +130,7 @@ def save_indexers(path: str, cfg: IndexerConfig, params: dict, meta: dict | None
     if a.shape != shapes[name]:
       raise ValueError(f"params[{name!r}].shape={a.shape} must be {shapes[name]}")
     arrays[name] = a.astype(np.float16)
-  d = os.path.dirname(os.path.abspath(path))
-  os.makedirs(d, exist_ok=True)
-  tmp = os.path.join(d, f".{os.path.basename(path)}.tmp")
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
+  save_npz_atomic(path, arrays)
 
 
 class IndexerFileError(ValueError):
