@@ -28,6 +28,33 @@ def topk_xla(scores, k: int, lengths=None):
   return v.astype(scores.dtype), jnp.where(v == NEG_INF, -1, i).astype(jnp.int32)
 
 
+def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
+  """Exact merge of two partial top-K results over disjoint key sets.
+
+  values_* [..., ka] / [..., kb] float (descending, -inf tail), indices_* the same shapes
+  int32 (-1 tail). Returns the top k (default ka) of their union: values descending, ties to
+  the lower index, -inf / -1 where fewer than k entries exist, exactly what `topk` gives on
+  the concatenated rows. The building block of sharded top-K (per-shard results merged).
+  """
+  k = values_a.shape[-1] if k is None else k
+  if values_a.shape[:-1] != values_b.shape[:-1] or indices_a.shape != values_a.shape or \
+      indices_b.shape != values_b.shape:
+    raise ValueError(f"values/indices shapes {values_a.shape}, {indices_a.shape}, "
+                     f"{values_b.shape}, {indices_b.shape} do not pair up")
+  if k > values_a.shape[-1] + values_b.shape[-1]:
+    raise ValueError(f"k={k} exceeds the {values_a.shape[-1] + values_b.shape[-1]} entries")
+  v = jnp.concatenate([values_a, values_b], -1).astype(jnp.float32)
+  i = jnp.concatenate([indices_a, indices_b], -1).astype(jnp.int32)
+  dead = (i < 0) | (v == NEG_INF)
+  # sort by (-value, index): live entries first, descending, ties to the lower index
+  key_i = jnp.where(dead, jnp.iinfo(jnp.int32).max, i)
+  neg, idx = lax.sort((jnp.where(dead, jnp.inf, -v), key_i), dimension=v.ndim - 1, num_keys=2)
+  neg, idx = neg[..., :k], idx[..., :k]
+  dead = neg == jnp.inf
+  return (jnp.where(dead, NEG_INF, -neg).astype(values_a.dtype),
+          jnp.where(dead, -1, idx).astype(jnp.int32))
+
+
 def _validate(scores, k, lengths):
   if not hasattr(scores, "dtype") or scores.ndim < 1:
     raise ValueError("scores must be an array of shape [..., N]")

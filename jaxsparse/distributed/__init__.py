@@ -1,0 +1,5 @@
+"""Context-parallel (sequence-sharded) prefill of the DSA indexer over a device mesh."""
+from jaxsparse.distributed.prefill import (STRATEGIES, balanced_order, sharded_prefill_topk,
+                                           quantize_keys_fp8)
+
+__all__ = ["sharded_prefill_topk", "balanced_order", "quantize_keys_fp8", "STRATEGIES"]

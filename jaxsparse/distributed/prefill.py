@@ -1,0 +1,189 @@
+"""Sequence-sharded exact top-K for the indexer's prefill with `jax.shard_map`.
+
+Queries stay on their device; the sequence is cut into 2P chunks and device d takes chunks d
+and 2P-1-d (zig-zag), so every device holds an early and a late chunk and the causal work is
+balanced. Two key exchanges:
+  "allgather": all-gather the key shards (optionally as fp8 with a per-token scale, half the
+               bytes), score the local queries against every key, exact top-K;
+  "ring":      pass key shards around the ring (ppermute) for P steps; each step scores the
+               local queries against the visiting shard and merges its top-K into the running
+               one (`jaxsparse.merge_topk`), so no device ever holds more than two key shards.
+Both give exactly the single-device top-K (same indices, ties to the lower position). The same
+code runs multi-host under `jax.distributed.initialize()` with a mesh over all processes'
+devices.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxsparse.selection import merge_topk
+
+__all__ = ["sharded_prefill_topk", "balanced_order", "quantize_keys_fp8", "STRATEGIES"]
+
+STRATEGIES = ("allgather", "ring")
+NEG_INF = float("-inf")
+
+
+def balanced_order(n_padded: int, shards: int) -> np.ndarray:
+  """Positions in device order for zig-zag sharding: device d holds chunks d and 2P-1-d of
+  the 2P equal chunks. -> [n_padded] int (a permutation)."""
+  c = n_padded // (2 * shards)
+  chunks = [np.arange(i * c, (i + 1) * c) for i in range(2 * shards)]
+  return np.concatenate([np.concatenate([chunks[d], chunks[2 * shards - 1 - d]])
+                         for d in range(shards)])
+
+
+def quantize_keys_fp8(k):
+  """Per-token power-of-two scales and float8_e4m3fn keys: k ~ k8 * scale. -> (k8, scale)."""
+  amax = jnp.max(jnp.abs(k.astype(jnp.float32)), axis=-1)
+  scale = jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(amax, 1e-30) / 448.0)))
+  return (k / scale[:, None]).astype(jnp.float8_e4m3fn), scale.astype(jnp.float32)
+
+
+def _scores(q, w, k, qpos, kpos, block):
+  """q [T, H, D], w [T, H], k [S, D] -> causal scores [T, S] float32 (-inf where hidden).
+
+  Computed tile by tile ([T, block] per key block), so a score's arithmetic is the same
+  whichever device, shard or gather it comes from: results are bitwise those of one device.
+  """
+  nb = k.shape[0] // block
+  kb = k.astype(jnp.float32).reshape(nb, block, k.shape[1])
+
+  def tile(kk):
+    s = jnp.einsum("thd,sd->ths", q.astype(jnp.float32), kk)
+    return jnp.einsum("ths,th->ts", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+
+  z = jnp.moveaxis(lax.map(tile, kb), 0, 1).reshape(q.shape[0], nb * block)
+  return jnp.where(kpos[None, :] <= qpos[:, None], z, NEG_INF)
+
+
+def _local_topk(z, kpos, topk):
+  """Top-k of scores z [T, S] with keys at positions kpos [S]: ties to the lower position."""
+  order = jnp.argsort(kpos)
+  zs, ps = z[:, order], kpos[order]
+  v, j = lax.top_k(zs, min(topk, zs.shape[1]))
+  i = jnp.where(v == NEG_INF, -1, ps[j])
+  if v.shape[1] < topk:
+    pad = topk - v.shape[1]
+    v = jnp.pad(v, ((0, 0), (0, pad)), constant_values=NEG_INF)
+    i = jnp.pad(i, ((0, 0), (0, pad)), constant_values=-1)
+  return v, i.astype(jnp.int32)
+
+
+def _chunked(fn, q, w, qpos, block):
+  """Apply fn(q, w, qpos) -> (v [block, k], i [block, k]) over query blocks (bounded memory;
+  T is a multiple of block)."""
+  t = q.shape[0]
+  nc = t // block
+  qq = q.reshape(nc, block, *q.shape[1:])
+  ww = w.reshape(nc, block, w.shape[1])
+  pp = qpos.reshape(nc, block)
+  v, i = lax.map(lambda a: fn(*a), (qq, ww, pp))
+  return v.reshape(t, -1), i.reshape(t, -1)
+
+
+def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: str = "x",
+                         strategy: str = "allgather", fp8_keys: bool = False,
+                         block: int = 64):
+  """Every query's exact indexer top-K over a causal sequence, sharded over `mesh[axis]`.
+
+  q [N, H, D], w [N, H], k [N, D] float (query n sits at position n and sees keys 0..n);
+  mesh: a 1-D device mesh (default: every device); strategy: "allgather" or "ring";
+  fp8_keys: exchange (and score) keys as fp8 with per-token scales, the way DSA serving
+  stacks quantise before the gather (the result then equals the single-device top-K of the
+  same fp8 keys). block: queries and keys per scoring tile (every device scores the same
+  tiles, so the result does not depend on the device count). Returns (values [N, topk]
+  float32, indices [N, topk] int32, -1 / -inf where fewer keys are visible). N need not
+  divide evenly: each of the 2P chunks is padded to a multiple of block and masked.
+  """
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
+  q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
+  n = k.shape[0]
+  if q.ndim != 3 or q.shape[0] != n or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]):
+    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
+                     f"[N, H, D], [N, H], [N, D]")
+  if topk < 1:
+    raise ValueError(f"topk={topk} must be positive")
+  mesh = mesh or jax.make_mesh((len(jax.devices()),), (axis,))
+  if axis not in mesh.axis_names:
+    raise ValueError(f"axis={axis!r} is not an axis of the mesh {mesh.axis_names}")
+  if block < 1:
+    raise ValueError(f"block={block} must be positive")
+  shards = mesh.shape[axis]
+  per = -(-n // (2 * shards * block)) * 2 * block  # tokens per device: two chunks of blocks
+  npad = per * shards
+  order = balanced_order(npad, shards)
+  pos = jnp.asarray(order, jnp.int32)
+  valid = pos < n
+  src = jnp.minimum(pos, n - 1)
+  qs, ws, ks = q[src], w[src], k[src]
+  # padded keys sit past every query: never visible; padded queries are dropped below
+  kpos = jnp.where(valid, pos, jnp.iinfo(jnp.int32).max)
+  scale = None
+  if fp8_keys:
+    ks, scale = quantize_keys_fp8(ks)
+  spec = P(axis)
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))
+  args = [put(qs), put(ws), put(ks), put(pos), put(kpos)]
+  if fp8_keys:
+    args.append(put(scale))
+  fn = functools.partial(_shard_body, topk=topk, axis=axis, shards=shards, strategy=strategy,
+                         fp8=fp8_keys, block=block)
+  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=(spec, spec))
+  v, i = jax.jit(body)(*args)
+  v, i = np.asarray(v), np.asarray(i)
+  out_v = np.full((n, topk), -np.inf, np.float32)
+  out_i = np.full((n, topk), -1, np.int32)
+  keep = order < n
+  out_v[order[keep]], out_i[order[keep]] = v[keep], i[keep]
+  return out_v, out_i
+
+
+def _varying(x, axis):
+  """Mark a per-device constant as varying over `axis` (a scan carry must match the body)."""
+  if hasattr(lax, "pcast"):
+    return lax.pcast(x, (axis,), to="varying")
+  if hasattr(lax, "pvary"):
+    return lax.pvary(x, (axis,))
+  return x
+
+
+def _dequant(k, scale):
+  return k.astype(jnp.float32) * scale[:, None] if scale is not None else k
+
+
+def _shard_body(q, w, k, qpos, kpos, *scale, topk, axis, shards, strategy, fp8, block):
+  sc = scale[0] if fp8 else None
+  if strategy == "allgather":
+    kall = lax.all_gather(k, axis, tiled=True)
+    pall = lax.all_gather(kpos, axis, tiled=True)
+    sall = lax.all_gather(sc, axis, tiled=True) if fp8 else None
+    keys = _dequant(kall, sall)
+    return _chunked(lambda a, b, c: _local_topk(_scores(a, b, keys, c, pall, block), pall,
+                                                topk), q, w, qpos, block)
+  perm = [(d, (d + 1) % shards) for d in range(shards)]
+
+  def step(carry, _):
+    v, i, kk, pp, ss = carry
+    keys = _dequant(kk, ss if fp8 else None)
+    nv, ni = _chunked(lambda a, b, c: _local_topk(_scores(a, b, keys, c, pp, block), pp,
+                                                  topk), q, w, qpos, block)
+    v, i = merge_topk(v, i, nv, ni, topk)
+    kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
+    if fp8:
+      ss = lax.ppermute(ss, axis, perm)
+    return (v, i, kk, pp, ss), None
+
+  t = q.shape[0]
+  init = (_varying(jnp.full((t, topk), NEG_INF, jnp.float32), axis),
+          _varying(jnp.full((t, topk), -1, jnp.int32), axis), k, kpos,
+          sc if fp8 else jnp.zeros_like(kpos, jnp.float32))
+  (v, i, *_), _ = lax.scan(step, init, None, length=shards)
+  return v, i
