@@ -8,9 +8,9 @@ balanced. Two key exchanges:
   "ring":      pass key shards around the ring (ppermute) for P steps; each step scores the
                local queries against the visiting shard and merges its top-K into the running
                one (`jaxsparse.merge_topk`), so no device ever holds more than two key shards.
-Both give exactly the single-device top-K (same indices, ties to the lower position). The same
-code runs multi-host under `jax.distributed.initialize()` with a mesh over all processes'
-devices.
+Both give exactly the single-device top-K (same indices, ties to the lower position). For
+several hosts, call `jax.distributed.initialize()` in every process and pass a mesh over all
+processes' devices; each process then receives the whole result (tested on one process only).
 """
 from __future__ import annotations
 
@@ -138,6 +138,9 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
                          fp8=fp8_keys, block=block)
   body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=(spec, spec))
   v, i = jax.jit(body)(*args)
+  if jax.process_count() > 1:  # every process gets the whole result
+    from jax.experimental import multihost_utils
+    v, i = multihost_utils.process_allgather((v, i), tiled=True)
   v, i = np.asarray(v), np.asarray(i)
   out_v = np.full((n, topk), -np.inf, np.float32)
   out_i = np.full((n, topk), -1, np.int32)
