@@ -183,3 +183,60 @@ def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_
     i = jnp.pad(i, ((0, 0), (0, k - kk)), constant_values=-1)
   v, i = v.reshape(bsz, rows, k), i.reshape(bsz, rows, k)
   return (v[:, 0], i[:, 0]) if single else (v, i)
+
+
+def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=True,  # noqa: A002
+                 implementation=None, block: int = 1024):
+  """Causal prefill scoring fused with exact top-K, without a [T, N] score buffer.
+
+  q [T, H, D], k [N, D], w [T, H], k_scale, query_positions [T]: as `indexer_scores`.
+  The keys stream in blocks of `block`: each block's scores [T, block] give a block top-K that
+  `merge_topk` folds into the running one, so memory is O(T x (topk + block)) instead of
+  O(T x N). Returns (values [T, topk] float32, indices [T, topk] int32): the entries of
+  `topk(indexer_scores(...), topk)` (ties to the lower index, -inf / -1 tail); sorted=False
+  gives them in ascending index order. implementation: None or "xla" (the plain-JAX
+  streaming path); "pallas" raises NotImplementedError: no fused kernel exists yet.
+  """
+  _checks.check_implementation(implementation)
+  if implementation == "pallas":
+    raise NotImplementedError("prefill_topk has no Pallas kernel yet; use implementation=None "
+                              "or 'xla'")
+  _indexer._validate_dense(q, k, w, k_scale, query_positions)
+  if query_positions is None:
+    raise ValueError("query_positions is required (the prefill is causal)")
+  if topk < 1:
+    raise ValueError(f"topk={topk} must be positive")
+  if block < 1:
+    raise ValueError(f"block={block} must be positive")
+  return _prefill_topk(q, k, w, k_scale, query_positions, topk, bool(sorted), int(block))
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7))
+def _prefill_topk(q, k, w, k_scale, positions, topk, is_sorted, block):
+  n, d = k.shape
+  t = q.shape[0]
+  b = min(block, n)
+  nb = -(-n // b)
+  pad = nb * b - n
+  kb = jnp.pad(k, ((0, pad), (0, 0))).reshape(nb, b, d)
+  sb = None if k_scale is None else jnp.pad(k_scale, (0, pad)).reshape(nb, b)
+  kk = min(topk, b)
+
+  def step(carry, xs):
+    v, i = carry
+    j, keys = xs[0], xs[1]
+    z = _indexer.indexer_scores_xla(q, keys, w, None if sb is None else xs[2], None)
+    idx = j * b + jnp.arange(b)
+    ok = (idx[None, :] <= positions[:, None]) & (idx[None, :] < n)
+    bv, bi = topk_xla(jnp.where(ok, z, NEG_INF), kk)
+    bi = jnp.where(bi >= 0, j * b + bi, -1)
+    return merge_topk(v, i, bv, bi, topk), None
+
+  init = (jnp.full((t, topk), NEG_INF, jnp.float32), jnp.full((t, topk), -1, jnp.int32))
+  xs = (jnp.arange(nb), kb) if sb is None else (jnp.arange(nb), kb, sb)
+  (v, i), _ = lax.scan(step, init, xs)
+  if not is_sorted:
+    key = jnp.where(i >= 0, i, jnp.iinfo(jnp.int32).max)
+    key, v = lax.sort((key, v), dimension=1, num_keys=1)
+    i = jnp.where(key == jnp.iinfo(jnp.int32).max, -1, key)
+  return v, i
