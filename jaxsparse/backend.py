@@ -1,21 +1,13 @@
 """Which implementation runs: resolve `implementation=` and pick the kernel platform."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
 
+from pallas_kernels._platform import KernelPlatform
 
-@dataclasses.dataclass(frozen=True)
-class KernelPlatform:
-  """Where a Pallas kernel runs: `kind` is "gpu" or "tpu"; `interpret` runs it on the CPU."""
-  kind: str
-  interpret: bool
-
-  def __post_init__(self):
-    if self.kind not in ("gpu", "tpu"):
-      raise ValueError(f"kind={self.kind!r} must be 'gpu' or 'tpu'")
+__all__ = ["KernelPlatform", "resolve", "kernel_platform", "default_backend"]
 
 
 def default_backend() -> str:

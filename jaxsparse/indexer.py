@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxsparse import _checks
 from jaxsparse import backend
+from pallas_kernels._util import row_lengths  # noqa: F401  (public: jaxsparse.row_lengths)
 
 PAGE_SIZE = 64  # slots per paged-cache block, as in DeepGEMM / vLLM's DSA indexer cache
 
@@ -29,12 +30,6 @@ def indexer_scores_xla(q, k, w, k_scale=None, query_positions=None):
     visible = jnp.arange(k.shape[0])[None, :] <= query_positions[:, None]
     z = jnp.where(visible, z, -jnp.inf)
   return z
-
-
-def row_lengths(lengths, num_rows: int):
-  """Visible slots per verifier row: row r of R sees `lengths - (R - 1 - r)` slots. -> [B, R] int32."""
-  offs = jnp.arange(num_rows, dtype=jnp.int32) - (num_rows - 1)
-  return jnp.maximum(lengths.astype(jnp.int32)[:, None] + offs[None, :], 0)
 
 
 def paged_indexer_scores_xla(q, k_cache, block_table, lengths, w, k_scale=None):

@@ -54,3 +54,9 @@ def counter_hash(seed, idx):
   """mix32(seed + idx * golden): uint32 pseudo-random words for counters idx (uint32 arrays,
   broadcast) under a uint32 seed; counter-based, so any entry is computed on its own."""
   return mix32(seed + idx * jnp.uint32(_GOLDEN))
+
+
+def row_lengths(lengths, num_rows: int):
+  """Visible slots per verifier row: row r of R sees `lengths - (R - 1 - r)` slots. -> [B, R] int32."""
+  offs = jnp.arange(num_rows, dtype=jnp.int32) - (num_rows - 1)
+  return jnp.maximum(lengths.astype(jnp.int32)[:, None] + offs[None, :], 0)

@@ -450,3 +450,17 @@ def test_score_tolerance_catches_a_one_percent_error():
     assert_scores_close(ref * 1.01, ref, reduction=64 * 128)
   with pytest.raises(AssertionError, match="relative error"):
     assert_scores_close(ref * 1.001, ref, reduction=64 * 128)
+
+
+def test_kernels_never_import_the_library_above_them():
+  """pallas_kernels/ sits below jaxsparse/: no module there imports jaxsparse."""
+  import ast
+  import pathlib
+  root = pathlib.Path(__file__).resolve().parents[1] / "pallas_kernels"
+  bad = []
+  for path in root.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "jaxsparse"]
+  assert not bad, bad

@@ -6,7 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsparse.backend import KernelPlatform
+from pallas_kernels._platform import KernelPlatform
 from pallas_kernels._util import is_pow2, next_pow2, pad_axis
 from pallas_kernels.indexer_decode.config import DecodeConfig
 from pallas_kernels.indexer_decode import gpu as _gpu
@@ -82,7 +82,7 @@ def _use_mosaic(q, k_cache, max_blocks: int, config: DecodeConfig,
 @functools.partial(jax.jit, static_argnums=(6, 7, 8), static_argnames=("clipped",))
 def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, group_max,
             logical=None, counts=None, len_rows=None, *, clipped: bool = False):
-  from jaxsparse.indexer import row_lengths
+  from pallas_kernels._util import row_lengths
   bsz, rows, heads, d = q.shape
   max_blocks = block_table.shape[1]
   if not is_pow2(d):

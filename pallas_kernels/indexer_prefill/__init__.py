@@ -6,7 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsparse.backend import KernelPlatform
+from pallas_kernels._platform import KernelPlatform
 from pallas_kernels._util import is_pow2, next_pow2, pad_axis
 from pallas_kernels.indexer_prefill.config import TPU_DEFAULT, PrefillConfig
 from pallas_kernels.indexer_prefill import gpu as _gpu

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsparse.backend import KernelPlatform
+from pallas_kernels._platform import KernelPlatform
 from pallas_kernels._util import next_pow2, pad_axis
 from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
