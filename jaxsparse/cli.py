@@ -38,6 +38,7 @@ the plumbing, not the speed.
 examples:
   jaxsparse bench
   jaxsparse bench --slots 65536 --k 2048 --out bench.json      (on a GPU)
+  jaxsparse bench prefill --devices 8 --tokens 65536,262144 --out prefill.json
 """
 
 QUALITY_HELP = """\
@@ -337,6 +338,8 @@ def _eval_plot(path, res, k):
 # --------------------------------------------------------------------------------- bench
 
 def _bench(args) -> int:
+  if args.what == "prefill":
+    return _bench_prefill(args)
   _check_power_of_two("--head-dim", args.head_dim, 16, 256)
   _check_power_of_two("--heads", args.heads, 1, 128)
   if args.slots % 64:
@@ -374,6 +377,79 @@ def _bench(args) -> int:
   if args.out:
     write_json(args.out, dict(environment=environment(), rows=rows + pre + top))
     print(f"wrote {args.out}")
+  return 0
+
+
+def _bench_prefill(args) -> int:
+  import jax
+  avail = len(jax.devices())
+  if args.devices > avail:
+    raise CliError(f"--devices={args.devices} but {avail} device(s) are visible (on a CPU, "
+                   f"emulate more with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+  if args.k > min(args.tokens):
+    raise CliError(f"--k={args.k} must not exceed the smallest --tokens")
+  from jaxsparse.distributed import STRATEGIES
+  bad = [s for s in args.strategies if s not in STRATEGIES]
+  if bad or not args.strategies:
+    raise CliError(f"--strategies {bad or args.strategies} must be taken from {STRATEGIES}")
+  _check_writable("--out", args.out)
+  import time
+
+  import numpy as np
+  from jaxsparse.benchtools import environment, print_table, write_json
+  from jaxsparse.distributed import sharded_prefill_topk
+  counts = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= args.devices]
+  rng = np.random.default_rng(0)
+  rows = []
+  from rich.console import Console
+  with Console(stderr=True).status("timing sharded prefill") as st:
+    for n in args.tokens:
+      q = rng.standard_normal((n, args.heads, args.head_dim)).astype(np.float32)
+      w = rng.uniform(0, 1, (n, args.heads)).astype(np.float32)
+      k = rng.standard_normal((n, args.head_dim)).astype(np.float32)
+      for p in counts:
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
+        for strategy in args.strategies:
+          st.update(f"timing {n:,} tokens on {p} device(s), {strategy}")
+          sharded_prefill_topk(q, w, k, args.k, mesh=mesh, strategy=strategy)  # compile
+          t0 = time.perf_counter()
+          for _ in range(args.reps):
+            sharded_prefill_topk(q, w, k, args.k, mesh=mesh, strategy=strategy)
+          sec = (time.perf_counter() - t0) / args.reps
+          rows.append({"tokens": n, "devices": p, "strategy": strategy, "s": sec,
+                       "tokens_per_s": n / sec})
+  for r in rows:
+    one = next(x for x in rows if x["tokens"] == r["tokens"] and x["devices"] == 1
+               and x["strategy"] == r["strategy"])
+    r["speedup"] = one["s"] / r["s"]
+    r["efficiency"] = r["speedup"] / r["devices"]
+  print_table([{**r, "s": f"{r['s']:.3f}", "tokens_per_s": f"{r['tokens_per_s']:,.0f}",
+                "speedup": f"{r['speedup']:.2f}", "efficiency": f"{r['efficiency']:.0%}"}
+               for r in rows],
+              ["tokens", "devices", "strategy", "s", "tokens_per_s", "speedup", "efficiency"])
+  print(f"indexer prefill (scores + exact top-{args.k} for every query), host wall clock "
+        f"on {jax.devices()[0].platform}; efficiency = speed-up / devices")
+  if args.out:
+    write_json(args.out, dict(environment=environment(), rows=rows, k=args.k,
+                              heads=args.heads, head_dim=args.head_dim))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in args.tokens:
+      for strategy in args.strategies:
+        rr = [r for r in rows if r["tokens"] == n and r["strategy"] == strategy]
+        ax.plot([r["devices"] for r in rr], [r["tokens_per_s"] for r in rr], marker="o",
+                label=f"{n:,} tokens, {strategy}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("devices")
+    ax.set_ylabel("tokens / s")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png = os.path.splitext(args.out)[0] + ".png"
+    fig.savefig(png, dpi=120)
+    print(f"wrote {args.out} and {png}")
   return 0
 
 
@@ -542,6 +618,16 @@ def build_parser() -> argparse.ArgumentParser:
 
   b = sub.add_parser("bench", help="time the indexer kernels at small shapes",
                      description=BENCH_HELP, formatter_class=fmt)
+  b.add_argument("what", nargs="?", choices=("kernels", "prefill"), default="kernels",
+                 help="kernels (default): the kernel timings; prefill: sharded indexer "
+                 "prefill throughput against context and device count")
+  b.add_argument("--devices", type=_positive("--devices"), default=1,
+                 help="prefill: up to this many devices (1, 2, 4, ...; default 1)")
+  b.add_argument("--tokens", type=_int_list("--tokens"), default=[4096, 8192],
+                 help="prefill: context lengths, comma list (default 4096,8192)")
+  b.add_argument("--strategies", type=lambda v: [x for x in v.split(",") if x],
+                 default=["allgather", "ring"], help="prefill: key exchanges (default both)")
+  b.add_argument("--reps", type=_positive("--reps"), default=2, help="prefill: timed runs")
   b.add_argument("--slots", type=_positive("--slots"), default=8192,
                  help="decode context slots (default 8192)")
   b.add_argument("--chunk", type=_positive("--chunk"), default=256,

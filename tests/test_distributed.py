@@ -147,3 +147,18 @@ def test_sharded_bad_input():
     sharded_prefill_topk(q, q[:, :, 0], q[:5, 0], 4)
   with pytest.raises(ValueError, match="topk=0"):
     sharded_prefill_topk(q, q[:, :, 0], q[:, 0], 0)
+
+
+def test_bench_prefill_command_on_emulated_devices(tmp_path):
+  out = tmp_path / "p.json"
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  res = subprocess.run([sys.executable, "-m", "jaxsparse.cli", "bench", "prefill", "--devices",
+                        "2", "--tokens", "256", "--k", "16", "--heads", "2", "--head-dim", "16",
+                        "--reps", "1", "--out", str(out)], env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert res.returncode == 0, res.stderr[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert {(r["devices"], r["strategy"]) for r in rows} == {(1, "allgather"), (1, "ring"),
+                                                           (2, "allgather"), (2, "ring")}
+  assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
