@@ -709,9 +709,10 @@ def main(argv=None) -> int:
     return corrector.main(argv[2:], prog="jaxsparse train corrector")
   p = build_parser()
   args = p.parse_args(argv)
+  from jaxsparse.model.fetch import FetchError
   try:
     return args.func(args) or 0
-  except CliError as e:
+  except (CliError, FetchError) as e:
     print(f"jaxsparse {args.command}: error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:

