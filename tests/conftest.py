@@ -89,3 +89,13 @@ def _verified_triton():
     finally:
       lowering.lower_jaxpr_to_triton_module = orig
   return patched()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drop each test module's compiled programs when it ends: a worker runs hundreds of
+  interpret-mode kernels, and their executables otherwise pile up for the whole session."""
+  yield
+  import gc
+  jax.clear_caches()
+  gc.collect()
