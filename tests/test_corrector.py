@@ -4,10 +4,7 @@ same parameters, damaged checkpoints and bad options give clear errors."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +13,7 @@ from flax import nnx
 
 from jaxsparse import ivf, traces
 from jaxsparse.ivf import corrector as C
+from tests.killrun import kill_then_resume
 from train import checkpoints
 from train import corrector as tc
 
@@ -139,20 +137,7 @@ def test_killed_run_resumes_to_identical_parameters(trained, data, tmp_path):
           "--eval-trace", data[1], "--steps", "40", "--lr", "0.005"]
   for key, v in SMALL.items():
     args += ["--" + key.replace("_", "-"), str(1 if key == "save_every" else v)]
-  env = {**os.environ, "PYTHONPATH": os.getcwd()}
-  proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  ck = os.path.join(out, "layer4")
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.isdir(ck) and any(d.isdigit() and int(d) >= 3 for d in os.listdir(ck)):
-      break
-    time.sleep(0.02)
-  killed = proc.poll() is None
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  assert killed, "training finished before it could be killed"
-  rc = subprocess.run(args, env=env, capture_output=True, text=True)
-  assert rc.returncode == 0, rc.stderr[-2000:]
+  kill_then_resume(args, os.path.join(out, "layer4"), 3)
   for a, b in zip(_params(out), _params(ref_out)):
     np.testing.assert_array_equal(a, b)
 

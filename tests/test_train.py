@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from jaxsparse import cli
 from jaxsparse.model import lightning
+from tests.killrun import kill_then_resume
 from train import checkpoints
 from train import indexer as tr
 
@@ -93,21 +91,8 @@ def test_killed_run_resumes_to_identical_parameters(tmp_path, corpus, trained):
   out = str(tmp_path / "k")
   args = [sys.executable, "-m", "train.indexer", "--out", out, "--corpus", corpus,
           *TINY_ARGS[:-2], "--save-every", "1"]
-  env = {**os.environ, "PYTHONPATH": os.getcwd()}
-  proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  ck = os.path.join(out, "checkpoints")
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.isdir(ck) and any(d.isdigit() and int(d) >= 2 for d in os.listdir(ck)):
-      break
-    time.sleep(0.05)
-  killed = proc.poll() is None
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  assert killed, "training finished before it could be killed"
-  assert not os.path.exists(os.path.join(out, "indexers.npz"))
-  rc = subprocess.run(args, env=env, capture_output=True, text=True)
-  assert rc.returncode == 0, rc.stderr[-2000:]
+  after_kill = kill_then_resume(args, os.path.join(out, "checkpoints"), 2, poll=0.05)
+  assert "indexers.npz" not in after_kill
   a, b = _params(out), _params(ref_out)
   for name in a:
     np.testing.assert_array_equal(a[name], b[name])
