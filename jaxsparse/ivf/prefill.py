@@ -34,15 +34,6 @@ def _chunk_topk(q, w, k, reps, sizes, last, assign, grouped_end, positions, *, t
   return jnp.where(jnp.isfinite(v), jnp.take_along_axis(idx, j, 1), -1), num
 
 
-@functools.partial(jax.jit, static_argnames=("topk",))
-def _dense_topk(q, w, k, positions, *, topk):
-  s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
-  z = jnp.einsum("qhn,qh->qn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
-  z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
-  v, i = jax.lax.top_k(z, topk)
-  return jnp.where(jnp.isfinite(v), i, -1)
-
-
 def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
   """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
 
@@ -50,7 +41,7 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
   score every key. Returns (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
-  from jaxsparse.ivf.evaluation import _resolve_corrector
+  from jaxsparse.ivf.evaluation import _exact, _resolve_corrector
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
@@ -63,7 +54,7 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
   first = min(wnd - 1, n)
   if first:
     pos = jnp.arange(first, dtype=jnp.int32)
-    out_idx[:first] = np.asarray(_dense_topk(q[:first], w[:first], k, pos, topk=topk))
+    out_idx[:first] = np.asarray(_exact(q[:first], w[:first], k, pos, topk)[1])
     out_num[:first] = np.arange(1, first + 1)
   state = index.init_state(n, k.shape[1], config)
   for v in range(1, n // wnd + 1):
