@@ -358,13 +358,13 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
-      width = spin._aligned_width(spin.max_selected_blocks(n // 64, cfg), n // 64)
+      width = spin.serving._aligned_width(spin.max_selected_blocks(n // 64, cfg), n // 64)
       on_gpu = jax.default_backend() in ("gpu", "cuda")
       masks = info["block_masks"]
       sel, counts = spin.compact_blocks(masks, width)
       zsel = jnp.where(jnp.repeat(sel, 64, axis=1) >= 0,
                        jax.random.normal(key, (bsz, width * 64), jnp.float32), NEG_INF)
-      group = spin._fused_group(bsz, width * 64, cfg, topk_config)
+      group = spin.serving._fused_group(bsz, width * 64, cfg, topk_config)
       # the step's stages alone, as the step runs them on this state's selection (the EMA
       # update's new state is threaded through the calls: otherwise XLA computes only the one
       # element of the elementwise update that the timing loop reads)
@@ -372,7 +372,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
           "select": (lambda st, l, cfg=cfg: spin.select_compact_batched(
               st, l - 1, l, cfg, key, width, kernel=on_gpu), (st, lens), None),
           "update": (_spin_update(cfg, group, on_gpu), (st, zsel, sel, lens), (0, None)),
-          "sparse_scores": (lambda q, kc, t, l, w, s, c: spin._sparse_scores(
+          "sparse_scores": (lambda q, kc, t, l, w, s, c: spin.serving._sparse_scores(
               q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
                             (q, kc, table, lens, w, sel, counts), None),
           "topk_width": (lambda z: _topk.topk(z, k, sorted=srt, config=topk_config), (zsel,),

@@ -450,7 +450,7 @@ def test_spin_block_ranking_kernel_gpu():
     elig = rng.random(length) < 0.8
     for n in (0, 1, int(elig.sum()) // 2, int(elig.sum())):
       got = np.asarray(jax.jit(spin.top_mask)(jnp.asarray(x), jnp.asarray(elig), n))
-      ref = np.asarray(spin._rank_desc(jnp.asarray(x), jnp.asarray(elig)) < n)
+      ref = np.asarray(spin.algorithm._rank_desc(jnp.asarray(x), jnp.asarray(elig)) < n)
       np.testing.assert_array_equal(got, ref)
 
 
@@ -497,7 +497,7 @@ def test_spin_select_kernel_gpu(reduction, state_dtype):
   nb = 2048
   lengths = jnp.asarray([nb * 64, 100000, 5000, 64, 70], jnp.int32)
   st = spin_state_case(rng, cfg, 5, nb, lengths, warm=[True, True, True, True, False])
-  width = spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb)
+  width = spin.serving._aligned_width(spin.max_selected_blocks(nb, cfg), nb)
   key = jax.random.PRNGKey(7)
   table = jnp.asarray(rng.integers(-5, 9000, (5, nb)), jnp.int32)  # some out of range
   f = jax.jit(lambda st, l, kernel: spin.select_compact_batched(
@@ -522,7 +522,7 @@ def test_spin_block_score_kernel_gpu():
   vm = v.reshape(5, -1, 64).max(-1)
   got = jax.jit(lambda vm, v, d, l: block_scores_max_gpu(vm, v, d, l - 1, l, page=64))(
       vm, v, d, lengths)
-  want = jax.vmap(lambda v, d, l: spin._max_pooled_block_scores({"V": v, "D": d}, l - 1, l, 64))(
+  want = jax.vmap(lambda v, d, l: spin.algorithm._max_pooled_block_scores({"V": v, "D": d}, l - 1, l, 64))(
       v, d, lengths)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

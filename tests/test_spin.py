@@ -30,9 +30,9 @@ def test_max_pooled_block_scores_match_slot_predictions(log_b, nb, seed, bf16, d
   dt = jnp.bfloat16 if bf16 else jnp.float32
   state = {"V": jnp.asarray(np.round(rng.standard_normal(cap), 1), dt),
            "D": jnp.asarray(np.round(rng.standard_normal(cap), 1), dt)}
-  want = spin._pool(spin.predicted_slot_scores(state, length - 1, length).reshape(nb, b),
+  want = spin.algorithm._pool(spin.predicted_slot_scores(state, length - 1, length).reshape(nb, b),
                     spin.SpinConfig(block_size=64, pooling="max"))
-  got = spin._max_pooled_block_scores(state, length - 1, length, b)
+  got = spin.algorithm._max_pooled_block_scores(state, length - 1, length, b)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -55,7 +55,7 @@ def test_block_score_kernel_matches_xla(log_b, nb, seed, bf16, data):
   got = block_scores_max_gpu(vm, v, d, jnp.asarray(lengths - 1), jnp.asarray(lengths), page=b,
                              blocks_per_program=8, interpret=True)
   for i, length in enumerate(lengths):
-    want = spin._max_pooled_block_scores({"V": v[i], "D": d[i]}, int(length) - 1, int(length), b)
+    want = spin.algorithm._max_pooled_block_scores({"V": v[i], "D": d[i]}, int(length) - 1, int(length), b)
     np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want), err_msg=str(length))
 
 
@@ -66,7 +66,7 @@ def test_random_exploration_is_uniform_and_seeded():
   same key repeats its choice."""
   n, nb, pick = 4000, 64, 8
   seeds = spin.request_seeds(jax.random.PRNGKey(0), n)
-  prio = jax.vmap(lambda s: spin._uniform16(s, nb))(seeds)
+  prio = jax.vmap(lambda s: spin.algorithm._uniform16(s, nb))(seeds)
   chosen = jax.vmap(lambda p: spin.top_mask(p, jnp.ones(nb, bool), pick))(prio)
   counts = np.asarray(chosen).sum(0)
   expect = n * pick / nb
@@ -263,7 +263,7 @@ def test_decode_step_no_recompile_and_matches_reference(reduction):
                                  rtol=1e-5, atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(np.asarray(st["VM"]),
                                   np.asarray(st["V"]).reshape(3, 16, 64).max(-1))
-    sizes.append(spin._decode_step._cache_size())
+    sizes.append(spin.serving._decode_step._cache_size())
   assert len(set(sizes)) == 1  # growing lengths never recompile
   z = np_indexer.paged(q[:, None], kc, table, lens + 3, w[:, None])[:, 0]
   m = np.repeat(np.asarray(info["block_masks"]), 64, axis=1)
@@ -373,7 +373,7 @@ def test_select_mask_kernel_matches_argsort(ties):
   got = np.asarray(kg.select_mask(jnp.asarray(x), jnp.asarray(elig), jnp.asarray(n),
                                   interpret=True))
   for i in range(r):
-    ref = np.asarray(spin._rank_desc(jnp.asarray(x[i]), jnp.asarray(elig[i])) < n[i])
+    ref = np.asarray(spin.algorithm._rank_desc(jnp.asarray(x[i]), jnp.asarray(elig[i])) < n[i])
     np.testing.assert_array_equal(got[i], ref)
     assert got[i].sum() == n[i]
   export_for(lambda x, e, n: kg.select_mask(x, e, n), "cuda",
@@ -518,7 +518,7 @@ def test_select_mask_property(seed, spread):
   got = np.asarray(kg.select_mask(jnp.asarray(np.tile(x, (rows, 1))),
                                   jnp.asarray(np.tile(elig, (rows, 1))), jnp.asarray(n_all),
                                   interpret=True))
-  rank = np.asarray(spin._rank_desc(jnp.asarray(x), jnp.asarray(elig)))
+  rank = np.asarray(spin.algorithm._rank_desc(jnp.asarray(x), jnp.asarray(elig)))
   for n in n_all:
     np.testing.assert_array_equal(got[n], rank < n)
 
@@ -542,7 +542,7 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
   key = jax.random.PRNGKey(3)
   # a block table with out-of-range pages: the kernel clips them as the scoring wrapper did
   table = jnp.asarray(rng.integers(-3, 60, (5, nb)), jnp.int32)
-  for width in (spin._aligned_width(spin.max_selected_blocks(nb, cfg), nb), 12):
+  for width in (spin.serving._aligned_width(spin.max_selected_blocks(nb, cfg), nb), 12):
     want = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width,
                                        block_table=table, num_pages=50, advance_step=True)
     got = spin.select_compact_batched(st, lengths - 1, lengths, cfg, key, width, kernel=True,
@@ -562,13 +562,13 @@ def test_select_compact_kernel_matches_xla(reduction, pooling, state_dtype, expl
   S = jax.ShapeDtypeStruct
   for prio in (S((64, 2048), jnp.float32), S((2,), jnp.uint32)):  # priorities, key words
     export_for(lambda s, p, ln, wm, t, sp: select_compact_gpu(
-        s, p, ln, wm, 1280, budget=lambda n: spin._budget(n, cfg), block=64, score_bits=16,
+        s, p, ln, wm, 1280, budget=lambda n: spin.algorithm._budget(n, cfg), block=64, score_bits=16,
         block_table=t, num_pages=4096, step=sp), "cuda",
         S((64, 2048), jnp.float32), prio, S((64,), jnp.int32), S((64,), jnp.bool_),
         S((64, 2048), jnp.int32), S((64,), jnp.int32))
   with pytest.raises(ValueError, match="block_table and num_pages"):
     select_compact_gpu(jnp.zeros((2, 64)), jnp.zeros((2,), jnp.uint32), lengths[:2],
-                       jnp.ones((2,), bool), 8, budget=lambda n: spin._budget(n, cfg),
+                       jnp.ones((2,), bool), 8, budget=lambda n: spin.algorithm._budget(n, cfg),
                        block=16, block_table=table[:2], interpret=True)
   export_for(lambda vm, v, d, p, l: block_scores_max_gpu(vm, v, d, p, l, page=64), "cuda",
              S((64, 2048), jnp.bfloat16), S((64, 131072), jnp.bfloat16),

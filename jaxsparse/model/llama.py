@@ -83,7 +83,7 @@ def spin_visible(z, start: int, config):
   cap = -(-t // b) * b
   zz = jnp.pad(z[start:], ((0, 0), (0, cap - t)), constant_values=-jnp.inf)[:, None]
   lrows = jnp.arange(start + 1, t + 1, dtype=jnp.int32)[:, None]
-  masks = _spin._replay_scan_impl(zz, lrows, jnp.zeros((t - start,), jnp.int32), config, 0)[0]
+  masks = _spin.studies._replay_scan_impl(zz, lrows, jnp.zeros((t - start,), jnp.int32), config, 0)[0]
   vis = jnp.repeat(masks, b, axis=1)[:, :t]
   return jnp.concatenate([jnp.ones((start, t), bool), vis], axis=0)
 

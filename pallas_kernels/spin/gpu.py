@@ -310,7 +310,7 @@ def select_compact_gpu(score, prio, lengths, warm, width: int, *, budget, block:
   """score [B, L] float32 (L a power of two >= the number of blocks); prio [B, L] float32
   exploration priorities, or a [n] uint32 PRNG key's words for random exploration (16-bit keys
   made in the kernel); lengths [B] int32 slots per request, warm [B] bool; budget: a function
-  n_blocks -> (n_exploit, n_explore) of jnp ops (`jaxsparse.spin._budget`, evaluated in the
+  n_blocks -> (n_exploit, n_explore) of jnp ops (`jaxsparse.spin.algorithm._budget`, evaluated in the
   kernel; n_exploit and n_explore must not exceed the blocks eligible for them); block: slots
   per block -> (mask [B, L] bool, sel [B, width] int32: the selected block ids ascending, -1
   padded (more than `width` selected are cut), total [B] int32: the number selected, uncut
@@ -426,11 +426,9 @@ def block_scores_max_gpu(vm, v, d, pos, lengths, *, page: int, blocks_per_progra
   vm [B, nb], v, d [B, cap] float32 or bfloat16 (the VM, V and D states, cap = nb * page;
   vm must be V's block maxima), pos (None: lengths - 1, computed in the kernel), lengths [B]
   int32 -> [B, nb] float32, equal to
-  `jaxsparse.spin._max_pooled_block_scores` per request. One pass over D in whole aligned
+  `jaxsparse.spin.algorithm._max_pooled_block_scores` per request. One pass over D in whole aligned
   rows (no flipped copy), V's block maxima from vm, and V itself only in the newest block.
-  blocks_per_program 64 at 4 warps: 11.6 us at 64 x 128K on the H200 (12.3 at 32 blocks,
-  11.6 at 128 with 8 warps; benchmarks/results/session11/spin_tiles_vm_s11a.json); it is
-  not bandwidth-bound (~17 MB read), and reading all of V took 12.2 before VM."""
+  blocks_per_program, num_warps: the tile (`SpinKernelConfig.score_blocks`, `score_warps`)."""
   bsz, cap = v.shape
   nb = cap // page
   bpp = min(blocks_per_program, 1 << (nb - 1).bit_length())
