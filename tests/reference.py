@@ -1,6 +1,7 @@
 """float64 numpy references and random-input builders used by the tests."""
 from __future__ import annotations
 
+import math
 import types
 
 import jax.numpy as jnp
@@ -153,3 +154,192 @@ def spin_selection_case(rng, bsz, nb, b, width):
   z = rng.standard_normal((bsz, width * b)).astype(np.float32)
   z[rng.random(z.shape) < 0.05] = -np.inf
   return jnp.asarray(sel), jnp.asarray(z), jnp.asarray(lengths)
+
+
+# ------------------------------------------------------------------ SPIN, float64 numpy
+# Algorithm 1 and sec. 3.2 of shared/papers/spin-shadow-predictive-indexer.txt, written from
+# the paper and jaxsparse.spin's documented contract (budget, forced blocks, tie order, seeds),
+# without any of jaxsparse.spin's code. States are dicts of numpy arrays for one request.
+
+_M32 = 0xFFFFFFFF
+
+
+def np_mix32(x):
+  """The documented uint32 avalanche hash, in uint64 arithmetic masked to 32 bits."""
+  x = np.asarray(x, np.uint64) & _M32
+  x ^= x >> 16
+  x = (x * 0x7FEB352D) & _M32
+  x ^= x >> 15
+  x = (x * 0x846CA68B) & _M32
+  return x ^ (x >> 16)
+
+
+def np_request_seed(key, row: int) -> int:
+  """Request (or verifier row) `row`'s exploration seed: the key's words folded into a seed
+  (mix after xor, from 0x243F6A88), then counter-hashed with the row."""
+  import jax
+  words = np.asarray(jax.random.key_data(key)).reshape(-1).astype(np.uint64)
+  s = np.uint64(0x243F6A88)
+  for wd in words:
+    s = np_mix32(s ^ wd)
+  return int(np_mix32((int(s) + row * 0x9E3779B9) & _M32))
+
+
+def np_random_keys16(seed: int, nb: int):
+  """16-bit random keys of blocks 0..nb-1: counter hashes of the seed, top 16 bits."""
+  return (np_mix32((seed + np.arange(nb, dtype=np.uint64) * 0x9E3779B9) & _M32) >> 16).astype(
+      np.int64)
+
+
+def np_spin_state(state, i=None):
+  """A jaxsparse.spin state (request i of a batch) as float64 / int numpy arrays."""
+  pick = (lambda x: np.asarray(x)) if i is None else (lambda x: np.asarray(x)[i])
+  out = {k: pick(state[k]).astype(np.float64) for k in ("V", "D", "VB", "DB")}
+  out.update(age=pick(state["age"]).astype(np.int64), step=int(pick(state["step"])),
+             warm=bool(pick(state["warm"])))
+  return out
+
+
+def _best(score, eligible, n):
+  """Mask of the n highest eligible scores, ties to the lower index."""
+  idx = np.nonzero(eligible)[0]
+  order = idx[np.lexsort((idx, -score[idx]))][:max(int(n), 0)]
+  m = np.zeros(len(score), bool)
+  m[order] = True
+  return m
+
+
+def np_spin_slot_predictions(st, pos, length):
+  """zhat[i] = max(V[i], D[pos - i]) for i < length, else -inf (eq. 1)."""
+  cap = len(st["V"])
+  z = np.full(cap, -np.inf)
+  for i in range(min(length, cap)):
+    z[i] = max(st["V"][i], st["D"][pos - i])
+  return z
+
+
+def np_spin_block_scores(st, pos, length, cfg):
+  """Predicted block scores: A2 max(VB[j], DB[pos // b - j]); else the pooling of the slot
+  predictions over the block's visible slots (max, mean of the top 4, or mean); -inf for
+  blocks past the context."""
+  b = cfg.block_size
+  nb = len(st["VB"])
+  n_blocks = -(-length // b)
+  out = np.full(nb, -np.inf)
+  if cfg.reduction == "A2":
+    for j in range(n_blocks):
+      out[j] = max(st["VB"][j], st["DB"][pos // b - j])
+    return out
+  z = np_spin_slot_predictions(st, pos, length)
+  for j in range(n_blocks):
+    x = z[j * b:(j + 1) * b]
+    x = x[x > -np.inf]
+    if cfg.pooling == "max":
+      out[j] = x.max()
+    elif cfg.pooling == "mean":
+      out[j] = x.mean()
+    else:
+      out[j] = np.sort(x)[::-1][:4].mean()
+  return out
+
+
+def np_spin_budget(n_blocks, cfg):
+  """(m_t, n_exploit, n_explore): m_t = min(B_t, max(ceil(K / b), ceil((1 - rho) B_t))); the
+  forced blocks (sink and newest) come out of it; floor(gamma m_t) of the rest explore."""
+  from fractions import Fraction
+  keep = math.ceil((1 - Fraction(str(cfg.sparsity))) * n_blocks)
+  m = min(n_blocks, max(-(-cfg.topk // cfg.block_size), keep))
+  cap = max(m - min(n_blocks, 2), 0)
+  n_explore = 0 if cfg.explore == "none" else min(math.floor(Fraction(str(cfg.explore_fraction))
+                                                             * m), cap)
+  return m, cap - n_explore, n_explore
+
+
+def np_spin_select(st, pos, length, cfg, seed):
+  """Block mask of one query at slot pos seeing `length` slots (sec. 3.2.1): every visible
+  block when cold; else sink + newest, the best predicted blocks (A0: the blocks of the top-K
+  predicted slots), and the best of the rest by the exploration priority."""
+  b = cfg.block_size
+  nb = len(st["VB"])
+  n_blocks = -(-length // b)
+  jb = np.arange(nb)
+  valid = jb < n_blocks
+  if not st["warm"]:
+    return valid
+  forced = valid & ((jb == 0) | (jb == n_blocks - 1))
+  _, n_exploit, n_explore = np_spin_budget(n_blocks, cfg)
+  if cfg.reduction == "A0":
+    z = np_spin_slot_predictions(st, pos, length)
+    top = _best(z, z > -np.inf, min(cfg.topk, length))
+    exploit = np.zeros(nb, bool)
+    exploit[np.nonzero(top)[0] // b] = True
+    exploit &= valid & ~forced
+  else:
+    exploit = _best(np_spin_block_scores(st, pos, length, cfg), valid & ~forced, n_exploit)
+  rest = valid & ~forced & ~exploit
+  keys = np_random_keys16(seed, nb).astype(np.float64)
+  stale = (st["step"] - st["age"]).astype(np.float64)
+  if cfg.explore == "random":
+    prio = keys
+  elif cfg.explore == "block-age":  # staleness (capped at 255), then the random key
+    prio = np.clip(stale, 0, 255) * 65536 + keys
+  elif cfg.explore == "staleness":
+    import dataclasses
+    s = np_spin_block_scores(st, pos, length, dataclasses.replace(cfg, reduction="A1")
+                             if cfg.reduction == "A0" else cfg)
+    lo = s[valid].min()
+    prio = stale * (np.where(valid, s, lo) - lo + 1e-6)
+  else:
+    prio = np.zeros(nb)
+  return forced | exploit | _best(prio, rest, n_explore)
+
+
+def _round_state(x, dtype):
+  return np.asarray(jnp.asarray(x, jnp.float32).astype(dtype).astype(jnp.float32), np.float64)
+
+
+def np_spin_update(st, z, observed, pos, length, cfg):
+  """EMA update from the observed scores (Algorithm 1 lines 8-10): z [cap] scores by slot,
+  observed [cap] bool. V[i] and D[pos - i] move to a * old + (1 - a) * z[i] for every observed
+  visible slot; VB[j] and DB[pos // b - j] to the same mix with the block's max observed
+  score; a scored block's age becomes the step; step + 1; warm. Stored in cfg.state_dtype."""
+  a, b = cfg.ema_decay, cfg.block_size
+  st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in st.items()}
+  cap = len(st["V"])
+  obs = np.asarray(observed, bool) & (np.arange(cap) < length)
+  for i in np.nonzero(obs)[0]:
+    st["V"][i] = a * st["V"][i] + (1 - a) * z[i]
+    st["D"][pos - i] = a * st["D"][pos - i] + (1 - a) * z[i]
+  for j in range(cap // b):
+    o = obs[j * b:(j + 1) * b]
+    if o.any():
+      blk = z[j * b:(j + 1) * b][o].max()
+      st["VB"][j] = a * st["VB"][j] + (1 - a) * blk
+      st["DB"][pos // b - j] = a * st["DB"][pos // b - j] + (1 - a) * blk
+      st["age"][j] = st["step"]
+  for k in ("V", "D", "VB", "DB"):
+    st[k] = _round_state(st[k], cfg.state_dtype)
+  st["VM"] = st["V"].reshape(-1, b).max(-1)
+  st["step"] += 1
+  st["warm"] = True
+  return st
+
+
+def np_spin_rows(st, lrows, cfg, seeds):
+  """Verifier rows (sec. 3.2.2): each row r at slot lrows[r] - 1 selects its own mask; the
+  shared mask is their union, or row 0's plus every row's newest block."""
+  rows = np.stack([np_spin_select(st, int(l) - 1, int(l), cfg, s) for l, s in zip(lrows, seeds)])
+  if cfg.mask_policy == "union":
+    return rows.any(0), rows
+  shared = rows[0].copy()
+  shared[(np.asarray(lrows) - 1) // cfg.block_size] = True
+  return shared, rows
+
+
+def np_spin_commit(st, z_rows, shared, lrows, accepted, cfg):
+  """Deferred update: rows 0..accepted in order ("prefix"), or row 0, on the shared mask."""
+  obs = np.repeat(shared, cfg.block_size)
+  for r in range(len(lrows)):
+    if (r <= accepted) if cfg.update_policy == "prefix" else (r == 0):
+      st = np_spin_update(st, z_rows[r], obs, int(lrows[r]) - 1, int(lrows[r]), cfg)
+  return st

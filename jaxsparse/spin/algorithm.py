@@ -10,7 +10,16 @@ import jax.numpy as jnp
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from pallas_kernels._util import counter_hash, words_seed
 
-__all__ = ['init_state', 'reset', 'num_blocks_budget', 'predicted_slot_scores', 'block_scores', 'by_offset', 'top_mask', 'request_seeds', 'random_keys16', 'select_blocks', 'select_blocks_batched', 'update_dense', 'update', 'update_blocks', 'update_block_states', 'realized_sparsity', 'slot_mask', 'compact_blocks', 'select_rows', 'update_rows']
+# block-age exploration ranks staleness up to this many steps; staler blocks tie, and their
+# random keys order them (staleness * 2**16 + key stays below 2**24: exact in float32)
+STALENESS_CAP = 255
+
+__all__ = [
+    "STALENESS_CAP", "init_state", "reset", "num_blocks_budget", "predicted_slot_scores",
+    "block_scores", "by_offset", "top_mask", "request_seeds", "random_keys16", "select_blocks",
+    "select_blocks_batched", "update_dense", "update", "update_blocks", "update_block_states",
+    "realized_sparsity", "slot_mask", "compact_blocks", "select_rows", "update_rows"
+]
 
 
 def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
@@ -195,13 +204,16 @@ def _staleness(state):
 
 def _priorities(state, pos, length, config: SpinConfig, seed):
   """Exploration priorities [nb] float32 of the configured policy (higher: explored first).
-  seed: uint32 (`request_seeds`). Random priorities take 2**16 values: two blocks tie with
+  seed: uint32 (`request_seeds`). block-age: the steps since a block was last scored (capped at
+  STALENESS_CAP), ties broken by the block's random key; every priority is an integer below
+  2**24, exact in float32. Random priorities take 2**16 values: two blocks tie with
   probability 2**-16 and a tie goes to the lower block, so a ranking needs 16 bits, not 32."""
   nb = state["VB"].shape[-1]
   if config.explore == "random":
     return _uniform16(seed, nb)
-  if config.explore == "block-age":
-    return _staleness(state) + 1e-3 * _uniform16(seed, nb)
+  if config.explore == "block-age":  # staleness first, the random key breaks its ties exactly
+    stale = jnp.clip(_staleness(state), 0, STALENESS_CAP)
+    return stale * 65536.0 + random_keys16(seed, nb).astype(jnp.float32)
   if config.explore == "staleness":
     s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
                      if config.reduction == "A0" else config)

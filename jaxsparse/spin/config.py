@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ['SpinConfig', 'POOLINGS', 'REDUCTIONS', 'EXPLORES', 'MASK_POLICIES', 'UPDATE_POLICIES', 'STATE_DTYPES']
+__all__ = [
+    "SpinConfig", "POOLINGS", "REDUCTIONS", "EXPLORES", "MASK_POLICIES", "UPDATE_POLICIES",
+    "STATE_DTYPES"
+]
 
 
 NEG_INF = float("-inf")

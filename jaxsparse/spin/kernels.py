@@ -9,7 +9,9 @@ from jaxsparse.spin.algorithm import (_budget, _priorities, block_scores, compac
                                       request_seeds, select_blocks_batched)
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 
-__all__ = ['select_compact_batched', 'update_batched']
+__all__ = [
+    "select_compact_batched", "update_batched"
+]
 
 
 def _score_bits(config: SpinConfig) -> int:

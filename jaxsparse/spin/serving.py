@@ -12,7 +12,9 @@ from jaxsparse.spin.algorithm import (compact_blocks, realized_sparsity, select_
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from jaxsparse.spin.kernels import select_compact_batched, update_batched
 
-__all__ = ['decode_step', 'decode_step_rows', 'commit', 'max_selected_blocks', 'ALIGN_BLOCKS']
+__all__ = [
+    "decode_step", "decode_step_rows", "commit", "max_selected_blocks", "ALIGN_BLOCKS"
+]
 
 
 def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:

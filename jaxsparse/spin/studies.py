@@ -11,7 +11,9 @@ from jaxsparse.spin.algorithm import (init_state, realized_sparsity, select_rows
                                       update_rows)
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 
-__all__ = ['replay', 'predictor_study']
+__all__ = [
+    "replay", "predictor_study"
+]
 
 
 def _full_topk_sets(z, lengths_rows, k):
