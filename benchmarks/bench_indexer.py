@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from jaxsparse import bench, shapes
-from jaxsparse.benchtools import environment, print_table, write_json
+from jaxsparse._bench import cases as bench, shapes
+from jaxsparse._bench.timing import environment, print_table, write_json
 from pallas_kernels.indexer_decode import DecodeConfig
 from pallas_kernels.indexer_prefill import PrefillConfig
 

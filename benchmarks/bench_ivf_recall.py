@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from jaxsparse import ivf, traces  # noqa: E402
-from jaxsparse.benchtools import environment, write_json  # noqa: E402
+from jaxsparse._bench.timing import environment, write_json  # noqa: E402
 
 METHODS = (("IVF", "ivf", True, False), ("IVF seal only", "ivf", False, False),
            ("IVF oracle", "ivf", True, True), ("HiSA", "hisa", True, False),

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from jaxsparse import bench
-from jaxsparse.benchtools import environment, print_table, write_json
+from jaxsparse._bench import cases as bench
+from jaxsparse._bench.timing import environment, print_table, write_json
 from pallas_kernels.topk import TopkConfig
 
 

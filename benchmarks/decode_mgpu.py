@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse import bench, indexer
-from jaxsparse.benchtools import COPY_TBPS, environment, print_table, write_json
+from jaxsparse import indexer
+from jaxsparse._bench import cases as bench
+from jaxsparse._bench.timing import COPY_TBPS, environment, print_table, write_json
 from jaxsparse.prep import quantize_fp8
 from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
 

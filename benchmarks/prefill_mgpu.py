@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse import bench, indexer
-from jaxsparse.benchtools import MATMUL_TFLOPS, environment, print_table, write_json
+from jaxsparse import indexer
+from jaxsparse._bench import cases as bench
+from jaxsparse._bench.timing import MATMUL_TFLOPS, environment, print_table, write_json
 from jaxsparse.prep import quantize_fp8
 from pallas_kernels.indexer_prefill import PrefillConfig
 from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu

@@ -10,7 +10,7 @@ import argparse
 import numpy as np
 
 from jaxsparse import spin, traces
-from jaxsparse.benchtools import environment, print_table, write_json
+from jaxsparse._bench.timing import environment, print_table, write_json
 
 
 def main(argv=None):

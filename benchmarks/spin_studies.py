@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse import spin, traces
-from jaxsparse.benchtools import environment, write_json
+from jaxsparse._bench.timing import environment, write_json
 from jaxsparse.indexer import indexer_scores_xla
 
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5)

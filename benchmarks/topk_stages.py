@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxsparse import backend, selection
-from jaxsparse.bench import _emit
-from jaxsparse.benchtools import environment, kernel_time, print_table, time_in_graph, write_json
+from jaxsparse._bench.cases import _emit
+from jaxsparse._bench.timing import environment, kernel_time, print_table, time_in_graph, write_json
 from pallas_kernels._util import next_pow2, pad_axis
 from pallas_kernels.topk import TopkConfig, gpu_chunk, group_size, persist_chunk
 from pallas_kernels.topk import gpu as kg

@@ -220,7 +220,7 @@ def _eval(args) -> int:
   _check_writable("--out", args.out)
   _check_writable("--plot", args.plot)
   from jaxsparse import evaluate, spin
-  from jaxsparse.benchtools import print_table, write_json
+  from jaxsparse._bench.timing import print_table, write_json
   impl = None if args.implementation == "auto" else args.implementation
   try:
     spins = [(f"SPIN {int(round(100 * rho))}%",
@@ -252,7 +252,7 @@ def _eval(args) -> int:
           f"{best['recall']:.2%} of exact DSA's top-{args.k} (p99 miss {best['p99_miss']:.1%}) "
           f"over {len(tr.layers)} layers x {tr.q.shape[1]} steps.")
   if args.out:
-    from jaxsparse.benchtools import environment
+    from jaxsparse._bench.timing import environment
     write_json(args.out, dict(environment=environment(), trace=path, meta=tr.meta, k=args.k,
                               rows=rows, us_per_step=res["us_per_step"]))
     print(f"wrote {args.out}")
@@ -284,7 +284,7 @@ def _eval_prefill(args, path, tr) -> int:
   print(f"select   K = {args.k} of {len(pos)} queries' full top-K; budget {args.budget} "
         f"candidates; seal every {args.seal_window} keys into groups of ~{args.cluster_size}, "
         f"refit every {args.refit_interval}")
-  from jaxsparse.benchtools import print_table, write_json
+  from jaxsparse._bench.timing import print_table, write_json
   rows = []
   for name, method, oracle in (("AttentionIndex (IVF)", "ivf", False),
                                ("IVF, oracle group ranking", "ivf", True),
@@ -307,7 +307,7 @@ def _eval_prefill(args, path, tr) -> int:
   print(f"summary  AttentionIndex keeps {rows[0]['recall']:.2%} of the full top-{args.k} with "
         f"{rows[0]['candidates']:,.0f} candidates per query; HiSA {rows[2]['recall']:.2%}.")
   if args.out:
-    from jaxsparse.benchtools import environment
+    from jaxsparse._bench.timing import environment
     write_json(args.out, dict(environment=environment(), trace=path, meta=tr.meta,
                               k=args.k, rows=rows))
     print(f"wrote {args.out}")
@@ -350,8 +350,8 @@ def _bench(args) -> int:
     raise CliError(f"--chunk={args.chunk} must not exceed the prefill's --slots / 4 = "
                    f"{args.slots // 4} keys")
   _check_writable("--out", args.out)
-  from jaxsparse import bench
-  from jaxsparse.benchtools import environment, print_table, write_json
+  from jaxsparse._bench import cases as bench
+  from jaxsparse._bench.timing import environment, print_table, write_json
   impl = None if args.implementation == "auto" else args.implementation
   from rich.console import Console
   status = Console(stderr=True).status("timing")
@@ -396,7 +396,7 @@ def _bench_prefill(args) -> int:
   import time
 
   import numpy as np
-  from jaxsparse.benchtools import environment, print_table, write_json
+  from jaxsparse._bench.timing import environment, print_table, write_json
   from jaxsparse.distributed import sharded_prefill_topk
   counts = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= args.devices]
   rng = np.random.default_rng(0)
@@ -471,7 +471,7 @@ def _quality(args) -> int:
     raise CliError(f"--text={args.text!r} has {len(ids):,} tokens; --tokens x --windows needs "
                    f"{need:,}")
   from jaxsparse import quality
-  from jaxsparse.benchtools import environment, write_json
+  from jaxsparse._bench.timing import environment, write_json
   from jaxsparse.model import llama
   base = llama.load_model()
   wins = [ids[i * args.tokens:(i + 1) * args.tokens] for i in range(args.windows)]
@@ -489,7 +489,7 @@ def _quality(args) -> int:
 
 
 def _print_quality(q):
-  from jaxsparse.benchtools import print_table
+  from jaxsparse._bench.timing import print_table
   ks = q["ks"]
   print(f"{q['windows']} window(s) of {q['tokens']:,} tokens")
   rows = []

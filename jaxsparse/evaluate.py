@@ -12,6 +12,11 @@ from jaxsparse import selection
 from jaxsparse.traces import DecodeTrace
 
 
+__all__ = [
+    "full_topk", "decode_baselines"
+]
+
+
 def full_topk(q, w, k, lengths, topk: int, implementation=None):
   """Exact DSA selection of every step of one layer, as one batched paged call.
 

@@ -11,6 +11,12 @@ from jaxsparse import _checks
 from jaxsparse import backend
 from pallas_kernels._util import row_lengths  # noqa: F401  (public: jaxsparse.row_lengths)
 
+__all__ = [
+    "PAGE_SIZE", "indexer_scores_xla", "paged_indexer_scores_xla", "indexer_scores",
+    "sanitize_paged", "paged_indexer_scores", "pack_dense_as_paged", "row_lengths"
+]
+
+
 PAGE_SIZE = 64  # slots per paged-cache block, as in DeepGEMM / vLLM's DSA indexer cache
 
 
@@ -157,8 +163,39 @@ def _validate_paged(q, k_cache, block_table, lengths, w, k_scale):
                          f"(num_blocks={num_blocks})")
 
 
+def sanitize_paged(block_table, lengths, num_blocks: int, page: int = PAGE_SIZE, *,
+                   checked: bool = False):
+  """The rule for paged inputs whose values cannot be checked (traced under jit or vmap).
+
+  block_table [B, max_blocks] int, lengths [B] int -> lengths [B] int32 to use instead:
+  a length is clamped to [0, max_blocks * page]; a request whose block table holds a page id
+  outside [0, num_blocks) within its (clamped) length is void: its length becomes 0, so every
+  slot scores -inf and its top-K is all -1. (Reading a clipped page instead would return
+  plausible but wrong scores.) The cost is one pass over the [B, max_blocks] table.
+
+  checked=True also adds `jax.experimental.checkify` checks that name the argument: run the
+  jitted function under `checkify.checkify` and call `err.throw()` to raise them. Concrete
+  (not traced) inputs are always checked eagerly and raise ValueError.
+  """
+  from jax.experimental import checkify
+  max_blocks = block_table.shape[1]
+  cap = max_blocks * page
+  lens = lengths.astype(jnp.int32)
+  clamped = jnp.clip(lens, 0, cap)
+  used = jnp.arange(max_blocks, dtype=jnp.int32)[None, :] * page < clamped[:, None]
+  bad = used & ((block_table < 0) | (block_table >= num_blocks))
+  if checked:
+    checkify.check(jnp.all((lens >= 0) & (lens <= cap)),
+                   "lengths must lie in [0, {cap}] (block_table.shape[1] * page); got min="
+                   "{lo} max={hi}", cap=jnp.int32(cap), lo=lens.min(), hi=lens.max())
+    checkify.check(~jnp.any(bad), "block_table holds a page id outside [0, {n}) within a "
+                   "request's length (request {b})", n=jnp.int32(num_blocks),
+                   b=jnp.argmax(bad.any(1)).astype(jnp.int32))
+  return jnp.where(bad.any(1), 0, clamped)
+
+
 def paged_indexer_scores(q, k_cache, block_table, lengths, w, *, k_scale=None,
-                         implementation=None, config=None):
+                         implementation=None, config=None, checked=False):
   """Decode-time indexer scores over a paged key cache.
 
   Args:
@@ -171,16 +208,23 @@ def paged_indexer_scores(q, k_cache, block_table, lengths, w, *, k_scale=None,
     k_scale: [num_blocks, 64] float32 per-slot scales (required for float8 keys).
     implementation: None, "xla" or "pallas" (see `indexer_scores`).
     config: optional `pallas_kernels.indexer_decode.DecodeConfig`.
+    checked: add checkify checks of the ranges under jit (`sanitize_paged`).
 
   Returns:
     [B, max_slots] (or [B, R, max_slots]) float32, -inf past each row's length;
     max_slots = max_blocks * 64.
+
+  Out-of-range values: concrete inputs raise ValueError; traced ones follow `sanitize_paged`
+  (lengths clamp to the table's capacity; a request reading a page outside the cache scores
+  -inf everywhere).
 
   A DeepGEMM/vLLM packed fp8 cache `[num_blocks, 64, 1, D + 4]` uint8 (64 x D fp8 values, then 64
   float32 scales) maps onto this with `jaxsparse.prep.unpack_fp8_paged_cache`.
   """
   _checks.check_implementation(implementation)
   _validate_paged(q, k_cache, block_table, lengths, w, k_scale)
+  lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], k_cache.shape[1],
+                           checked=checked)
   single = q.ndim == 3
   if single:
     q, w = q[:, None], w[:, None]

@@ -7,6 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = [
+    "FP8_MAX", "apply_rope", "hadamard_matrix", "hadamard_rotate", "quantize_fp8",
+    "indexer_weights", "prepare_indexer_inputs", "unpack_fp8_paged_cache", "pack_fp8_paged_cache"
+]
+
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 

@@ -11,6 +11,11 @@ from jaxsparse import _checks
 from jaxsparse import backend
 from jaxsparse import indexer as _indexer
 
+__all__ = [
+    "NEG_INF", "topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk"
+]
+
+
 NEG_INF = float("-inf")
 
 

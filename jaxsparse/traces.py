@@ -31,6 +31,12 @@ import numpy as np
 
 from jaxsparse._io import save_npz_atomic
 
+__all__ = [
+    "SCHEMA_VERSION", "DecodeTrace", "PrefillTrace", "TraceError", "validate", "save", "load",
+    "default_trace_path"
+]
+
+
 SCHEMA_VERSION = 1
 
 

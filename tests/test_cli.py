@@ -170,7 +170,7 @@ def test_time_in_graph_modes(monkeypatch):
   """The device timer: loop and unrolled modes with threaded state, and the env switch."""
   import jax
   import jax.numpy as jnp
-  from jaxsparse import benchtools
+  from jaxsparse._bench import timing as benchtools
   x = jnp.arange(4096.0)
   f = jax.jit(lambda v: (jnp.sort(v)[::-1] * 1.0001, v.sum()))
   for unrolled in (False, True):
@@ -188,7 +188,7 @@ def test_kernel_time_needs_gpu_kernels():
   """On a machine without a GPU the device-trace timer says so instead of returning 0."""
   import jax
   import jax.numpy as jnp
-  from jaxsparse.benchtools import kernel_time
+  from jaxsparse._bench.timing import kernel_time
   if jax.default_backend() == "gpu":
     pytest.skip("covered by tests/test_gpu.py::test_kernel_time_gpu")
   with pytest.raises(RuntimeError, match="no GPU kernel events"):

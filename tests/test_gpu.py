@@ -565,7 +565,7 @@ def test_decode_mosaic_kernel_gpu(dtype, pages, steps):
   """The Mosaic GPU paged decode kernel against the reference: random block tables, ragged
   lengths (1 slot, one page, mid-page, full), runs past every length."""
   from pallas_kernels.indexer_decode.mgpu import decode_scores_mgpu
-  from jaxsparse.bench import ragged_paged_case
+  from jaxsparse._bench.cases import ragged_paged_case
   q, kc, table, lens, w = ragged_paged_case(np.random.default_rng(37))
   h, d = q.shape[1:]
   ks = None
@@ -610,7 +610,7 @@ def test_decode_mosaic_kernel_block_sparse_gpu():
 def test_kernel_time_gpu():
   """The device-trace timer sees the kernels of a call: a 1 GiB bf16 scale-and-copy moves 2 GiB,
   so it takes at least what the H200's ~4.9 TB/s HBM peak allows and at most ten times that."""
-  from jaxsparse.benchtools import kernel_time
+  from jaxsparse._bench.timing import kernel_time
   x = jnp.ones((1 << 29,), jnp.bfloat16)
   total, per = kernel_time(jax.jit(lambda x: x * 2), (x,), calls=5)
   floor = 2 * x.nbytes / 4.9e12

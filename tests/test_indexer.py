@@ -464,3 +464,37 @@ def test_kernels_never_import_the_library_above_them():
                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
       bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "jaxsparse"]
   assert not bad, bad
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_traced_out_of_range_inputs_follow_the_documented_rule(implementation):
+  """Under jit, lengths clamp to the table's capacity and a request that reads a page outside
+  the cache scores -inf everywhere (`sanitize_paged`); checked=True raises through checkify,
+  naming the argument."""
+  from jax.experimental import checkify
+  rng = np.random.default_rng(21)
+  q, kc, table, _, w, _ = random_paged(rng, 3, 1, 8, 32, 8 * 64, 12)
+  table = np.asarray(table).copy()
+  table[:, :] = np.stack([rng.permutation(12)[:8] for _ in range(3)])
+  table[1, 2] = 12  # past the cache, inside request 1's length
+  table[2, 7] = -1  # past request 2's length: ignored
+  lens = jnp.asarray([8 * 64 + 40, 300, 200], jnp.int32)
+  f = jax.jit(lambda *a: jaxsparse.paged_indexer_scores(*a, implementation=implementation))
+  z = np.asarray(f(q, kc, jnp.asarray(table), lens, w))
+  want = np_indexer.paged(q, kc, table, np.asarray([8 * 64, 0, 200]), w)
+  assert np.isneginf(z[1]).all() and np.isneginf(want[1]).all()
+  assert_scores_close(z, want, reduction=8 * 32)
+  with pytest.raises(ValueError, match="block_table"):  # concrete: eager ValueError
+    jaxsparse.paged_indexer_scores(q, kc, jnp.asarray(table), jnp.asarray([512, 300, 200]), w)
+  g = checkify.checkify(jax.jit(lambda *a: jaxsparse.paged_indexer_scores(
+      *a, implementation=implementation, checked=True)))
+  err, _ = g(q, kc, jnp.asarray(table), jnp.asarray([512, 300, 200], jnp.int32), w)
+  with pytest.raises(checkify.JaxRuntimeError, match=r"block_table holds a page id outside \[0, 12\)"):
+    err.throw()
+  ok = table.copy()
+  ok[1, 2] = 3
+  err, _ = g(q, kc, jnp.asarray(ok), lens, w)
+  with pytest.raises(checkify.JaxRuntimeError, match=r"lengths must lie in \[0, 512\]"):
+    err.throw()
+  err, _ = g(q, kc, jnp.asarray(ok), jnp.asarray([512, 300, 200], jnp.int32), w)
+  err.throw()  # in range: no error

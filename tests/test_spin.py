@@ -634,3 +634,42 @@ def test_a2_step_kernels_match_xla_step():
     np.testing.assert_allclose(np.asarray(out["pallas"][1][name], np.float32),
                                np.asarray(out["xla"][1][name], np.float32), rtol=1e-2,
                                atol=1e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_decode_step_input_rules(implementation):
+  """The step checks its paged inputs as the scoring API does: fp8 keys without k_scale and
+  concrete out-of-range pages raise ValueError naming them; under jit a request reading a page
+  outside the cache is void (no blocks, -1 top-K) while the others are unaffected, and
+  checked=True raises through checkify."""
+  from jax.experimental import checkify
+  from jaxsparse.prep import quantize_fp8
+  rng = np.random.default_rng(8)
+  q, kc, _, _, w, _ = random_paged(rng, 2, 1, 8, 32, 1000, 40)
+  q, w = q[:, 0], w[:, 0]
+  table = np.stack([rng.permutation(40)[:16] for _ in range(2)]).astype(np.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.4, reduction="A1")
+  st = spin.init_state(16 * 64, cfg, (2,))
+  lens = jnp.asarray([1000, 600], jnp.int32)
+  key = jax.random.PRNGKey(0)
+  with pytest.raises(ValueError, match="k_scale is required"):
+    spin.decode_step(st, q, quantize_fp8(kc)[0], jnp.asarray(table), lens, w, cfg, key)
+  bad = table.copy()
+  bad[1, 3] = 40
+  with pytest.raises(ValueError, match=r"block_table\[1, 3\]=40"):
+    spin.decode_step(st, q, kc, jnp.asarray(bad), lens, w, cfg, key)
+  step = jax.jit(lambda s, t, l: spin.decode_step(s, q, kc, t, l, w, cfg, key,
+                                                  implementation=implementation))
+  _, idx, new, info = step(st, jnp.asarray(bad), lens)
+  _, idx_ok, new_ok, info_ok = step(st, jnp.asarray(table), lens)
+  assert (np.asarray(idx[1]) == -1).all() and not np.asarray(info["block_masks"][1]).any()
+  np.testing.assert_array_equal(np.asarray(idx[0]), np.asarray(idx_ok[0]))
+  np.testing.assert_array_equal(np.asarray(new["V"][0]), np.asarray(new_ok["V"][0]))
+  np.testing.assert_array_equal(np.asarray(new["V"][1]), np.zeros(16 * 64))
+  g = checkify.checkify(jax.jit(lambda s, t, l: spin.decode_step(
+      s, q, kc, t, l, w, cfg, key, implementation=implementation, checked=True)))
+  err, _ = g(st, jnp.asarray(bad), lens)
+  with pytest.raises(checkify.JaxRuntimeError, match="block_table holds a page id"):
+    err.throw()
+  err, _ = g(st, jnp.asarray(table), lens)
+  err.throw()

@@ -280,7 +280,7 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
       break
   report = {"config": dataclasses.asdict(cfg), "layers": results,
             "stopped_early": any(r["stopped_early"] for r in results)}
-  from jaxsparse.benchtools import environment
+  from jaxsparse._bench.timing import environment
   report["environment"] = environment()
   if not report["stopped_early"]:
     C.save(os.path.join(out, "correctors.npz"), models,

@@ -278,7 +278,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
   if not stopped:
     report.update(evaluate(base, model, held_out_windows(cfg.eval_windows, cfg.eval_tokens),
                            cfg.recall_k))
-  from jaxsparse.benchtools import environment
+  from jaxsparse._bench.timing import environment
   report["environment"] = environment()
   lightning.save_indexers(os.path.join(out, "indexers.npz"), icfg, params,
                           meta={k: report[k] for k in ("corpus", "steps_done", "stopped_early")}

@@ -8,6 +8,11 @@ import numpy as np
 
 
 
+__all__ = [
+    "LlamaConfig", "gguf_path", "read_config", "load", "tokenizer"
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
   """Architecture read from the GGUF `llama.*` metadata."""

@@ -19,6 +19,13 @@ from jaxsparse import prep
 from jaxsparse._io import save_npz_atomic
 
 
+__all__ = [
+    "IndexerConfig", "LightningIndexers", "project", "score_layer", "train_scores", "FILE_FORMAT",
+    "PARAM_NAMES", "param_shapes", "save_indexers", "IndexerFileError", "load_indexers",
+    "default_indexers_path", "score_all", "kl_loss", "topk_recall", "recent_recall"
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class IndexerConfig:
   layers: int

@@ -8,6 +8,12 @@ from flax import nnx
 
 from jaxsparse.model.gguf_weights import LlamaConfig
 
+__all__ = [
+    "LAYER_KEYS", "rms_norm", "rope_pairs", "Llama", "var_value", "topk_mask", "spin_visible",
+    "perplexity", "load_model", "run_chunked"
+]
+
+
 LAYER_KEYS = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
 
 

@@ -16,8 +16,13 @@ import shutil
 import numpy as np
 
 from jaxsparse import quality, traces
-from jaxsparse.benchtools import environment, write_json
+from jaxsparse._bench.timing import environment, write_json
 from jaxsparse.model import gguf_weights, lightning, llama, record, text
+
+__all__ = [
+    "TRACE_LAYERS", "MTP_LAYERS", "SOURCE", "held_out_ids", "main"
+]
+
 
 TRACE_LAYERS = (0, 5, 10, 15, 20, 25, 29)
 MTP_LAYERS = (5, 15, 25)

@@ -7,6 +7,11 @@ from jaxsparse import traces
 from jaxsparse.model import lightning
 
 
+__all__ = [
+    "record_decode", "record_prefill"
+]
+
+
 def _indexer_inputs(base, indexers, tokens, layers, chunk: int = 1024):
   """Run the base model once (chunked: no [T, T] matrix); project each chosen layer's indexer.
 

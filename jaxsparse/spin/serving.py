@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxsparse.spin.algorithm import (compact_blocks, realized_sparsity, select_rows,
                                       update_block_states, update_blocks)
+from jaxsparse.indexer import sanitize_paged
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from jaxsparse.spin.kernels import select_compact_batched, update_batched
 
@@ -39,7 +40,9 @@ def _aligned_width(width: int, num_blocks: int) -> int:
   return min(num_blocks, -(-width // ALIGN_BLOCKS) * ALIGN_BLOCKS)
 
 
-def _validate_step(state, q, k_cache, block_table, lengths, config):
+def _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config):
+  from jaxsparse.indexer import _validate_paged
+  _validate_paged(q, k_cache, block_table, lengths, w, k_scale)
   if k_cache.shape[1] != config.block_size:
     raise ValueError(f"config.block_size={config.block_size} must equal the cache page size "
                      f"k_cache.shape[1]={k_cache.shape[1]}")
@@ -53,7 +56,7 @@ def _validate_step(state, q, k_cache, block_table, lengths, config):
 
 def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
                 k_scale=None, implementation=None, decode_config=None, topk_config=None,
-                warm=None, sorted=True):  # noqa: A002
+                warm=None, sorted=True, checked=False):  # noqa: A002
   """One SPIN decode step for B requests (one query row each), jit-friendly.
 
   state: `init_state(capacity, config, (B,))`; q [B, H, D]; k_cache [num_blocks, 64, D];
@@ -71,11 +74,18 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   sorted: as in `jaxsparse.topk`; False returns the top-K as a set in ascending slot order (on
   GPU without the final sort of the candidates).
 
+  Inputs are checked as in `jaxsparse.paged_indexer_scores` (fp8 keys need k_scale; concrete
+  out-of-range lengths or pages raise ValueError); traced ones follow
+  `jaxsparse.indexer.sanitize_paged` (a void request selects nothing and returns -1s), with
+  checkify checks when checked=True.
+
   In a serving loop, jit the step with the state donated (`jax.jit(..., donate_argnums=...)`)
   and pass each step's new state to the next: on GPU the update kernel then writes the state in
   place. Without donation XLA copies the [B, N] V / D states every step.
   """
-  _validate_step(state, q, k_cache, block_table, lengths, config)
+  _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
+  lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], config.block_size,
+                           checked=checked)
   if warm not in (None, True, False):
     raise ValueError(f"warm={warm!r} must be None, True or False")
   if not isinstance(sorted, bool):
@@ -198,7 +208,8 @@ _decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12, 13))
 
 
 def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
-                     k_scale=None, implementation=None, decode_config=None, topk_config=None):
+                     k_scale=None, implementation=None, decode_config=None, topk_config=None,
+                     checked=False):
   """One SPIN verification step for B requests with R verifier rows (sec. 3.2.2).
 
   q [B, R, H, D], w [B, R, H]; lengths [B] counts the slots the last row sees (row r sits at
@@ -206,12 +217,14 @@ def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinCon
   (config.mask_policy="union") or row 0's ("row0", plus every row's newest block). All rows are
   scored on the shared mask. The state is NOT updated: pass the returned `pending` to
   `commit(state, pending, accepted, config)` once the number of accepted drafts is known.
-  Returns (values [B, R, K], slots [B, R, K], pending, info).
+  Returns (values [B, R, K], slots [B, R, K], pending, info). Inputs as in `decode_step`.
   """
-  _validate_step(state, q, k_cache, block_table, lengths, config)
   if q.ndim != 4 or w.shape != q.shape[:3]:
     raise ValueError(f"q.shape={tuple(q.shape)} / w.shape={tuple(w.shape)} must be "
                      "[B, R, H, D] / [B, R, H]")
+  _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
+  lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], config.block_size,
+                           checked=checked)
   return _decode_rows(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
                       implementation, decode_config, topk_config)
 

@@ -6,6 +6,11 @@ import dataclasses
 from pallas_kernels._util import is_pow2
 
 
+__all__ = [
+    "MOSAIC_AUTO", "MOSAIC_MIN_CTAS", "run_length_ok", "DecodeConfig"
+]
+
+
 # Under kernel="auto", the (q dtype, cache dtype) pairs that run the Mosaic GPU kernel on Hopper:
 # all three measured faster than the Triton kernel at B=64 x 128K, 8 x 1M and 1 x 1M
 # (benchmarks/results/session4/decode_mgpu.json; bf16 4.18-4.27 TB/s at B x N >= 1M).

@@ -17,6 +17,11 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.indexer_decode.config import DecodeConfig
 
+__all__ = [
+    "NEG_INF", "decode_scores_gpu"
+]
+
+
 NEG_INF = float("-inf")
 
 

@@ -25,6 +25,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels import _mosaic
 from pallas_kernels.indexer_decode.config import run_length_ok
 
+__all__ = [
+    "NEG_INF", "ROW", "DTYPES", "tiling_fits", "decode_scores_mgpu"
+]
+
+
 NEG_INF = float("-inf")
 ROW = 32  # int32 entries per 128-byte row (TMA copies move multiples of 128 bytes)
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))

@@ -18,6 +18,11 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels._util import tpu_interpret_params
 from pallas_kernels.indexer_decode.config import DecodeConfig
 
+__all__ = [
+    "NEG_INF", "decode_scores_tpu"
+]
+
+
 NEG_INF = float("-inf")
 
 

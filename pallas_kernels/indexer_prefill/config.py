@@ -6,6 +6,11 @@ import dataclasses
 from pallas_kernels._util import is_pow2
 
 
+__all__ = [
+    "MOSAIC_AUTO", "PrefillConfig", "TPU_DEFAULT"
+]
+
+
 # Under kernel="auto", the q dtypes (q and k alike) that run the Mosaic GPU kernel on Hopper:
 # bf16 measured 2.07x the Triton kernel (benchmarks/results/session4/prefill_mgpu.json), fp8 q+k
 # 836-884 TFLOP/s with fp8 wgmma (prefill_mgpu_keys.json; Triton fp8 q+k: 224-225).

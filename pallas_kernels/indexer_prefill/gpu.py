@@ -17,6 +17,11 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.indexer_prefill.config import PrefillConfig
 
+__all__ = [
+    "NEG_INF", "prefill_scores_gpu"
+]
+
+
 NEG_INF = float("-inf")
 
 

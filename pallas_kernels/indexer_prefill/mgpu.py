@@ -21,6 +21,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import _mosaic
 
+__all__ = [
+    "NEG_INF", "POS_ROW", "tiling_fits", "prefill_scores_mgpu"
+]
+
+
 NEG_INF = float("-inf")
 POS_ROW = 32  # int32 positions per group row: 128 bytes
 

@@ -16,6 +16,11 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels._util import tpu_interpret_params
 from pallas_kernels.indexer_prefill.config import PrefillConfig
 
+__all__ = [
+    "NEG_INF", "prefill_scores_tpu"
+]
+
+
 NEG_INF = float("-inf")
 
 

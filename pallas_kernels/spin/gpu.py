@@ -36,6 +36,11 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._util import counter_hash, words_seed
 from pallas_kernels.topk.gpu import _take_best, take_best_keys
 
+__all__ = [
+    "NEG_INF", "LENGTH_ROW", "update_states_gpu", "select_compact_gpu", "block_scores_max_gpu"
+]
+
+
 NEG_INF = float("-inf")
 # int32 lengths per row of the Mosaic scoring kernel's length input (its ROW, 128 bytes: the
 # kernel checks the rows it is given)

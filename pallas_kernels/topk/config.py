@@ -6,6 +6,11 @@ import dataclasses
 from pallas_kernels._util import is_pow2
 
 
+__all__ = [
+    "TopkConfig"
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class TopkConfig:
   """chunk: scores per program in the filter passes (power of two, >= 128). 2048: at 64 x 128K

@@ -25,6 +25,14 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._util import is_pow2, next_pow2
 
+__all__ = [
+    "NEG_INF", "COUNTER_STRIDE", "PLACEMENTS", "counter_dtype", "compact_atomic",
+    "compact_groups", "threshold", "group_max", "count", "compact", "repair", "take_best_keys",
+    "select_mask", "rank_finish", "PERSIST_SLOTS", "sm_count", "persistent_select",
+    "index_order_finish", "bitonic_finish", "bitonic_finish_split"
+]
+
+
 NEG_INF = float("-inf")
 
 

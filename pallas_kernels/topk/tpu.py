@@ -16,6 +16,11 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels._util import tpu_interpret_params
 
+__all__ = [
+    "NEG_INF", "LANES", "group_max", "count"
+]
+
+
 NEG_INF = float("-inf")
 LANES = 128
 

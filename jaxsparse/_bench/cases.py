@@ -13,7 +13,7 @@ import numpy as np
 from jaxsparse import indexer as _indexer
 from jaxsparse import selection as _topk
 from jaxsparse.prep import quantize_fp8
-from jaxsparse.benchtools import (COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, kernel_time, time_calls,
+from jaxsparse._bench.timing import (COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, kernel_time, time_calls,
                                   time_in_graph)
 
 L2_BYTES = 60 << 20
