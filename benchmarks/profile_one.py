@@ -24,7 +24,7 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--slots", type=int, default=131072)
   p.add_argument("--calls", type=int, default=4)
-  p.add_argument("--compact", default="scan", choices=("scan", "rows", "lane"),
+  p.add_argument("--compact", default="scan", choices=("scan", "lane"),
                  help="topk: TopkConfig.compact")
   p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"), help="SPIN's (spin)")
   p.add_argument("--hlo", default="",

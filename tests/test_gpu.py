@@ -47,7 +47,7 @@ def test_prefill_gpu(key_dtype, kernel):
   assert_scores_close(out, np_indexer.dense(q, k, w, ks, pos), reduction=h * d, dtype_tol=GPU_TOL)
 
 
-@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic", "persistent"])
+@pytest.mark.parametrize("finish", ["sort", "rank", "bitonic"])
 @pytest.mark.parametrize("n,k", [(131072, 2048), (1 << 20, 512), (40000, 2048)])
 def test_topk_gpu(n, k, finish):
   rng = np.random.default_rng(n)
@@ -69,22 +69,21 @@ def test_topk_gpu(n, k, finish):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("rows,n,k,compact,mid,rank_rows", [
+@pytest.mark.parametrize("rows,n,k,compact,mid,rank", [
     (1, 32768, 2048, "auto", 0, False), (1, 1 << 20, 2048, "auto", 0, False),
     (8, 32768, 2048, "auto", 2048, False), (8, 131072, 2048, "lane", 1024, False),
     (8, 1 << 20, 512, "auto", 0, False), (1, 32768, 2048, "auto", 0, True),
     (1, 131072, 512, "auto", 0, True), (8, 32768, 2048, "auto", 0, True),
     (1, 1 << 20, 2048, "auto", 0, True)])
-def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank_rows):
-  """TopkConfig(repair_in_finish=True, fused_rank=True, bitonic_mid=mid, rank_rows=...)
-  compiled: no repair kernel; rows overflowing by ties and by sorted runs, next to ordinary,
-  ragged and empty ones, repaired by the one-kernel rank finish (one row, fused; one
-  program per block of candidates at one and 8 rows, in value buckets at k = 2048 by
-  default) or the split bitonic finish's merge program (8 rows; with a middle merge
-  kernel; scan, lane and gathering compactions), against numpy."""
+def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank):
+  """The finishes compiled: no repair kernel; rows overflowing by ties and by sorted runs,
+  next to ordinary, ragged and empty ones, repaired by the rank finish (one program per
+  block of candidates at one and 8 rows, in value buckets at k = 2048 by default) or the
+  split bitonic finish's merge program (8 rows; with a middle merge kernel; scan, lane and
+  gathering compactions), against numpy."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(repair_in_finish=True, fused_rank=True, compact=compact, bitonic_mid=mid,
-                   rank_rows=rank_rows, rank_max_rows=rows if rank_rows else 1)
+  cfg = TopkConfig(compact=compact, bitonic_mid=mid, finish="rank" if rank else "auto",
+                   rank_max_rows=rows if rank else 1)
   _check_repaired_rows(cfg, rows, n, k)
 
 
@@ -105,18 +104,14 @@ def _check_repaired_rows(cfg, rows: int, n: int, k: int):
     np.testing.assert_array_equal(np.asarray(v), rv)
 
 
-@pytest.mark.parametrize("rows,n,k,samples,arity", [
-    (8, 32768, 2048, 0, 2), (8, 131072, 1024, 0, 2), (8, 1 << 20, 2048, 0, 2),
-    (8, 32768, 2048, 16, 2), (8, 32768, 2048, 0, 4), (8, 32768, 2048, 0, 8)])
-def test_topk_gpu_rank_merge(rows, n, k, samples, arity):
+@pytest.mark.parametrize("rows,n,k", [(8, 32768, 2048), (8, 131072, 1024), (8, 1 << 20, 2048)])
+def test_topk_gpu_rank_merge(rows, n, k):
   """The split bitonic finish with the rank merge (the default at these shapes: runs sorted
   descending, each entry placed by binary searches in every run, overflowing rows repaired
-  inside; samples: the searches' first steps against sampled keys, arity: parts a search
-  step splits its range into, both opt-in) compiled, with
-  overflowing, ragged and empty rows (`_check_repaired_rows`), and SPIN's block map
-  through it."""
+  inside) compiled, with overflowing, ragged and empty rows (`_check_repaired_rows`), and
+  SPIN's block map through it."""
   from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(rank_merge_samples=samples, rank_merge_arity=arity)
+  cfg = TopkConfig()
   assert cfg.rank_merge_for(rows, k) == 32
   _check_repaired_rows(cfg, rows, n, k)
   if n == 32768:
@@ -153,42 +148,28 @@ def _check_single_rows(cfg, n: int, k: int, seed: int):
 
 
 @pytest.mark.parametrize("n,k", [(32768, 2048), (131072, 512)])
-@pytest.mark.parametrize("block_i,split_ties,buckets", [
-    (8, False, False), (16, True, False), (8, True, False), (16, False, True), (8, True, True)])
-def test_topk_gpu_rank_rows_variants(n, k, block_i, split_ties, buckets):
-  """The per-block rank finish (one row) compiled with blocks of 8 or 16 candidates, with
-  the packed compare (rank_split_ties) and with two value buckets (rank_buckets)
-  (`_check_single_rows`)."""
+@pytest.mark.parametrize("block_i,buckets", [(8, False), (16, False), (16, True), (8, True)])
+def test_topk_gpu_rank_variants(n, k, block_i, buckets):
+  """The rank finish (one row) compiled with blocks of 8 or 16 candidates, with and without
+  two value buckets (`_check_single_rows`)."""
   from pallas_kernels.topk import TopkConfig
-  _check_single_rows(TopkConfig(rank_rows=True, rank_block_i=block_i,
-                                rank_split_ties=split_ties, rank_buckets=buckets),
-                     n, k, seed=n + block_i)
+  _check_single_rows(TopkConfig(rank_block_i=block_i, rank_buckets=buckets,
+                                rank_buckets_min_k=512), n, k, seed=n + block_i)
 
 
-@pytest.mark.parametrize("probes", [1, 2])
-def test_topk_gpu_pivot_probes(probes):
-  """The bucketed rank finish with the pivot refined by counts (rank_pivot_probes) compiled
-  at one row of 32K x 2048 (`_check_single_rows`)."""
+@pytest.mark.parametrize("run,compact", [
+    (0, "scan"), (256, "scan"), (512, "scan"), (1024, "scan"), (512, "lane"), (0, "lane")])
+def test_topk_gpu_split_bitonic(run, compact):
+  """TopkConfig(bitonic_run=r, compact=c) compiled: sorted (one-pass atomic compaction, by
+  chunk ranges or one atomic per candidate; bitonic finish, split into runs and merges when
+  r > 0) and as a set (count, compaction in index order), overflowing rows repaired."""
   from pallas_kernels.topk import TopkConfig
-  _check_single_rows(TopkConfig(rank_pivot_probes=probes), 32768, 2048, seed=probes)
-
-
-@pytest.mark.parametrize("run,skip,compact", [
-    (0, True, "scan"), (256, True, "scan"), (512, True, "scan"), (1024, True, "scan"),
-    (512, False, "scan"), (512, False, "lane"), (0, True, "lane"), (512, False, "rows"),
-    (0, True, "rows")])
-def test_topk_gpu_split_bitonic(run, skip, compact):
-  """TopkConfig(bitonic_run=r, skip_groups=s, compact=c) compiled: sorted (one-pass atomic
-  compaction, by chunk ranges or one atomic per candidate; bitonic finish, split into runs
-  and merges when r > 0) and as a set (count, compaction in index order), overflowing rows
-  repaired; the compactions reading only live groups or all."""
-  from pallas_kernels.topk import TopkConfig
-  rng = np.random.default_rng(run + skip)
+  rng = np.random.default_rng(run)
   n, k = 131072, 2048
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
-  cfg = TopkConfig(bitonic_run=run, skip_groups=skip, compact=compact)
+  cfg = TopkConfig(bitonic_run=run, compact=compact)
   rv, ri = np_topk(x, k, lens)
   for srt in (True, False):
     v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
@@ -289,48 +270,6 @@ def test_topk_gpu_large_groups(n, k, lengths):
                           lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
     np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
     np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
-
-
-@pytest.mark.parametrize("n,k,lengths,dtype", [
-    (32768, 2048, True, "float32"), (131072, 2048, False, "float32"),
-    (1 << 20, 512, True, "float32"), (1 << 20, 4096, False, "bfloat16"),
-    (100000, 300, True, "float32"), (524288, 2048, False, "float32")])
-def test_topk_gpu_persistent(n, k, lengths, dtype):
-  """The persistent kernel compiled (threshold, compaction, barrier and rank finish in one
-  launch): the hard rows of `_hard_rows` one at a time (its default use), two and eight at a
-  time, against numpy."""
-  from pallas_kernels.topk import TopkConfig
-  x, lens = _hard_rows(n, k, lengths)
-  x = np.asarray(jnp.asarray(x, dtype).astype(jnp.float32))
-  rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
-  cfg = TopkConfig(persist_max_rows=8)
-  for r0, r1 in ((0, 1), (1, 2), (4, 5), (6, 8), (0, 8)):
-    v, i = jaxsparse.topk(jnp.asarray(x[r0:r1], dtype), k, implementation="pallas", config=cfg,
-                          lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
-    np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
-    np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
-
-
-@pytest.mark.parametrize("spin,parties", [(0, 16), (1 << 20, 2), (1 << 20, 64)])
-def test_topk_gpu_persistent_barrier(spin, parties):
-  """`persistent_select` compiled with its barrier forced to time out (spin 0: programs that
-  arrive before a row's last one give up at once; the first of them claims the row and
-  writes its exact top-k alone, racing the last arrival's rank share with the same values)
-  and with 2 and 64 programs per row (2 rows), against numpy."""
-  from pallas_kernels.topk import TopkConfig, group_size
-  from pallas_kernels.topk import gpu as kg
-  n, k = 65536, 2048
-  x, lens = _hard_rows(n, k, True)
-  if parties > 16:  # every program resident: at most one per SM
-    x, lens = x[:2], lens[:2]
-  rv, ri = np_topk(x, k, lens)
-  g = group_size(n, k, TopkConfig(), "gpu", rows=len(x))
-  gm, ctr = kg.group_max(jnp.asarray(x), jnp.asarray(lens), chunk=2048, group=g, num_warps=4,
-                         interpret=False, zeros=kg.PERSIST_SLOTS)
-  v, i = kg.persistent_select(jnp.asarray(x), jnp.asarray(lens), gm, ctr, k=k, capacity=4096,
-                              parties=parties, chunk=512, iters=14, slack=64, spin=spin)
-  np.testing.assert_array_equal(np.asarray(i), ri)
-  np.testing.assert_array_equal(np.asarray(v), rv)
 
 
 @pytest.mark.parametrize("ordered", [True, False])

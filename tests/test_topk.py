@@ -80,16 +80,15 @@ def test_overflow_repair_mixed_rows_gpu_kernel():
   _check(_rows(x, lens, k, plat, ktopk.TopkConfig(capacity_factor=1)), x, k, lens)
 
 
-def test_finish_repairs_and_fused_rank():
-  """TopkConfig(repair_in_finish=True) with the fused rank finish, the one-kernel-per-block
-  rank finish (rank_rows; with the packed compare, blocks of 8 and two value buckets) and
-  the split bitonic finish (with and without a middle merge kernel, and with the rank
-  merge: runs sorted descending, entries placed by binary searches), GPU kernels in
-  interpret mode: no repair kernel; the finish repairs overflowing rows itself (ties across
-  the k-th value, all-equal runs, a group list longer than the buffer, next to ordinary,
-  ragged and empty rows), for every compaction; SPIN's block map through the repairing
-  merge; the fused rank kernel gives the two-kernel rank finish's result, and so do the
-  rank_rows variants; the bucketed compaction puts each candidate in its bucket."""
+def test_finishes_repair_overflowing_rows():
+  """The rank finish (with preloads and a loop, blocks of 8, two value buckets) and the split
+  bitonic finish (with and without a middle merge kernel, and with the rank merge: runs sorted
+  descending, entries placed by binary searches), GPU kernels in interpret mode: no repair
+  kernel; the finish repairs overflowing rows itself (ties across the k-th value, all-equal
+  runs, a group list longer than the buffer, next to ordinary, ragged and empty rows), for
+  every compaction ("scan", "lane", gathered); SPIN's block map through the repairing merge;
+  the rank finish on candidates in any order against numpy; the bucketed compaction puts each
+  candidate in its bucket."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(18)
   n, k = 16384, 64
@@ -102,28 +101,19 @@ def test_finish_repairs_and_fused_rank():
   x[4, :4000] = 1.0  # many groups reach the threshold: the group list overflows
   lens = np.array([n, n - 9, n // 3, 5000, n, 0])
   plat = KernelPlatform("gpu", True)
-  base = dict(capacity_factor=1, repair_in_finish=True)
-  for extra in (dict(finish="rank", fused_rank=True, rank_rows=False),
-                dict(finish="rank", fused_rank=True, rank_rows=False, gather=True,
-                     compact="lane"),
-                dict(finish="rank", fused_rank=False, rank_rows=False),  # repair, 2 kernels
-                dict(finish="rank", rank_rows=True, rank_block_j=16),  # loads, then a loop
-                dict(finish="rank", rank_rows=True, rank_block_j=16, rank_preload=1),
-                dict(finish="rank", rank_rows=True, rank_split_ties=True, rank_block_j=16),
-                dict(finish="rank", rank_rows=True, rank_buckets=True, rank_block_j=16),
-                dict(finish="rank", rank_rows=True, rank_buckets=True, rank_split_ties=True,
-                     rank_block_i=8),
-                dict(finish="rank", rank_rows=True, rank_buckets=True, rank_pivot_probes=2),
+  base = dict(capacity_factor=1)
+  for extra in (dict(finish="rank", rank_buckets=False, rank_block_j=16),  # loads, then a loop
+                dict(finish="rank", rank_buckets=False, rank_block_j=16, rank_preload=1),
+                dict(finish="rank", rank_buckets=False, gather=True, compact="lane"),
+                dict(finish="rank", rank_buckets=False, compact="lane"),
+                dict(finish="rank", rank_buckets=True, rank_buckets_min_k=64, rank_block_j=16),
+                dict(finish="rank", rank_buckets=True, rank_buckets_min_k=64, rank_block_i=8),
                 dict(finish="bitonic", bitonic_run=16),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, compact="lane"),
                 dict(finish="bitonic", bitonic_run=16, bitonic_mid=32, gather=True),
                 dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16),
                 dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
-                     compact="lane"),
-                dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16,
-                     rank_merge_samples=4, rank_merge_live_probes=False),
-                dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
-                     rank_merge_arity=8)):
+                     compact="lane")):
     cfg = ktopk.TopkConfig(**base, **extra)
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
   # block-mapped rows (SPIN) through the repairing merge, and through the rank merge
@@ -138,27 +128,25 @@ def test_finish_repairs_and_fused_rank():
                            block_map=(jnp.asarray(sel), 256))
     np.testing.assert_array_equal(np.asarray(v), rv)
     np.testing.assert_array_equal(np.asarray(i), np.where(want < 0, -1, want))
-  # the fused rank kernel alone, against the two-kernel finish: candidates in any order
+  # the rank finish alone on candidates in any order (ties broken by index), against numpy
   cap = 256
   cv = rng.standard_normal((3, 2 * cap)).astype(np.float32)
   cv[0, :90] = 1.0  # ties, broken by index
   cv[2, 5] = -np.inf
   ci = np.stack([rng.permutation(2 * cap) for _ in range(3)]).astype(np.int32)
   args = (jnp.asarray(cv), jnp.asarray(ci), jnp.asarray([200, 60, 256], jnp.int32), 100, cap)
-  two = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True)
-  one = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, fused=True)
-  rows = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True)
-  rows1 = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True, preload=1)
-  split = kg.rank_finish(*args, block_i=16, block_j=64, interpret=True, rows=True,
-                         split_ties=True)  # row 0 has ties; rows 1 and 2 need no second loop
-  for got in (one, rows, rows1, split):
-    for a, b in zip(two, got):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert np.asarray(one[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
-  with pytest.raises(ValueError, match="counters"):
-    kg.rank_finish(*args, interpret=True, fused=True, counters=jnp.zeros((3, 4), jnp.int32))
-  with pytest.raises(ValueError, match="rows=True"):
-    kg.rank_finish(*args, interpret=True, repair=(jnp.zeros((3, 1024)), None, 256))
+  live = [200, 60, 256]
+  order = np.argsort(ci, axis=1)  # the candidates by index: numpy's row order
+  by_index = np.full((3, 2 * cap), -np.inf, np.float32)
+  for r in range(3):
+    keep = order[r][np.isin(order[r], np.arange(live[r]))]
+    by_index[r, ci[r, keep]] = cv[r, keep]
+  wv, wi = np_topk(by_index, 100)
+  for kw in (dict(), dict(preload=1), dict(block_i=8)):
+    got = kg.rank_finish(*args, **{"block_i": 16, "block_j": 64, **kw}, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got[0]), wv)
+    np.testing.assert_array_equal(np.asarray(got[1]), wi)
+  assert np.asarray(got[1])[1, 60:].tolist() == [-1] * 40  # fewer live than k: the tail
   with pytest.raises(ValueError, match="mid=64"):
     kg.bitonic_finish_split(*args, run=64, mid=64, interpret=True)
   with pytest.raises(ValueError, match="live"):
@@ -184,12 +172,12 @@ def test_finish_repairs_and_fused_rank():
         bi_[r, 512 - low:512]).tolist()) == np.flatnonzero(cand).tolist()
   with pytest.raises(ValueError, match="pivot="):
     kg.compact_atomic(xb, None, thr, capacity=256, chunk=256, num_warps=4, interpret=True,
-                      pivot=piv, placement="rows")
+                      pivot=piv, placement="lane")
   with pytest.raises(ValueError, match="16 bits"):  # a chunk's packed counts
     kg.compact_atomic(xb, None, thr, capacity=256, chunk=1 << 16, num_warps=4, interpret=True,
                       pivot=piv)
   with pytest.raises(ValueError, match="buckets=True"):
-    kg.rank_finish(*args, interpret=True, rows=True, buckets=True)
+    kg.rank_finish(*args, interpret=True, buckets=True)
   assert not ktopk.TopkConfig(rank_buckets=True, gather=True).buckets_for("rank", 1, 1 << 15,
                                                                          64, 128)
   # the defaults bucket one row's rank finish from k = rank_buckets_min_k (1024) on
@@ -202,17 +190,11 @@ def test_finish_repairs_and_fused_rank():
   assert [ktopk.TopkConfig().slack_for(g) for g in (4, 8, 16, 256)] == [256, 128, 64, 64]
   assert ktopk.TopkConfig(falsi_slack_entries=0).slack_for(4) == 64
   assert ktopk.TopkConfig(threshold="bisect").slack_for(4) == 0
-  with pytest.raises(ValueError, match="pivot_probes"):
-    kg.threshold(gm, k, iters=14, num_warps=4, interpret=True, pivot=True, pivot_probes=-1)
-  for bad in (dict(fused_rank=1), dict(repair_in_finish=1), dict(bitonic_mid=3),
-              dict(rank_rows=1), dict(rank_preload=-1), dict(rank_block_i=4),
-              dict(rank_split_ties=1), dict(rank_buckets=1), dict(rank_buckets_min_k=0),
-              dict(falsi_slack_entries=-1), dict(rank_pivot_probes=-1),
-              dict(bitonic_rank_merge=8), dict(rank_merge_warps=0),
-              dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0),
-              dict(rank_merge_samples=3), dict(rank_merge_live_probes=1),
-              dict(rank_merge_run_warps=0), dict(rank_merge_arity=3),
-              dict(rank_merge_arity=1)):
+  for bad in (dict(bitonic_mid=3), dict(rank_preload=-1), dict(rank_block_i=4),
+              dict(rank_buckets=1), dict(rank_buckets_min_k=0),
+              dict(falsi_slack_entries=-1), dict(bitonic_rank_merge=8),
+              dict(rank_merge_warps=0), dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0),
+              dict(rank_merge_run_warps=0), dict(compact="rows"), dict(finish="persistent")):
     with pytest.raises(ValueError, match=next(iter(bad))):
       ktopk.TopkConfig(**bad)
   # the rank merge: at most rank_merge_max_rows rows, k >= rank_merge_min_k, <= the run
@@ -223,31 +205,6 @@ def test_finish_repairs_and_fused_rank():
   # its run-sorting programs take rank_merge_run_warps; elsewhere bitonic_run_warps
   assert (cfg.run_warps_for(8, 2048), cfg.run_warps_for(9, 2048),
           cfg.run_warps_for(8, 512)) == (8, 4, 4)
-
-
-def test_pivot_probes_even_the_buckets():
-  """TopkConfig.rank_pivot_probes: counts of the maxima that refine the pivot's tail model,
-  which splits a heavy-tailed row's candidates ~95 / 5 and a normal row's ~63 / 37; two
-  probes bring both within ~55 / 45. The buckets hold the same candidates either way."""
-  from pallas_kernels.topk import gpu as kg
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(np.stack([rng.standard_t(3, 8192), rng.standard_normal(8192)]), jnp.float32)
-  k, cfg = 256, ktopk.TopkConfig()
-  g = ktopk.group_size(8192, k, cfg, "gpu", rows=2)
-  gm = kg.group_max(x, None, chunk=512, group=g, num_warps=4, interpret=True)
-  shares, totals = [], []
-  for probes in (0, 2):
-    thr, ctr, piv = kg.threshold(gm, k, iters=14, num_warps=4, interpret=True,
-                                 counter=jnp.float32, slack=cfg.slack_for(g), pivot=True,
-                                 pivot_probes=probes)
-    _, _, c = kg.compact_atomic(x, None, thr, capacity=2 * k, chunk=512, num_warps=4,
-                                interpret=True, counter=ctr, pivot=piv)
-    up, low = np.asarray(c[:, 1]), np.asarray(c[:, 2])
-    shares.append(np.maximum(up, low) / (up + low))
-    totals.append(up + low)
-  np.testing.assert_array_equal(totals[0], totals[1])
-  assert shares[0][0] > 0.9 and shares[0][1] > 0.6, shares[0]
-  assert np.all(shares[1] < 0.56), shares[1]
 
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
@@ -309,74 +266,6 @@ def test_auto_finish_ranks_single_rows():
     # value buckets in chunks of 1024 (bucket_chunk, here below its 2**16 scores)
     _check(_rows(x, lens, 1024, KernelPlatform("gpu", True),
                  ktopk.TopkConfig(bucket_chunk_min_entries=0)), x, 1024, lens)
-
-
-@pytest.mark.parametrize("phases", [2, 1])
-def test_persistent_select(phases):
-  """`persistent_select` (interpret): threshold, compaction and rank finish in one kernel.
-  phases 2 runs it as two calls (its default in interpret mode); phases 1 as the one call it
-  is compiled into, where interpret mode's programs run one after another, so every program
-  but a row's last finds the barrier short: the first claims the row and writes its exact
-  top-k alone, the others leave, and the last ranks its share over it. Ties across the
-  threshold, a row that overflows the candidate buffer (repaired by one program), fewer
-  valid entries than k, NaN, -0.0, -inf and ragged rows, with and without lengths, against
-  numpy."""
-  from pallas_kernels.topk import gpu as kg
-  rng = np.random.default_rng(phases)
-  n, k, cap = 8192, 300, 1024
-  x = rng.standard_normal((4, n)).astype(np.float32)
-  x[1] = np.round(x[1] * 2)  # heavy ties: more candidates than the buffer holds
-  x[2] = -np.inf
-  x[2, ::97] = rng.standard_normal(len(x[2, ::97]))  # 85 valid entries < k
-  x[3, ::3] = np.nan
-  x[3, 1::3] = -0.0
-  cfg = ktopk.TopkConfig(persist_max_rows=4, persist_programs=4)
-  g = ktopk.group_size(n, k, cfg, "gpu", rows=4)
-  for lens in (np.array([n, n - 5, n, 1000]), None):
-    lj = None if lens is None else jnp.asarray(lens, jnp.int32)
-    gm, ctr = kg.group_max(jnp.asarray(x), lj, chunk=512, group=g, num_warps=4,
-                           interpret=True, zeros=kg.PERSIST_SLOTS)
-    out = kg.persistent_select(jnp.asarray(x), lj, gm, ctr, k=k, capacity=cap, parties=4,
-                               chunk=512, iters=14, slack=64, interpret=True, phases=phases)
-    _check(out, x, k, np.full(4, n) if lens is None else lens)
-  with pytest.raises(ValueError, match="counters"):
-    kg.persistent_select(jnp.asarray(x), None, gm, ctr[:, :8], k=k, capacity=cap, parties=4,
-                         chunk=512, iters=14, slack=64, interpret=True)
-  with pytest.raises(ValueError, match="capacity"):
-    kg.persistent_select(jnp.asarray(x), None, gm, ctr, k=k, capacity=200, parties=4,
-                         chunk=512, iters=14, slack=64, interpret=True)
-
-
-def test_persistent_finish_rule():
-  """TopkConfig's persistent finish: off under "auto" by default (it measured slower on the
-  H200), taken for at most persist_max_rows rows, with programs per row from the GPU's SMs
-  (a power of two, rows * programs <= SMs; 8 when unknown); the whole call through it
-  matches numpy (interpret, bfloat16 input; at k = N / 2 too few groups send the call to the
-  full sort) and lowers for cuda."""
-  cfg = ktopk.TopkConfig()
-  assert cfg.finish_for(1, 2048) == "rank"
-  on = ktopk.TopkConfig(persist_max_rows=8)
-  assert [on.finish_for(r, 2048) for r in (1, 8, 9)] == ["persistent", "persistent", "bitonic"]
-  assert on.finish_for(1, 2048, persistent=False) == "rank"
-  assert ktopk.TopkConfig(persist_max_rows=8, threshold="sort").finish_for(1, 2048) == "rank"
-  assert ktopk.TopkConfig(finish="persistent", threshold="sort").finish_for(8, 2048) == "bitonic"
-  assert [on.persist_parties(r, 132) for r in (1, 8, 66, 67)] == [128, 16, 2, 0]
-  assert on.persist_parties(1, 0) == 8
-  assert ktopk.TopkConfig(persist_programs=4).persist_parties(1, 132) == 4
-  for bad in (dict(persist_max_rows=-1), dict(persist_programs=-2), dict(persist_spin=0),
-              dict(persist_block_i=24), dict(finish="persist")):
-    with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
-      ktopk.TopkConfig(**bad)
-  rng = np.random.default_rng(11)
-  x = np.asarray(jnp.asarray(rng.standard_normal((2, 6000)), jnp.bfloat16).astype(jnp.float32))
-  lens = np.array([6000, 4321])
-  for k in (3000, 700):
-    _check(_rows(jnp.asarray(x, jnp.bfloat16), lens, k, KernelPlatform("gpu", True), on), x, k,
-           lens)
-  S = jax.ShapeDtypeStruct
-  export_for(lambda x: ktopk.topk_rows(x, None, 2048, ktopk.TopkConfig(finish="persistent"),
-                                       KernelPlatform("gpu", False)), "cuda",
-             S((1, 32768), jnp.float32))
 
 
 def test_large_groups():
@@ -441,8 +330,7 @@ def test_compactions_and_finishes(run):
   plat = KernelPlatform("gpu", True)
   for cfg in (ktopk.TopkConfig(bitonic_run=run),
               ktopk.TopkConfig(bitonic_run=run, compact="lane"),
-              ktopk.TopkConfig(bitonic_run=run, compact="rows"),
-              ktopk.TopkConfig(bitonic_run=run, chunk=512, skip_groups=True)):
+              ktopk.TopkConfig(bitonic_run=run, chunk=512)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
                            ordered=False)
@@ -451,8 +339,6 @@ def test_compactions_and_finishes(run):
     np.testing.assert_array_equal(np.asarray(v), rv)
   with pytest.raises(ValueError, match="bitonic_run"):
     ktopk.TopkConfig(bitonic_run=-4)
-  with pytest.raises(ValueError, match="skip_groups"):
-    ktopk.TopkConfig(skip_groups=1)
   with pytest.raises(ValueError, match="compact"):
     ktopk.TopkConfig(compact="warp")
   auto = ktopk.TopkConfig()  # "lane" only for many long rows, never past 2**24 entries
@@ -460,7 +346,7 @@ def test_compactions_and_finishes(run):
   assert auto.placement(64, 1 << 17, 2048) == "scan"
   assert auto.placement(1, 1 << 20, 2048) == "scan"
   assert auto.placement(64, 1 << 25, 512) == "scan"
-  assert ktopk.TopkConfig(compact="rows").placement(1, 1 << 20, 2048) == "rows"
+  assert ktopk.TopkConfig(compact="lane").placement(1, 1 << 20, 2048) == "lane"
   from pallas_kernels.topk import gpu as kg
   with pytest.raises(ValueError, match="run=8"):
     kg.bitonic_finish_split(jnp.zeros((1, 8)), jnp.zeros((1, 8), jnp.int32),
@@ -497,7 +383,7 @@ def test_gather_compaction_lists_groups_and_overflows():
     assert ctr[r, 0] == (cap + 1 if want.size > cap else 0)
   assert nl[1] > cap and nl[2] <= cap and 70 * g > cap and nl[0] >= k
   plat = KernelPlatform("gpu", True)
-  for compact in ("scan", "lane", "rows"):
+  for compact in ("scan", "lane"):
     _check(_rows(x, lens, k, plat, ktopk.TopkConfig(gather=True, compact=compact)), x, k, lens)
   with pytest.raises(ValueError, match="gather"):
     ktopk.TopkConfig(gather=1)
@@ -651,11 +537,6 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
     # blocks of 2 at large caps) and of a whole run
     outs += [kg.bitonic_finish_split(*args, run=run, rank_merge=b, interpret=True)
              for run in {2, cap // 2} for b in {max(2, run // 4), run}]
-    # the searches' first steps against 2 keys a run, and against every key; searches of
-    # 4 and 8 parts a step, after 2 samples and from the start
-    outs += [kg.bitonic_finish_split(*args, run=cap // 2, rank_merge=max(2, cap // 8),
-                                     rank_merge_samples=m, rank_merge_arity=a, interpret=True)
-             for m, a in {(2, 2), (cap // 2, 2), (2, 4), (0, 8)}]
   for v, i in outs:
     for r in range(3):
       ent = sorted((-x[r, p], idx[r, p]) for p in range(live[r]) if x[r, p] > -np.inf)[:k]
@@ -667,12 +548,10 @@ def test_order_free_finishes_any_order(log_cap, seed, ties):
       np.testing.assert_array_equal(np.asarray(i[r]), want_i)
 
 
-def test_rank_merge_variants_place_every_entry():
-  """The rank merge whose searches start against sampled keys (rank_merge_samples) or split
-  their range in 4 or 8 parts a step (rank_merge_arity): with k = capacity every entry must
-  come out at its exact place, including the last entries, which come after every entry of
-  the other runs (where the sampled count must stop at the run's last slot, as the binary
-  search does)."""
+def test_rank_merge_places_every_entry():
+  """The rank merge with k = capacity: every entry must come out at its exact place,
+  including the last entries, which come after every entry of the other runs (where the
+  binary search must stop at the run's last slot), and an all-tied row (ties by index)."""
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(11)
   cap, rows = 16, 6
@@ -680,11 +559,10 @@ def test_rank_merge_variants_place_every_entry():
                + [np.zeros(cap)]).astype(np.float32)  # the last row: all tied
   idx = np.stack([rng.permutation(4 * cap)[:cap] for _ in range(rows)]).astype(np.int32)
   want = np.argsort(-x + np.argsort(np.argsort(idx, 1), 1) * 1e-3, 1)  # ties: lower index
-  for m, a in ((2, 2), (4, 2), (8, 2), (0, 4), (0, 8), (2, 4)):
+  for run, block in ((8, 2), (8, 8), (4, 2)):
     v, i = kg.bitonic_finish_split(jnp.asarray(x), jnp.asarray(idx),
-                                   jnp.full((rows,), cap, jnp.int32), cap, cap, run=8,
-                                   rank_merge=2, rank_merge_samples=m, rank_merge_arity=a,
-                                   interpret=True)
+                                   jnp.full((rows,), cap, jnp.int32), cap, cap, run=run,
+                                   rank_merge=block, interpret=True)
     np.testing.assert_array_equal(np.asarray(i), np.take_along_axis(idx, want, 1))
     np.testing.assert_array_equal(np.asarray(v), np.take_along_axis(x, want, 1))
 
@@ -692,10 +570,9 @@ def test_rank_merge_variants_place_every_entry():
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), spread=st.sampled_from([1, 3, 1000]),
        n=st.integers(3000, 9000), k=st.sampled_from([64, 256]))
-def test_group_skipping_compaction_is_exact(seed, spread, n, k):
-  """The compaction passes that read only groups whose maximum reaches the threshold
-  (skip_groups=True) give numpy's top-k, sorted and as a set, and so does reading every
-  group (the default): heavy ties at the threshold, NaN, -0.0, ragged lengths, rows that are not a
+def test_compaction_is_exact(seed, spread, n, k):
+  """The compaction passes ("scan" and "lane") give numpy's top-k, sorted and as a set:
+  heavy ties at the threshold, NaN, -0.0, ragged lengths, rows that are not a
   whole number of chunks, and group maxima handed in for the unpadded row (as the fused decode
   and SPIN paths pass them)."""
   rng = np.random.default_rng(seed)
@@ -704,7 +581,7 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
   x[2, ::3] = -0.0
   lens = np.array([n, rng.integers(k, n), rng.integers(1, k), n], np.int32)
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(chunk=1024, skip_groups=True), ktopk.TopkConfig(chunk=1024)):
+  for cfg in (ktopk.TopkConfig(chunk=1024, compact="lane"), ktopk.TopkConfig(chunk=1024)):
     _check(_rows(x, lens, k, plat, cfg), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, cfg, plat, ordered=False)
     rv, ri = index_ordered(*np_topk(x, k, lens))
@@ -715,7 +592,7 @@ def test_group_skipping_compaction_is_exact(seed, spread, n, k):
     xm = np.where((np.arange(n) < lens[:, None]) & ~np.isnan(x), x, -np.inf)
     gm = jnp.asarray(xm.reshape(4, n // g, g).max(-1))
     out = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k,
-                          ktopk.TopkConfig(chunk=1024, skip_groups=True), plat, gm)
+                          ktopk.TopkConfig(chunk=1024), plat, gm)
     _check(out, x, k, lens)
 
 
@@ -794,25 +671,16 @@ def test_topk_lowers_for_tpu_and_gpu():
   # TopkConfig() sorted (the bitonic finish) was exported above
   for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
                        (ktopk.TopkConfig(bitonic_run=0), True),
-                       (ktopk.TopkConfig(skip_groups=True), True),
                        (ktopk.TopkConfig(compact="lane"), True),
-                       (ktopk.TopkConfig(compact="rows"), True),
                        (ktopk.TopkConfig(gather=True), True),
                        (ktopk.TopkConfig(gather=True, compact="lane"), True),
-                       (ktopk.TopkConfig(finish="rank", repair_in_finish=True,
-                                         fused_rank=True, rank_rows=False), True),
-                       (ktopk.TopkConfig(gather=True, repair_in_finish=True, bitonic_mid=2048),
-                        True),
-                       (ktopk.TopkConfig(finish="rank", rank_rows=True), True),
-                       (ktopk.TopkConfig(finish="rank", rank_block_i=8), True),
-                       (ktopk.TopkConfig(finish="rank", rank_split_ties=True), True),
-                       (ktopk.TopkConfig(finish="rank", rank_buckets=True), True),
-                       (ktopk.TopkConfig(finish="rank", rank_pivot_probes=2), True),
+                       (ktopk.TopkConfig(gather=True, bitonic_mid=2048), True),
+                       (ktopk.TopkConfig(finish="rank", rank_block_i=16), True),
+                       (ktopk.TopkConfig(finish="rank", rank_buckets=False), True),
                        (ktopk.TopkConfig(bitonic_rank_merge=256), True),
-                       (ktopk.TopkConfig(rank_merge_samples=16), True),
-                       (ktopk.TopkConfig(rank_merge_live_probes=False), True),
-                       (ktopk.TopkConfig(rank_merge_arity=4), True),
-                       (ktopk.TopkConfig(skip_groups=True), False)):
+                       (ktopk.TopkConfig(threshold="bisect"), True),
+                       (ktopk.TopkConfig(threshold="sort", finish="sort"), True),
+                       (ktopk.TopkConfig(compact="lane"), False)):
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
                                      ordered=ordered)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
@@ -882,18 +750,3 @@ def test_whole_rows_without_lengths(platform):
     for g, w in zip(got, want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     _check(got, x[:, :n], min(k, n), np.full(3, n))
-
-
-def test_stage_labels_round_trip():
-  """benchmarks/topk_stages.py's config labels: a label names every field that differs from
-  LABEL_BASE, and parsing it gives the same TopkConfig back (a field it leaves out reads as
-  LABEL_BASE's value, so a label keeps its meaning when a default moves)."""
-  from benchmarks.topk_stages import LABEL_BASE, _label, _parse
-  for cfg in (ktopk.TopkConfig(), ktopk.TopkConfig(persist_max_rows=8, persist_warps=4),
-              ktopk.TopkConfig(finish="bitonic", max_group=64, gather=True, compact="lane"),
-              ktopk.TopkConfig(repair_in_finish=True, fused_rank=True, bitonic_mid=2048)):
-    assert _parse(_label(cfg)) == cfg
-  old = _parse("2048:4:14:512:0")  # a label from before session 15's fields
-  assert all(getattr(old, f) == v for f, v in LABEL_BASE.items())
-  with pytest.raises(ValueError, match="persist_rank"):
-    _parse("2048:4:14:512:0+persist_rank=loop")

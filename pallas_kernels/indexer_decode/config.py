@@ -12,15 +12,14 @@ __all__ = [
 
 
 # Under kernel="auto", the (q dtype, cache dtype) pairs that run the Mosaic GPU kernel on Hopper:
-# all three measured faster than the Triton kernel at B=64 x 128K, 8 x 1M and 1 x 1M
-# (benchmarks/results/session4/decode_mgpu.json; bf16 4.18-4.27 TB/s at B x N >= 1M).
+# all three measured faster than the Triton kernel on the H200 at B=64 x 128K, 8 x 1M and
+# 1 x 1M (bf16 4.18-4.27 TB/s at B x N >= 1M; benchmarks/NOTES.md).
 MOSAIC_AUTO = (("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                ("bfloat16", "float8_e4m3fn"))
 
 # mosaic_pages=None: runs shrink from 32 pages until a call has at least this many CTAs, about
-# one per SM (benchmarks/results/session5/decode_pages.json: B=1 x 128K took 18.7 us with 32
-# pages = 64 CTAs, 10.3 with 16 = 128 CTAs, 13.5 with 8; at >= 512 CTAs the length mattered
-# little)
+# one per SM (on the H200, B=1 x 128K took 18.7 us with 32 pages = 64 CTAs, 10.3 with 16 =
+# 128 CTAs, 13.5 with 8; at >= 512 CTAs the length mattered little)
 MOSAIC_MIN_CTAS = 128
 
 
@@ -38,7 +37,7 @@ class DecodeConfig:
   steps_per_program: inner steps per program (GPU grid: one program per request and run).
   num_warps, num_stages: Triton launch options (GPU only). num_stages=None picks by key dtype:
     6 for bfloat16 keys, 4 for fp8 keys (the H200 sweeps: 6 stages are 7-18% faster for bf16
-    and 7% slower for fp8, benchmarks/results/session2/).
+    and 7% slower for fp8).
   kernel: which GPU kernel scores dense single-row decode: "auto" (default: see
     `MOSAIC_AUTO`), "triton", or "mosaic" (the Mosaic GPU kernel, `mgpu.py`: q and the cache
     both bfloat16, both float8_e4m3fn, or a bfloat16 q with an fp8 cache (the MMA then runs in
@@ -47,7 +46,7 @@ class DecodeConfig:
   mosaic_pages, mosaic_steps: the Mosaic kernel's pages per CTA (8, 16 or a multiple of 32;
     None: `mosaic_pages_for`, by the number of CTAs the call gets) and page gathers in flight.
   """
-  # default: the fastest bf16 tiling of the sweeps in benchmarks/results/decode_sweep_*.json
+  # default: the fastest bf16 tiling of the H200 sweeps (`bash benchmarks/run_h200.sh indexer`)
   pages_per_step: int = 2
   steps_per_program: int = 8
   num_warps: int = 4

@@ -12,8 +12,8 @@ __all__ = [
 
 
 # Under kernel="auto", the q dtypes (q and k alike) that run the Mosaic GPU kernel on Hopper:
-# bf16 measured 2.07x the Triton kernel (benchmarks/results/session4/prefill_mgpu.json), fp8 q+k
-# 836-884 TFLOP/s with fp8 wgmma (prefill_mgpu_keys.json; Triton fp8 q+k: 224-225).
+# on the H200 bf16 measured 2.07x the Triton kernel, fp8 q+k 836-884 TFLOP/s with fp8 wgmma
+# (Triton fp8 q+k: 224-225).
 MOSAIC_AUTO = ("bfloat16", "float8_e4m3fn")
 
 
@@ -38,8 +38,8 @@ class PrefillConfig:
   num_warps: int = 4
   num_stages: int = 3
   kernel: str = "auto"
-  # 4 x 64 tiles, 2 steps in flight: the fastest Mosaic tiling in
-  # benchmarks/results/session4/prefill_mgpu.json (509-518 TFLOP/s at 64K and 256K keys)
+  # 4 x 64 tiles, 2 steps in flight: the fastest Mosaic tiling on the H200 (509-518 TFLOP/s
+  # at 64K and 256K keys)
   mosaic_steps: int = 2
 
   def __post_init__(self):

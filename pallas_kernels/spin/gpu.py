@@ -75,7 +75,7 @@ def _split_refs(refs, slots: bool, stepped: bool):
 def _next_step(step, out_refs):
   """step + 1 (step: the request's int32 counter) and warm = True, from the request's first
   program only (saves XLA two small kernels; every program writing the same word cost the
-  H200 ~2 us, `spin_A1_glue_s11b.json`)."""
+  H200 ~2 us)."""
   stepo_ref, warm_ref = out_refs
 
   @pl.when(pl.program_id(1) == 0)

@@ -44,8 +44,7 @@ from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
 from pallas_kernels.topk import tpu as _tpu
 
-__all__ = ["TopkConfig", "topk_rows", "group_size", "gpu_chunk", "block_slots", "fused_groups",
-           "persist_chunk"]
+__all__ = ["TopkConfig", "topk_rows", "group_size", "gpu_chunk", "block_slots", "fused_groups"]
 
 NEG_INF = float("-inf")
 
@@ -56,9 +55,8 @@ def group_size(n: int, k: int, config: TopkConfig, kind: str, *, rows: int) -> i
   power of two as the GPU threshold kernel takes them, number >= groups_per_k * k (so there
   are more than groups_per_k * k / 2 real groups); 0 means "sort directly". Counting the
   padded size keeps a row that is not a power of two from paying for a padded array twice as
-  long (SPIN's 80K-slot compacted width: 10240 groups of 8 padded to 16384 took the H200
-  10.0 us of bisection where 8192 took 6.9, benchmarks/results/session9/
-  spin_A*_128k_donated.json; now 5120 groups of 16, padded to 8192)."""
+  long (SPIN's 80K-slot compacted width: 5120 groups of 16, padded to 8192, not 10240 groups
+  of 8 padded to 16384)."""
   cap = config.max_group if kind == "gpu" and rows <= config.max_group_rows else 64
   g = 1
   while g < cap and next_pow2(max(n // (2 * g), 1)) >= config.groups_per_k * k:
@@ -169,32 +167,21 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
   interp = platform.interpret
   if platform.kind == "gpu":
     finish_ = config.finish_for(r, k) if ordered else "set"
-    parties = 0
-    if finish_ == "persistent":
-      parties = config.persist_parties(r, 0 if interp else _gpu.sm_count())
-      if not parties:
-        finish_ = config.finish_for(r, k, persistent=False)
     chunk, buckets = gpu_chunk(config, r, n, k, g, finish_)
   else:  # TPU: a group is one lane of a [g, 128] chunk
     chunk = g * _tpu.LANES
   n_pad = -(-n // chunk) * chunk
   xp = pad_axis(x.astype(jnp.float32), 1, n_pad, value=NEG_INF)
   if platform.kind == "gpu":
-    if parties:
-      return *_gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
-                              parties), False, False
-    zeros = 0  # the fused rank finish's counters, written by the group maxima kernel
-    if finish_ == "rank" and config.fused_rank and not config.rank_rows:
-      zeros = capacity // min(config.rank_block_i, capacity)
     # the finish repairs overflowing rows itself (no repair kernel): it gets the counters
     repair = None
     if config.finish_repairs(finish_, capacity):
       repair = (xp, lengths, min(chunk, next_pow2(k)))
-    cv, ci, live, ctr = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp,
-                                        gmax, order_free=finish_ in ("bitonic", "rank"),
-                                        zeros=zeros, repair=repair is None, buckets=buckets)
-    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, ctr,
-                       repair, buckets)
+    cv, ci, live = _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax,
+                                   order_free=finish_ in ("bitonic", "rank"),
+                                   repair=repair is None, buckets=buckets)
+    return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, repair,
+                       buckets)
   gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
   thr = lax.top_k(gm, k)[0][:, k - 1]
   total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
@@ -215,22 +202,18 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
 
 
 def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *, order_free,
-                    zeros: int = 0, repair: bool = True, buckets: bool = False):
+                    repair: bool = True, buckets: bool = False):
   """GPU, rows of any length: group maxima (unless given), threshold, compaction and repair
-  -> (values, indices) [R, >= capacity] candidates, live [R] slots per row, and [R, zeros]
-  int32 zeros from the group maxima kernel (None when zeros is 0 or gmax is given).
+  -> (values, indices) [R, >= capacity] candidates and live [R] slots per row.
   repair=False (an order-free finish that repairs overflowing rows itself): no repair
   kernel, and live is the compaction's row counters [R, COUNTER_STRIDE] instead.
   order_free: the finish accepts candidates in any slot order (one-pass compaction, maybe
   gathering). buckets (`TopkConfig.buckets_for`): the threshold kernel also writes a pivot
   and the compaction places two value buckets from the buffer's two ends."""
   r, n_pad = xp.shape
-  finish_zeros = None
   if gmax is None:
     gmax = _gpu.group_max(xp, lengths, chunk=chunk, group=g, num_warps=config.num_warps,
-                          interpret=interp, zeros=zeros)
-    if zeros:
-      gmax, finish_zeros = gmax
+                          interpret=interp)
   else:  # emitted for the unpadded row: the padding's groups are -inf
     gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
   # an order-free finish takes a one-pass compaction; from the group list (gather) when the
@@ -239,21 +222,17 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   gather = order_free and config.gathers(r, n_pad) and in_kernel
   place = config.placement(r, n_pad, k, gather=gather)
   gather_lanes = min(config.chunk_for(r, n_pad), capacity * g)  # entries per gathering program
-  if gather and place == "rows" and gather_lanes < 64:
-    place = "scan"
   ctr = pivot = None  # the compaction's row counters, from the threshold kernel
   if in_kernel:
     thr, ctr, *glist = _gpu.threshold(gmax, k, iters=config.bisect_iters,
                                       slack=config.slack_for(g),
                                       num_warps=config.threshold_warps,
                                       interpret=interp, counter=_gpu.counter_dtype(place, buckets),
-                                      list_width=capacity if gather else 0, pivot=buckets,
-                                      pivot_probes=config.rank_pivot_probes)
+                                      list_width=capacity if gather else 0, pivot=buckets)
     if buckets:
       *glist, pivot = glist
   else:
     thr = lax.top_k(gmax, k)[0][:, k - 1]
-  skip = gmax if config.skip_groups else None  # read only groups that can hold candidates
   if gather:
     cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
                                         capacity=capacity, lanes=gather_lanes,
@@ -262,57 +241,31 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
   elif order_free:  # count and compaction in one pass
     cv, ci, total = _gpu.compact_atomic(xp, lengths, thr, capacity=capacity, chunk=chunk,
                                         num_warps=config.num_warps, interpret=interp,
-                                        gmax=skip, counter=ctr, placement=place, pivot=pivot)
+                                        counter=ctr, placement=place, pivot=pivot)
   else:
     counts = _gpu.count(xp, lengths, thr, chunk=chunk, num_warps=config.num_warps,
-                        interpret=interp, gmax=skip)
+                        interpret=interp)
     offsets = jnp.cumsum(counts, axis=1) - counts
     total = counts.sum(axis=1)
     cv, ci = _gpu.compact(xp, lengths, thr, offsets, capacity=capacity, chunk=chunk,
-                          num_warps=config.num_warps, interpret=interp, gmax=skip)
+                          num_warps=config.num_warps, interpret=interp)
   if not repair:
-    return cv, ci, total, finish_zeros
+    return cv, ci, total
   # overflowing rows are redone exactly inside a kernel: no lax.cond (on GPU its predicate
   # is read on the host, ~35 us on the H200, more than the filter passes together)
   # live slots per row: the count, or k for a repaired row (its first k slots, -inf padded)
-  return *_gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
-                      chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
-                      interpret=interp), finish_zeros
+  return _gpu.repair(xp, lengths, total, cv, ci, k=k, capacity=capacity,
+                     chunk=min(chunk, cv.shape[1]), num_warps=config.num_warps,
+                     interpret=interp)
 
 
-def _gpu_persistent(xp, lengths, k, g, chunk, capacity, config, interp, gmax, parties):
-  """GPU, a few rows: group maxima (and the zeroed counters) in one kernel, then threshold,
-  compaction and the sorted finish in one more (`gpu.persistent_select`)."""
-  r, n_pad = xp.shape
-  if gmax is None:
-    gmax, counters = _gpu.group_max(xp, lengths, chunk=chunk, group=g,
-                                    num_warps=config.num_warps, interpret=interp,
-                                    zeros=_gpu.PERSIST_SLOTS)
-  else:  # emitted for the unpadded row: the padding's groups are -inf
-    gmax = pad_axis(gmax, 1, n_pad // g, value=NEG_INF)
-    counters = jnp.zeros((r, _gpu.PERSIST_SLOTS), jnp.int32)
-  return _gpu.persistent_select(
-      xp, lengths, gmax, counters, k=k, capacity=capacity, parties=parties,
-      chunk=persist_chunk(n_pad, chunk, parties),
-      iters=config.bisect_iters, slack=config.slack_for(g),
-      block_i=config.persist_block_i, block_j=config.persist_block_j,
-      num_warps=config.persist_warps, spin=config.persist_spin, interpret=interp)
-
-
-def persist_chunk(n_pad: int, chunk: int, parties: int) -> int:
-  """The persistent kernel's filter chunk for rows of n_pad scores (padded to `chunk`) split
-  over `parties` programs: a few chunks per program, each of at least 128 entries."""
-  return min(chunk, max(128, next_pow2(-(-n_pad // parties))))
-
-
-def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, counters=None,
-                repair=None, buckets: bool = False):
+def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, repair=None,
+                buckets: bool = False):
   """Candidates -> (values, indices, in_index_order, mapped through block_map): how is
   "set" (the k best in index order; the candidates must be in index order), "bitonic",
-  "rank" or "sort" (`TopkConfig.finish_for`). counters: zeros for the fused rank finish
-  (TopkConfig.fused_rank), or None to make them there. repair: (rows, lengths, chunk) when
-  the finish repairs overflowing rows (TopkConfig.repair_in_finish; live is then the
-  compaction's counters). buckets: the candidates are in two value buckets
+  "rank" or "sort" (`TopkConfig.finish_for`). repair: (rows, lengths, chunk) when the finish
+  repairs overflowing rows (`TopkConfig.finish_repairs`; live is then the compaction's
+  counters). buckets: the candidates are in two value buckets
   (`TopkConfig.buckets_for`)."""
   if how == "set":
     return *_gpu.index_order_finish(cv, ci, live, k, capacity, interpret=interp), True, False
@@ -325,10 +278,6 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
                                       mid=config.mid_for(capacity),
                                       rank_merge=config.rank_merge_for(cv.shape[0], k),
                                       rank_merge_warps=config.rank_merge_warps,
-                                      rank_merge_samples=min(config.rank_merge_samples,
-                                                             config.bitonic_run),
-                                      rank_merge_live_probes=config.rank_merge_live_probes,
-                                      rank_merge_arity=config.rank_merge_arity,
                                       ), False, block_map is not None
   if how == "bitonic":
     return *_gpu.bitonic_finish(cv, ci, live, k, capacity, num_warps=config.bitonic_warps,
@@ -336,9 +285,8 @@ def _gpu_finish(cv, ci, live, k, capacity, config, interp, how, block_map, count
   if how == "rank":
     v, i = _gpu.rank_finish(cv, ci, live, k, capacity, block_i=config.rank_block_i,
                             block_j=config.rank_block_j, num_warps=config.rank_warps,
-                            interpret=interp, fused=config.fused_rank, counters=counters,
-                            repair=repair, rows=config.rank_rows, preload=config.rank_preload,
-                            split_ties=config.rank_split_ties, buckets=buckets)
+                            interpret=interp, repair=repair, preload=config.rank_preload,
+                            buckets=buckets)
     return v, i, False, False
   cvm = jnp.where(jnp.arange(capacity) < live[:, None], cv[:, :capacity], NEG_INF)
   v, p = lax.top_k(cvm, k)

@@ -28,7 +28,7 @@ from pallas_kernels._util import is_pow2, next_pow2
 __all__ = [
     "NEG_INF", "COUNTER_STRIDE", "PLACEMENTS", "counter_dtype", "compact_atomic",
     "compact_groups", "threshold", "group_max", "count", "compact", "repair", "take_best_keys",
-    "select_mask", "rank_finish", "PERSIST_SLOTS", "sm_count", "persistent_select",
+    "select_mask", "rank_finish",
     "index_order_finish", "bitonic_finish", "bitonic_finish_split"
 ]
 
@@ -36,12 +36,11 @@ __all__ = [
 NEG_INF = float("-inf")
 
 
-def _valid(x_ref, len_ref, chunk, live=None):
+def _valid(x_ref, len_ref, chunk):
   """The chunk's scores as candidates see them: -inf past the length (len_ref None: whole
-  rows) and for NaN, -0.0 as +0.0; with `live` [chunk] bool, only live lanes are read (the
-  rest are -inf)."""
+  rows) and for NaN, -0.0 as +0.0."""
   c = pl.program_id(1)
-  x = x_ref[...] if live is None else plgpu.load(x_ref, mask=live, other=NEG_INF)
+  x = x_ref[...]
   idx = c * chunk + lax.broadcasted_iota(jnp.int32, (chunk,), 0)
   return _as_candidates(x, idx, len_ref), idx
 
@@ -65,37 +64,13 @@ def _lengths_in(kernel, lengths, spec):
   return (lambda x_ref, *refs: kernel(x_ref, None, *refs)), [], []
 
 
-def _group_max_kernel(x_ref, len_ref, o_ref, *z_ref, chunk: int, group: int):
+def _group_max_kernel(x_ref, len_ref, o_ref, *, chunk: int, group: int):
   x, _ = _valid(x_ref, len_ref, chunk)
   o_ref[...] = x.reshape(chunk // group, group).max(axis=1)
-  if z_ref:  # the row's zeroed counters, written by its first program
-
-    @pl.when(pl.program_id(1) == 0)
-    def _():
-      z_ref[0][...] = jnp.zeros(z_ref[0].shape, jnp.int32)
 
 
-def _live_lanes(g_ref, thr, chunk: int):
-  """[chunk] bool: lanes whose group (g_ref: the chunk's group maxima) can hold an entry >=
-  thr. Only those are read: a group whose maximum is below the threshold holds no candidate,
-  so skipping it is exact, and at 2048 of 128K entries kept most groups are skipped (their
-  memory is never fetched: masked-off lanes of a compiled load touch nothing). A NaN
-  maximum (not from this package's passes, which map NaN to -inf) keeps its group."""
-  g = g_ref[...]
-  ok = (g >= thr) | (g != g)
-  return jnp.broadcast_to(ok[:, None], (g.shape[0], chunk // g.shape[0])).reshape(chunk)
-
-
-def _filtered(x_ref, len_ref, thr_ref, g_ref: list, chunk: int):
-  """`_valid` for the passes after the threshold; g_ref: [] or [the chunk's group maxima],
-  with which only groups that can hold a candidate are read."""
-  live = _live_lanes(g_ref[0], thr_ref[0], chunk) if g_ref else None
-  return _valid(x_ref, len_ref, chunk, live)
-
-
-def _count_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int):
-  *g_ref, o_ref = refs
-  x, _ = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
+def _count_kernel(x_ref, len_ref, thr_ref, o_ref, *, chunk: int):
+  x, _ = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   o_ref[...] = jnp.sum(m.astype(jnp.int32)).reshape(1)
 
@@ -107,9 +82,9 @@ def _scatter_width(width: int, interpret: bool) -> int:
   return 2 * width if interpret else width
 
 
-def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, *refs, chunk: int, capacity: int):
-  *g_ref, v_ref, i_ref = refs
-  x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
+def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, v_ref, i_ref, *, chunk: int,
+                    capacity: int):
+  x, idx = _valid(x_ref, len_ref, chunk)
   m = (x >= thr_ref[0]) & (x > NEG_INF)
   pos = off_ref[0] + jnp.cumsum(m.astype(jnp.int32)) - 1
   keep = m & (pos < capacity)
@@ -123,43 +98,44 @@ def _compact_kernel(x_ref, len_ref, thr_ref, off_ref, *refs, chunk: int, capacit
 COUNTER_STRIDE = 32  # a row's counter every 128 bytes: rows' atomics go to different L2 lines
 
 
-PLACEMENTS = ("scan", "rows", "lane")
+PLACEMENTS = ("scan", "lane")
 
 
 def _compact_atomic_kernel(x_ref, len_ref, thr_ref, *refs, chunk: int, capacity: int,
-                           placement: str, buckets: bool = False):
+                           placement: str, buckets: bool = False, interpret: bool = False):
   """One (row, chunk): the chunk's candidates appended to the row's buffer (count and
   compaction in one pass; the slots land in whatever order the programs run, so only an
-  order-free finish such as `bitonic_finish` may consume the buffer). refs: [group maxima,]
+  order-free finish such as `bitonic_finish` may consume the buffer). refs: [pivot,]
   counter in, counter out ([COUNTER_STRIDE], element 0 is the row's), values, indices.
 
   placement "scan": the chunk reserves one range with one atomic add of its count on the
   row's int32 counter and places its candidates in index order inside it (a chunk-wide scan).
-  "rows": the same, the scan split as [chunk / 32, 32]: a scan along rows of 32 lanes, then
-  one over the chunk / 32 row totals. "lane": every candidate lane takes its own slot with its
+  "lane": every candidate lane takes its own slot with its
   own atomic add of 1 on the row's float32 counter (exact up to 2**24): no scan and no
   chunk-wide sum. (Pallas Triton lowers an atomic add of an integer tensor as a float add,
-  hence the float counter; its interpret mode does not emulate per-lane atomics on one
-  address, so there "lane" places slots as "scan" does.)
+  hence the float counter; its interpret mode gives every lane of such an atomic the same
+  old value, so there the lanes' adds are made as one, in lane order: `_place`.)
   buckets ("scan" only): refs hold the row's pivot [1] before the counters, and candidates
   at or above it are placed from the buffer's front (counter element 1), the others from its
   back (element 2); element 0 stays 0."""
-  *g_ref, _, ctr_ref, v_ref, i_ref = refs
-  pivot = g_ref.pop()[0] if buckets else None
-  x, idx = _filtered(x_ref, len_ref, thr_ref, g_ref, chunk)
+  *p_ref, _, ctr_ref, v_ref, i_ref = refs
+  pivot = p_ref[0][0] if buckets else None
+  x, idx = _valid(x_ref, len_ref, chunk)
   _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
-         placement=placement, pivot=pivot)
+         placement=placement, pivot=pivot, interpret=interpret)
 
 
 def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, zero=None,
-           pivot=None):
+           pivot=None, interpret: bool = False):
   """Append the lanes m [L] of (x, idx) [L] to the row's candidate buffer (v_ref, i_ref) at
   slots reserved on the row's counter ctr_ref (element 0) by atomic adds, as
   `_compact_atomic_kernel` describes for each placement; slots >= capacity are dropped.
   zero: a traced int32 zero made outside any `pl.when` (interpret mode substitutes program
   ids only at the kernel's top level), or None to make it here. pivot ("scan" only): a
   float32 scalar; lanes >= pivot reserve on element 1 and fill the buffer from its front,
-  the others on element 2 and fill it from its back (slots < 0 are dropped)."""
+  the others on element 2 and fill it from its back (slots < 0 are dropped). interpret: the
+  "lane" placement's per-lane atomics as one add in lane order (the same slots as a compiled
+  run whose lanes' atomics arrive in lane order)."""
   L = x.shape[0]
   if pivot is not None:  # both buckets in one scan and one two-lane atomic
     zero = pl.program_id(1) * 0 if zero is None else zero
@@ -174,19 +150,18 @@ def _place(x, idx, m, ctr_ref, v_ref, i_ref, *, capacity: int, placement: str, z
     pos = jnp.where(up, top + (run & 0xFFFF) - 1, capacity - low - (run >> 16))
     pos = jnp.where(pos < 0, capacity, pos)  # a lower candidate past the front: dropped
   elif placement == "lane":
-    zero = jnp.zeros((L,), jnp.int32)
-    pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.ones((L,), jnp.float32), mask=m)
+    if interpret:  # every lane of a vector atomic on one address gets the same old value
+      # in the interpreter: the lanes' adds of 1, in lane order, as one add of their sum
+      zero = pl.program_id(1) * 0 if zero is None else zero
+      mf = m.astype(jnp.float32)
+      pos = plgpu.atomic_add(ctr_ref, (zero,), jnp.sum(mf)) + jnp.cumsum(mf) - 1
+    else:
+      lanes = jnp.zeros((L,), jnp.int32)
+      pos = plgpu.atomic_add(ctr_ref, (lanes,), jnp.ones((L,), jnp.float32), mask=m)
     pos = pos.astype(jnp.int32)
   else:
     mi = m.astype(jnp.int32)
-    if placement == "rows":
-      mr = mi.reshape(L // 32, 32)
-      row_total = jnp.sum(mr, axis=1)
-      running = (jnp.cumsum(mr, axis=1) + (jnp.cumsum(row_total) - row_total)[:, None])
-      running = running.reshape(L)
-      total = jnp.sum(row_total)
-    else:
-      running, total = jnp.cumsum(mi), jnp.sum(mi)
+    running, total = jnp.cumsum(mi), jnp.sum(mi)
     # a scalar index and value: the Triton lowering picks the integer atomic only for a scalar
     # integer value (a [1] tensor gets a float add, which flushes small integers to zero);
     # a traced index, which interpret mode's discharge rule needs
@@ -206,26 +181,13 @@ def counter_dtype(placement: str, buckets: bool = False):
   return jnp.float32 if placement == "lane" or buckets else jnp.int32
 
 
-def _gmax_specs(gmax, n: int, chunk: int):
-  """(extra inputs, their BlockSpecs) for the filter passes' group maxima: [] without them."""
-  if gmax is None:
-    return [], []
-  groups = gmax.shape[1] * chunk // n  # per chunk
-  if gmax.shape[1] % (n // chunk) or groups < 1 or chunk % groups:
-    raise ValueError(f"group maxima {gmax.shape} do not tile rows of {n} in chunks of {chunk}")
-  return [gmax], [pl.BlockSpec((None, groups), lambda r, c: (r, c))]
-
-
 def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int,
-                   interpret: bool, gmax=None, counter=None, placement: str = "scan",
-                   pivot=None):
+                   interpret: bool, counter=None, placement: str = "scan", pivot=None):
   """x [R, N] (N % chunk == 0), lengths [R] (or None: whole rows), thr [R] -> (values,
   indices) [R, W >= capacity] float32 / int32 and the row counters [R, COUNTER_STRIDE]
   (element 0: the row's candidate count; `repair` reads them as they are): row r's first
   min(count, capacity) slots hold its candidates (entries >= thr[r]) in no fixed order; the
-  slots past them are NOT initialised. One pass (no count pass). gmax [R, N / group]
-  (optional): the maxima of contiguous groups; then only groups whose maximum reaches thr
-  are read. counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
+  slots past them are NOT initialised. One pass (no count pass). counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
   (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
   placement: see _compact_atomic_kernel ("lane" needs N <= 2**24).
   pivot [R] float32 (placement "scan" only, chunk < 2**16, N <= 2**24; `threshold(...,
@@ -244,12 +206,9 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   if pivot is not None and (n > 1 << 24 or chunk >= 1 << 16):
     raise ValueError(f"pivot= counts in float32 and packs a chunk's two counts in 16 bits: "
                      f"rows of {n} (<= 2**24) in chunks of {chunk} (< 2**16)")
-  if placement == "rows" and chunk < 64:
-    raise ValueError(f"placement='rows' needs chunk >= 64, got {chunk}")
   width = _scatter_width(capacity, interpret)
   row = pl.BlockSpec((None, width), lambda r, c: (r, 0))
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
-  extra, extra_specs = _gmax_specs(gmax, n, chunk)
   dtype = counter_dtype(placement, buckets=pivot is not None)
   if counter is None:
     counter = jnp.zeros((r, COUNTER_STRIDE), dtype)
@@ -258,27 +217,27 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
                      f"{jnp.dtype(dtype).name}")
   kernel, len_in, len_spec = _lengths_in(functools.partial(
       _compact_atomic_kernel, chunk=chunk, capacity=capacity,
-      placement="scan" if placement == "lane" and interpret else placement,
-      buckets=pivot is not None), lengths, _PER_ROW)
+      placement=placement, buckets=pivot is not None, interpret=interpret), lengths, _PER_ROW)
   piv = [] if pivot is None else [pivot.astype(jnp.float32)]
   total, v, i = pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
-      in_specs=(_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs
-                + [_PER_ROW] * len(piv) + [ctr]),
+      in_specs=(_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + [_PER_ROW] * len(piv)
+                + [ctr]),
       out_specs=[ctr, row, row],
       out_shape=[jax.ShapeDtypeStruct((r, COUNTER_STRIDE), dtype),
                  jax.ShapeDtypeStruct((r, width), jnp.float32),
                  jax.ShapeDtypeStruct((r, width), jnp.int32)],
-      input_output_aliases={2 + len(len_in) + len(extra) + len(piv): 0},
+      input_output_aliases={2 + len(len_in) + len(piv): 0},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact_atomic",
-  )(x, *len_in, thr, *extra, *piv, counter)
+  )(x, *len_in, thr, *piv, counter)
   return v, i, total
 
 
 def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, v_ref, i_ref,
-                           *, group: int, capacity: int, list_width: int, placement: str):
+                           *, group: int, capacity: int, list_width: int, placement: str,
+                           interpret: bool = False):
   """One (row, slice of the row's group list): the listed groups' entries are gathered (each
   group `group` contiguous scores), and those >= the threshold appended to the row's
   candidate buffer as `_place` does. Programs past the listed count return at once."""
@@ -297,7 +256,7 @@ def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, 
     ok = jnp.broadcast_to(live[:, None], (per, group)).reshape(lanes)
     x = _as_candidates(plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF), idx, len_ref)
     _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
-           placement=placement, zero=zero)
+           placement=placement, zero=zero, interpret=interpret)
 
 
 def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capacity: int,
@@ -315,8 +274,6 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
-  if placement == "rows" and lanes < 64:
-    raise ValueError(f"placement='rows' needs lanes >= 64, got {lanes}")
   if not is_pow2(group) or n % group or not is_pow2(lanes) or lanes < group:
     raise ValueError(f"group={group} and lanes={lanes} must be powers of two, lanes >= group, "
                      f"group dividing the row length {n}")
@@ -333,7 +290,7 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   ctr = pl.BlockSpec((None, COUNTER_STRIDE), lambda r, c: (r, 0))
   kernel, len_in, len_spec = _lengths_in(functools.partial(
       _compact_groups_kernel, group=group, capacity=capacity, list_width=capacity,
-      placement="scan" if placement == "lane" and interpret else placement), lengths, _PER_ROW)
+      placement=placement, interpret=interpret), lengths, _PER_ROW)
   total, v, i = pl.pallas_call(
       kernel,
       grid=(r, capacity // per),
@@ -373,7 +330,7 @@ def _search(ms: list, k: int, iters: int, slack: int = 0):
   above the maximum is 0), and the end that stays twice has its weight halved; probes keep
   1/64 of the bracket from either end; it stops once at most k + slack maxima reach lo, or
   after `iters` probes. A step is one count over every maximum (most of its time,
-  benchmarks/NOTES.md session 16), and on smooth rows interpolation needs a few probes where
+  benchmarks/NOTES.md), and on smooth rows interpolation needs a few probes where
   bisection needs 14; on flat or tied rows it makes no more probes than bisection."""
   def total(f):
     return functools.reduce(lambda a, b: a + b, [jnp.sum(f(m).astype(jnp.int32)) for m in ms])
@@ -438,7 +395,7 @@ def _search(ms: list, k: int, iters: int, slack: int = 0):
 
 
 def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, slack: int,
-                      pivot: bool = False, pivot_probes: int = 0):
+                      pivot: bool = False):
   """m_ref: [G] group maxima of one row (-inf for empty groups) -> o_ref: [1] threshold.
 
   The search on the value (`_search`: bisection, or regula falsi with slack > 0) keeps the
@@ -452,15 +409,14 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
   than list_width (the candidate buffer's capacity) overflows the buffer anyway: its counter
   then starts past the capacity, which sends the row to the repair kernel. With pivot, the
   last ref gets [1] a value between the threshold and the largest maximum that splits the
-  candidates into two value buckets of roughly equal size (`_pivot`, refined by
-  pivot_probes counts).
+  candidates into two value buckets of roughly equal size (`_pivot`).
   """
   ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
   thr = _search(ms, k, iters, slack)
   o_ref[...] = thr.reshape(1)
   if pivot:
     *refs, p_ref = refs
-    p_ref[...] = _pivot(ms, thr, k, pivot_probes).reshape(1)
+    p_ref[...] = _pivot(ms, thr, k).reshape(1)
   c_ref = refs[0] if len(refs) in (1, 3) else None
   ctr0 = 0
   if list_width:
@@ -483,43 +439,23 @@ def _threshold_kernel(m_ref, o_ref, *refs, k: int, iters: int, list_width: int, 
     c_ref[...] = ((lane == 0).astype(jnp.int32) * ctr0).astype(c_ref.dtype)
 
 
-def _pivot(ms: list, thr, k: int, probes: int = 0):
+def _pivot(ms: list, thr, k: int):
   """A value splitting a row's candidates (its entries >= thr, about k of them) into two
-  buckets of roughly equal size. Without probes, no count: above a threshold that keeps k of
-  many scores the tail falls off about exponentially, so the count above thr + t (hi - thr)
-  (hi: the largest maximum, where one remains) is about k ** (1 - t), half of k at t = ln 2 /
-  ln k. That fits exponential-like tails but can split a normal row's candidates ~63 / 37
-  and uniform or heavy-tailed rows ~90 / 10 (`TopkConfig.rank_pivot_probes` has the figures).
-  probes > 0: the model's value is the first of `probes` trials, each counting the maxima at
-  or above it (a maximum near the top stands for about one entry) and narrowing a bracket
-  around half the maxima at or above thr (one more count); the next trial, and the result,
-  interpolate the bracket's log counts (exact for an exponential tail). -inf when thr is -inf
-  (every valid entry is then in the upper bucket). Only the speed of a finish that compares
-  within buckets depends on the split, never its result."""
+  buckets of roughly equal size, with no count: above a threshold that keeps k of many scores
+  the tail falls off about exponentially, so the count above thr + t (hi - thr) (hi: the
+  largest maximum, where one remains) is about k ** (1 - t), half of k at t = ln 2 / ln k.
+  That fits exponential-like tails; a normal row's candidates split about 60 / 40, uniform
+  or heavy-tailed rows up to 90 / 10. -inf when thr is -inf (every valid entry is then in
+  the upper bucket). Only the speed of a finish that compares within buckets depends on the
+  split, never its result."""
   hi = functools.reduce(jnp.maximum, [jnp.max(m) for m in ms])
   frac = math.log(2) / math.log(max(k, 2))
   t = thr + (hi - thr) * frac
-  if probes:
-    def log_total(v):  # log of the count of maxima >= v (at least 1)
-      n = functools.reduce(lambda a, b: a + b, [jnp.sum((m >= v).astype(jnp.int32)) for m in ms])
-      return jnp.log(jnp.maximum(n, 1).astype(jnp.float32))
-
-    l_lo = log_total(thr)
-    target = l_lo - math.log(2)
-    lo, up, l_up = thr, hi, l_lo * 0  # the count at hi: about 1
-    for _ in range(probes):
-      l_t = log_total(t)
-      below = l_t >= target  # t is a lower end: at least half the maxima reach it
-      lo, l_lo = jnp.where(below, t, lo), jnp.where(below, l_t, l_lo)
-      up, l_up = jnp.where(below, up, t), jnp.where(below, l_up, l_t)
-      w = (l_lo - target) / jnp.maximum(l_lo - l_up, 1e-6)
-      t = lo + (up - lo) * jnp.clip(w, 1 / 64, 63 / 64)
   return jnp.where(thr > NEG_INF, t, NEG_INF)
 
 
 def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
-              counter=None, list_width: int = 0, slack: int = 0, pivot: bool = False,
-              pivot_probes: int = 0):
+              counter=None, list_width: int = 0, slack: int = 0, pivot: bool = False):
   """gmax [R, G] -> [R] float32 valid thresholds (see _threshold_kernel). G need not be a
   power of two; up to 4 power-of-two pieces are kept apart, more are padded to one.
   slack: 0, `iters` steps of bisection; > 0, at most `iters` probes of regula falsi, stopping
@@ -531,8 +467,7 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
   (the ids of the groups that can hold a candidate, ascending; slots past the count are not
   initialised) and the count [R] int32 (may exceed list_width: then the row's counter starts
   at list_width + 1, so the row overflows). pivot=True -> also [R] float32 pivots splitting
-  each row's candidates into two buckets (`_pivot`; for `compact_atomic(..., pivot=)`);
-  pivot_probes: counts that refine it (0: the tail model alone).
+  each row's candidates into two buckets (`_pivot`; for `compact_atomic(..., pivot=)`).
   Returns a tuple (thr, [counters,] [list, count,] [pivot]) unless only thr is asked for."""
   r, g = gmax.shape
   if len(_pow2_pieces(g)) > 4:
@@ -542,8 +477,6 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     raise ValueError("list_width needs counter= (the list's overflow is flagged in it)")
   if not (isinstance(slack, int) and slack >= 0):
     raise ValueError(f"slack={slack!r} must be an int >= 0")
-  if not (isinstance(pivot_probes, int) and pivot_probes >= 0):
-    raise ValueError(f"pivot_probes={pivot_probes!r} must be an int >= 0")
   one = pl.BlockSpec((1,), lambda i: (i,))
   specs, shapes = [one], [jax.ShapeDtypeStruct((r,), jnp.float32)]
   if counter is not None:
@@ -558,7 +491,7 @@ def threshold(gmax, k: int, *, iters: int, num_warps: int, interpret: bool,
     shapes.append(jax.ShapeDtypeStruct((r,), jnp.float32))
   out = pl.pallas_call(
       functools.partial(_threshold_kernel, k=k, iters=iters, list_width=list_width,
-                        slack=slack, pivot=pivot, pivot_probes=pivot_probes),
+                        slack=slack, pivot=pivot),
       grid=(r,),
       in_specs=[pl.BlockSpec((None, g), lambda i: (i, 0))],
       out_specs=specs,
@@ -576,56 +509,44 @@ def _row_chunk_specs(chunk):
 _PER_ROW = pl.BlockSpec((1,), lambda r, c: (r,))  # one value per row (length, threshold)
 
 
-def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool,
-              zeros: int = 0):
-  """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32.
-  zeros > 0 (a power of two) -> also [R, zeros] int32 zeros (counters for
-  `persistent_select` or the fused rank finish, made here rather than by a fill kernel of
-  their own)."""
+def group_max(x, lengths, *, chunk: int, group: int, num_warps: int, interpret: bool):
+  """x [R, N] (N % chunk == 0), lengths [R] or None (whole rows) -> [R, N / group] float32."""
   r, n = x.shape
   kernel, len_in, len_spec = _lengths_in(
       functools.partial(_group_max_kernel, chunk=chunk, group=group), lengths, _PER_ROW)
-  out_specs = [pl.BlockSpec((None, chunk // group), lambda r, c: (r, c))]
-  out_shape = [jax.ShapeDtypeStruct((r, n // group), jnp.float32)]
-  if zeros:
-    out_specs.append(pl.BlockSpec((None, zeros), lambda r, c: (r, 0)))
-    out_shape.append(jax.ShapeDtypeStruct((r, zeros), jnp.int32))
-  out = pl.pallas_call(
+  return pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + len_spec,
-      out_specs=out_specs,
-      out_shape=out_shape,
+      out_specs=pl.BlockSpec((None, chunk // group), lambda r, c: (r, c)),
+      out_shape=jax.ShapeDtypeStruct((r, n // group), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_group_max",
   )(x, *len_in)
-  return tuple(out) if zeros else out[0]
 
 
-def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool, gmax=None):
-  """-> [R, N / chunk] int32 number of candidates per chunk (gmax: as `compact_atomic`)."""
+def count(x, lengths, thr, *, chunk: int, num_warps: int, interpret: bool):
+  """-> [R, N / chunk] int32 number of candidates per chunk."""
   r, n = x.shape
-  extra, extra_specs = _gmax_specs(gmax, n, chunk)
   kernel, len_in, len_spec = _lengths_in(functools.partial(_count_kernel, chunk=chunk), lengths,
                                          _PER_ROW)
   return pl.pallas_call(
       kernel,
       grid=(r, n // chunk),
-      in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW] + extra_specs,
+      in_specs=_row_chunk_specs(chunk) + len_spec + [_PER_ROW],
       out_specs=pl.BlockSpec((None, 1), lambda r, c: (r, c)),
       out_shape=jax.ShapeDtypeStruct((r, n // chunk), jnp.int32),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_count",
-  )(x, *len_in, thr, *extra)
+  )(x, *len_in, thr)
 
 
 def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: int,
-            interpret: bool, gmax=None):
+            interpret: bool):
   """-> (values, indices) [R, W >= capacity] float32 / int32: row r's first min(count,
   capacity) slots hold its candidates in index order; the rest is NOT initialised (no fill
-  pass: consumers mask by the count). gmax: as `compact_atomic`."""
+  pass: consumers mask by the count)."""
   r, n = x.shape
-  extra, extra_specs = _gmax_specs(gmax, n, chunk)
   width = _scatter_width(capacity, interpret)
   out_shape = [jax.ShapeDtypeStruct((r, width), jnp.float32),
                jax.ShapeDtypeStruct((r, width), jnp.int32)]
@@ -636,12 +557,12 @@ def compact(x, lengths, thr, offsets, *, capacity: int, chunk: int, num_warps: i
       kernel,
       grid=(r, n // chunk),
       in_specs=_row_chunk_specs(chunk) + len_spec
-      + [_PER_ROW, pl.BlockSpec((None, 1), lambda r, c: (r, c))] + extra_specs,
+      + [_PER_ROW, pl.BlockSpec((None, 1), lambda r, c: (r, c))],
       out_specs=[row, row],
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsparse_topk_compact",
-  )(x, *len_in, thr, offsets, *extra)
+  )(x, *len_in, thr, offsets)
   return v, i
 
 
@@ -765,8 +686,7 @@ def _take_best(x, elig, n, bits: int = 32):
   """Mask of the n best eligible entries of a float row held in registers, ties to the lower
   position (see `take_best_keys`). bits=16 is exact when every eligible value is a bfloat16
   value (the low half of its float32 key is constant), and halves the steps. (Settling 2 or 4
-  bits per step, with a [2**r, L] comparison and one reduction, was slower on the H200:
-  benchmarks/results/session10/spin_A1_radix*.json.)"""
+  bits per step, with a [2**r, L] comparison and one reduction, was slower on the H200.)"""
   key = _ordered_key(x)
   if bits < 32:
     key = key >> jnp.uint32(32 - bits)
@@ -815,34 +735,10 @@ def select_mask(x, eligible, n, *, num_warps: int = 8, interpret: bool = False):
   return out != 0
 
 
-def _rank_count_kernel(vi_ref, ii_ref, vj_ref, ij_ref, live_ref, o_ref):
-  """One (row, i-block, j-block) tile of the rank count: for each candidate i of the block,
-  how many candidates j of the other block come before it (a larger value, or the same value
-  and a lower index; indices are distinct, so the buffer may be in any order). Slots at or
-  past the row's live count are dead (-inf, the largest index: they come before no one).
-  A tile wholly past the live count writes nothing (`rank_finish`'s place kernel masks it)."""
-  bi, bj = vi_ref.shape[0], vj_ref.shape[0]
-  a, b = pl.program_id(1) * bi, pl.program_id(2) * bj
-  live = live_ref[0]
-
-  @pl.when((a < live) & (b < live))
-  def _():
-    pj = b + lax.broadcasted_iota(jnp.int32, (bj,), 0)
-    vj = jnp.where(pj < live, vj_ref[...], NEG_INF)[None, :]
-    ij = jnp.where(pj < live, ij_ref[...], jnp.iinfo(jnp.int32).max)[None, :]
-    o_ref[...] = _count_before(vj, ij, vi_ref[...][:, None], ii_ref[...][:, None])
-
-
 def _before(vj, ij, vi, ii):
   """[1, J] candidates j against [I, 1] candidates i -> [I, J] int32: 1 where j comes before i
   in the sorted order (a larger value, or the same value and a lower index)."""
   return ((vj > vi) | ((vj == vi) & (ij < ii))).astype(jnp.int32)
-
-
-def _count_before(vj, ij, vi, ii):
-  """[1, J] candidates j against [I, 1] candidates i -> [I] int32: for each i, how many j come
-  before it in the sorted order (`_before`)."""
-  return jnp.sum(_before(vj, ij, vi, ii), axis=1)
 
 
 def _store_tail(vo_ref, io_ref, slots, live, k: int, trash):
@@ -852,30 +748,6 @@ def _store_tail(vo_ref, io_ref, slots, live, k: int, trash):
   dest = jnp.where(tail, slots, trash)
   plgpu.store(vo_ref.at[dest], jnp.full(slots.shape, NEG_INF, jnp.float32), mask=tail)
   plgpu.store(io_ref.at[dest], jnp.full(slots.shape, -1, jnp.int32), mask=tail)
-
-
-def _rank_place_kernel(v_ref, i_ref, live_ref, p_ref, vo_ref, io_ref, *, k: int,
-                       block_j: int):
-  """One (row, block of candidates): rank = the sum of its count tiles over the live j-blocks;
-  candidates ranked below k are written to that slot (index -1 for a -inf value). The live
-  candidates' ranks are a permutation of [0, live) (distinct indices), so the slots [live, k)
-  are the only ones no candidate reaches: the block writes the -inf / -1 tail into its share
-  of them, and the output needs no fill and no count of the finite candidates."""
-  bs = v_ref.shape[0]
-  c0 = pl.program_id(1) * bs
-  live = live_ref[0]
-  lane = lax.broadcasted_iota(jnp.int32, (bs,), 0)
-  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
-  _put_ranked(vo_ref, io_ref, v_ref[...], i_ref[...], _rank_of(p_ref[...], live, block_j),
-              c0 + lane < live, k, trash)
-  _store_tail(vo_ref, io_ref, c0 + lane, live, k, trash)
-
-
-def _rank_of(parts, live, block_j: int):
-  """[J, I] partial counts of a block of I candidates against J blocks of block_j -> [I]
-  ranks (the blocks at or past the row's live count are left out)."""
-  jb = lax.broadcasted_iota(jnp.int32, (parts.shape[0], 1), 0) * block_j
-  return jnp.sum(jnp.where(jb < live, parts, 0), axis=0)
 
 
 def _put_ranked(vo_ref, io_ref, v, idx, rank, ok, k: int, trash):
@@ -910,67 +782,20 @@ def _repair_first(cond, x_ref, len_ref, scratch, vo_ref, io_ref, *, k: int, repa
                    k=k, interpret=interpret)
 
 
-def _rank_fused_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
-                       interpret: bool, repair=None):
-  """One (row, i-block, j-block) tile of `rank_finish(..., fused=True)`: the count tile of
-  `_rank_count_kernel` written into the row's partial counts p_ref [J, cap]; then the tile
-  adds 1 to its i-block's arrival counter (c_ref [cap / block_i], zeroed before the call),
-  and the tile that arrives last of the block's live j-blocks sums the block's partials
-  (volatile loads: another SM wrote them, so this SM's L1 may hold stale lines) and writes
-  each candidate to its slot (`_rank_place_kernel`'s work, without its kernel). Tiles of
-  j-block 0 also write the -inf / -1 tail into their share of the slots [live, k). The CTA
-  barrier before the arrival orders every lane's stores before it; the atomic is
-  acquire-release at GPU scope. No tile waits for another (no residency needed).
-  tot_ref: the row's live count [1], or its compaction counters (element 0 the candidate
-  count). repair: None, or (n, chunk, with_lengths): refs then start with the row [n] (and
-  its length), and end with a scratch pair; a row with more candidates than `cap` is not
-  ranked: tile (0, 0) writes its exact sorted top-k alone (`_repair_sorted`)."""
-  x_ref, len_ref, refs = _repair_refs(refs, repair)
-  _, p_ref, vo_ref, io_ref, c_ref, *scratch = refs
-  bi, bj = vi_ref.shape[0], vj_ref.shape[0]
-  ia, jb = pl.program_id(1), pl.program_id(2)
-  a, b = ia * bi, jb * bj
-  over, live, lane, trash = _ranked_row(tot_ref, vo_ref, bi, cap)
-  _repair_first(over & (ia == 0) & (jb == 0), x_ref, len_ref, scratch, vo_ref, io_ref, k=k,
-                repair=repair, interpret=interpret)
-
-  @pl.when((jb == 0) & ~over)
-  def _():
-    _store_tail(vo_ref, io_ref, a + lane, live, k, trash)
-
-  @pl.when((a < live) & (b < live) & ~over)
-  def _():
-    pj = b + lax.broadcasted_iota(jnp.int32, (bj,), 0)
-    vj = jnp.where(pj < live, vj_ref[...], NEG_INF)[None, :]
-    ij = jnp.where(pj < live, ij_ref[...], jnp.iinfo(jnp.int32).max)[None, :]
-    vi, ii = vi_ref[...], ii_ref[...]
-    p_ref[jb, pl.ds(a, bi)] = _count_before(vj, ij, vi[:, None], ii[:, None])
-    if not interpret:
-      plgpu.debug_barrier()
-    seen = plgpu.atomic_add(c_ref, (ia,), jnp.int32(1))
-
-    @pl.when(seen == (live + bj - 1) // bj - 1)
-    def _():
-      parts = plgpu.load(p_ref.at[:, pl.ds(a, bi)], volatile=True)
-      _put_ranked(vo_ref, io_ref, vi, ii, _rank_of(parts, live, bj), a + lane < live, k, trash)
-
-
 def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, cap: int,
                       block_j: int, unrolled: int, interpret: bool, repair=None,
-                      split_ties: bool = False, buckets: bool = False):
-  """One (row, block of block_i candidates) program of `rank_finish(..., rows=True)`: the
+                      buckets: bool = False):
+  """One (row, block of block_i candidates) program of `rank_finish`: the
   block's ranks against every live candidate of the row (vj_ref / ij_ref: the row's cap
   slots), the compares accumulated elementwise in a [block_i, block_j] int32 array over the
   row's blocks of block_j and reduced once, then each candidate written to its slot (and the
   block's share of the -inf / -1 tail). The first `unrolled` blocks of block_j are loaded
   before any compare (their latency overlaps); blocks past them, reached only by rows with
   more live candidates, go through a loop bounded by the live count. One kernel, no partial
-  counts and no atomics. tot_ref / repair as `_rank_fused_kernel` (program 0 repairs).
-  split_ties (cap <= 2**14): each pair adds (vj > vi) + (vj == vi) * 2**16 to the one
-  accumulator (two compares, no index compare), which after the reduction holds each
-  candidate's count of larger values (low half-word) and of equal ones, itself included
-  (high); only a block holding a candidate with an equal value elsewhere runs a second loop
-  over the row for the index tie-break.
+  counts and no atomics. tot_ref: the row's live count [1], or its compaction counters
+  (element 0 the candidate count). repair: None, or (n, chunk, with_lengths): refs then start
+  with the row [n] (and its length), and end with a scratch pair; a row with more candidates
+  than `cap` is not ranked: program 0 writes its exact sorted top-k alone (`_repair_sorted`).
   buckets: the slots hold two value buckets (`compact_atomic(..., pivot=)`): the upper one
   in [0, tot_ref[1]), the lower in [cap - tot_ref[2], cap). Every upper candidate comes
   before every lower one, so a block compares only with the buckets its candidates are in
@@ -1012,20 +837,14 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
                       other=jnp.iinfo(jnp.int32).max)
       return vj[None, :], ij[None, :]
 
-    def tie_before(vj, ij):  # [bi, block_j]: j has i's value and a lower index
-      return ((vj == vi[:, None]) & (ij < ii[:, None])).astype(jnp.int32)
-
     def before(vj, ij):  # [bi, block_j]: candidate j comes before candidate i
-      if split_ties:  # larger: low half-word; equal: high half-word
-        return ((vj > vi[:, None]).astype(jnp.int32)
-                + (vj == vi[:, None]).astype(jnp.int32) * (1 << 16))
       return _before(vj, ij, vi[:, None], ii[:, None])
 
-    def scan(f, acc, when=True):  # acc + f over every block of the regions this block needs
+    def scan(f, acc):  # acc + f over every block of the regions this block needs
       for lo, hi, use in regions:
         t0 = lo // block_j
         # (arithmetic, not a select: Triton mis-lowers scalar selects with constants)
-        t1 = t0 + ((hi + block_j - 1) // block_j - t0) * jnp.asarray(use & when).astype(jnp.int32)
+        t1 = t0 + ((hi + block_j - 1) // block_j - t0) * jnp.asarray(use).astype(jnp.int32)
         acc = lax.fori_loop(t0, t1, lambda t, s, lo=lo, hi=hi: s + f(*block(t, lo, hi)), acc)
       return acc
 
@@ -1039,240 +858,62 @@ def _rank_rows_kernel(vi_ref, ii_ref, vj_ref, ij_ref, tot_ref, *refs, k: int, ca
       acc = lax.fori_loop(unrolled, jnp.maximum(rest, unrolled),
                           lambda t, s: s + before(*block(t, 0, live)), acc)
     rank = jnp.sum(acc, axis=1)
-    if split_ties:
-      rank, equal = rank & 0xFFFF, rank >> 16
-      tied = jnp.sum(((equal > 1) & ok).astype(jnp.int32)) > 0
-      rank = rank + jnp.sum(scan(tie_before, zeros, tied), axis=1)
     if buckets:  # a block without upper candidates skipped them: all come before it
       rank = rank + n_up * (~regions[0][2]).astype(jnp.int32)
     _put_ranked(vo_ref, io_ref, vi, ii, rank, ok, k, trash)
 
 
-def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 16, block_j: int = 512,
-                num_warps: int = 4, interpret: bool = False, fused: bool = False,
-                counters=None, repair=None, rows: bool = False, preload: int = 0,
-                split_ties: bool = False, buckets: bool = False):
+def rank_finish(cv, ci, live, k: int, cap: int, *, block_i: int = 8, block_j: int = 256,
+                num_warps: int = 4, interpret: bool = False, repair=None, preload: int = 0,
+                buckets: bool = False):
   """cv, ci [R, >= cap] candidates in any order (distinct indices), live [R] (<= cap) of them
   per row (slots past live are ignored; slots before it may be -inf) -> the k best, sorted:
   values [R, k] float32 (-inf tail) and indices [R, k] int32 (-1 tail).
 
   Sorting by counting, with no dependent chain: a candidate's place is the number of
-  candidates before it. Two kernels: a grid of (R, cap / block_i, cap / block_j) programs
-  each counts one [block_i, block_j] tile of the comparison matrix into [R, cap / block_j,
-  cap] partial counts (tiles past a row's live count exit at once, so a row with ~1.1 k
-  candidates in a 2 k buffer does ~30% of the tiles), then (R, cap / block_i) programs sum
-  each candidate's partials and write it to its slot. O(live^2) compares: cheap for a few
-  rows, where a sorting network's ~78 dependent steps dominate; a bitonic finish wins for
-  many rows (the compares then fill the GPU).
-  fused: one kernel instead of two (`_rank_fused_kernel`: the last count tile of each block
-  of candidates places them); counters: its [R, cap / block_i] int32 zeros (made here when
-  None; `group_max(..., zeros=)` can make them without a fill kernel).
-  repair (fused or rows only): (x [R, N] the rows, lengths [R] or None, chunk): live may
-  then be the compaction's row counters [R, COUNTER_STRIDE] with counts past cap, and such a
-  row gets its exact top-k from x (no `repair` kernel before the finish).
-  rows: one kernel of (R, cap / block_i) programs instead (`_rank_rows_kernel`: each ranks
-  its block against the whole row, accumulating the compares elementwise over blocks of
-  block_j and reducing once; no partial counts, no counters); takes precedence over fused.
-  preload (rows only): the blocks of block_j each program loads before its first compare
-  (0: enough for k * 1.25 candidates; the rest are loaded one by one in a loop).
-  split_ties (rows only; ignored for cap > 2**14): the compares count larger and equal values
-  in one packed accumulator and break ties by index in a second loop only where a block has
-  them (`_rank_rows_kernel`).
-  buckets (rows only): live is the counters of `compact_atomic(..., pivot=)`, whose two
-  value buckets fill the buffer from its front and its back; each block is compared only
-  with its own bucket(s)."""
+  candidates before it. One kernel of (R, cap / block_i) programs (`_rank_rows_kernel`):
+  each ranks its block of candidates against every live candidate of the row, accumulating
+  the compares elementwise over blocks of block_j and reducing once, then writes each to its
+  slot. O(live^2) compares: cheap for a few rows, where a sorting network's ~78 dependent
+  steps dominate; the bitonic finish wins for many rows (the compares then fill the GPU).
+  repair: (x [R, N] the rows, lengths [R] or None, chunk): live may then be the compaction's
+  row counters [R, COUNTER_STRIDE] with counts past cap, and such a row gets its exact
+  top-k from x (no `repair` kernel before the finish).
+  preload: the blocks of block_j each program loads before its first compare (0: enough for
+  k * 1.25 candidates; the rest are loaded one by one in a loop bounded by the live count).
+  buckets: live is the counters of `compact_atomic(..., pivot=)`, whose two value buckets
+  fill the buffer from its front and its back; each block is compared only with its own
+  bucket(s)."""
   r = cv.shape[0]
-  if buckets and not (rows and live.shape == (r, COUNTER_STRIDE)):
-    raise ValueError("rank_finish(buckets=True) needs rows=True and the compaction's "
+  if buckets and live.shape != (r, COUNTER_STRIDE):
+    raise ValueError("rank_finish(buckets=True) needs the compaction's "
                      f"[{r}, {COUNTER_STRIDE}] counters as live")
-  if repair is not None and not (fused or rows):
-    raise ValueError("rank_finish(repair=...) needs fused=True or rows=True")
   _check_cap(cap, k, cv.shape[1])
   block_i, block_j = min(block_i, cap), min(block_j, cap)
   if not (is_pow2(block_i) and is_pow2(block_j)):
     raise ValueError(f"block_i={block_i} and block_j={block_j} must be powers of two")
   cv, ci = cv.astype(jnp.float32), ci.astype(jnp.int32)
-  if not fused:
-    live = live.astype(jnp.int32)
   nj = cap // block_j
-  bi = pl.BlockSpec((None, block_i), lambda r, a, b: (r, a))
-  bj = pl.BlockSpec((None, block_j), lambda r, a, b: (r, b))
   width = next_pow2(k) + (block_i if interpret else 0)  # interpret: trash slots past the row
-  if rows:
-    live, live_spec = _count_in(live, r)
-    rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
-    whole = pl.BlockSpec((None, cap), lambda r, a: (r, 0))
-    out = pl.BlockSpec((None, width), lambda r, a: (r, 0))
-    blk = pl.BlockSpec((None, block_i), lambda r, a: (r, a))
-    # blocks of block_j loaded up front: enough for k plus a quarter (rows rarely hold more)
-    unrolled = min(nj, preload or -(-(k + k // 4) // block_j))
-    v, i = pl.pallas_call(
-        functools.partial(_rank_rows_kernel, k=k, cap=cap, block_j=block_j, unrolled=unrolled,
-                          interpret=interpret, repair=rep,
-                          split_ties=split_ties and cap <= 1 << 14, buckets=buckets),
-        grid=(r, cap // block_i),
-        in_specs=[blk, blk, whole, whole, live_spec] + rep_specs,
-        out_specs=[out, out] + rep_out,
-        out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
-                   jax.ShapeDtypeStruct((r, width), jnp.int32)] + rep_shapes,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret, name="jaxsparse_topk_rank_rows",
-    )(cv, ci, cv, ci, live, *rep_in)[:2]
-    return v[:, :k], i[:, :k]
-  if fused:
-    ni = cap // block_i
-    if counters is None:
-      counters = jnp.zeros((r, ni), jnp.int32)
-    if counters.shape != (r, ni) or counters.dtype != jnp.int32:
-      raise ValueError(f"counters {counters.shape} {counters.dtype} must be ({r}, {ni}) int32")
-    whole = pl.BlockSpec((None, ni), lambda r, a, b: (r, 0))
-    out = pl.BlockSpec((None, width), lambda r, a, b: (r, 0))
-    live, live_spec = _count_in(live, r)
-    rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
-    v, i = pl.pallas_call(
-        functools.partial(_rank_fused_kernel, k=k, cap=cap, interpret=interpret, repair=rep),
-        grid=(r, ni, nj),
-        in_specs=[bi, bi, bj, bj, live_spec] + rep_specs + [whole],
-        out_specs=[pl.BlockSpec((None, nj, cap), lambda r, a, b: (r, 0, 0)), out, out, whole]
-        + rep_out,
-        out_shape=[jax.ShapeDtypeStruct((r, nj, cap), jnp.int32),
-                   jax.ShapeDtypeStruct((r, width), jnp.float32),
-                   jax.ShapeDtypeStruct((r, width), jnp.int32),
-                   jax.ShapeDtypeStruct((r, ni), jnp.int32)] + rep_shapes,
-        input_output_aliases={5 + len(rep_in): 3},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret, name="jaxsparse_topk_rank_fused",
-    )(cv, ci, cv, ci, live, *rep_in, counters)[1:3]
-    return v[:, :k], i[:, :k]
-  partial = pl.pallas_call(
-      _rank_count_kernel,
-      grid=(r, cap // block_i, nj),
-      in_specs=[bi, bi, bj, bj, pl.BlockSpec((1,), lambda r, a, b: (r,))],
-      out_specs=pl.BlockSpec((None, None, block_i), lambda r, a, b: (r, b, a)),
-      out_shape=jax.ShapeDtypeStruct((r, nj, cap), jnp.int32),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_topk_rank_count",
-  )(cv, ci, cv, ci, live)
-  out = pl.BlockSpec((None, width), lambda r, c: (r, 0))
+  live, live_spec = _count_in(live, r)
+  rep_in, rep_specs, rep_shapes, rep_out, rep = _repair_in(repair, r, k, interpret)
+  whole = pl.BlockSpec((None, cap), lambda r, a: (r, 0))
+  out = pl.BlockSpec((None, width), lambda r, a: (r, 0))
+  blk = pl.BlockSpec((None, block_i), lambda r, a: (r, a))
+  # blocks of block_j loaded up front: enough for k plus a quarter (rows rarely hold more)
+  unrolled = min(nj, preload or -(-(k + k // 4) // block_j))
   v, i = pl.pallas_call(
-      functools.partial(_rank_place_kernel, k=k, block_j=block_j),
+      functools.partial(_rank_rows_kernel, k=k, cap=cap, block_j=block_j, unrolled=unrolled,
+                        interpret=interpret, repair=rep, buckets=buckets),
       grid=(r, cap // block_i),
-      in_specs=[pl.BlockSpec((None, block_i), lambda r, c: (r, c))] * 2
-      + [_PER_ROW, pl.BlockSpec((None, nj, block_i), lambda r, c: (r, 0, c))],
-      out_specs=[out, out],
+      in_specs=[blk, blk, whole, whole, live_spec] + rep_specs,
+      out_specs=[out, out] + rep_out,
       out_shape=[jax.ShapeDtypeStruct((r, width), jnp.float32),
-                 jax.ShapeDtypeStruct((r, width), jnp.int32)],
+                 jax.ShapeDtypeStruct((r, width), jnp.int32)] + rep_shapes,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_topk_rank_place",
-  )(cv, ci, live, partial)
+      interpret=interpret, name="jaxsparse_topk_rank_rows",
+  )(cv, ci, cv, ci, live, *rep_in)[:2]
   return v[:, :k], i[:, :k]
-
-
-# a row's counters for `persistent_select`, each on its own 128 bytes: candidates, arrivals at
-# the barrier, claims of the repair, and one unused (Triton's arrays are powers of two)
-PERSIST_SLOTS = 4 * COUNTER_STRIDE
-_PRELOAD = 8  # at most this many chunks per program are loaded before the threshold search
-
-
-def sm_count() -> int:
-  """Streaming multiprocessors of the first GPU (0 when there is none or it is unknown)."""
-  try:
-    return int(getattr(jax.devices("gpu")[0], "core_count", 0) or 0)
-  except RuntimeError:
-    return 0
-
-
-def _grid_sync(ctr_ref, slot, parties: int, limit: int, interpret: bool):
-  """A barrier between the programs of one row: each adds 1 to the row's arrival counter
-  ctr_ref[slot] (zeroed before the call) and polls it until `parties` have arrived, at most
-  `limit` times -> whether they all did. The CTA barrier before the arrival orders every
-  lane's earlier stores before it; the atomics are acquire-release at GPU scope (the Pallas
-  Triton default), so what the other programs stored before arriving is visible after. All
-  the row's programs must be resident at once (`persistent_select` launches at most one per
-  SM); the poll limit keeps a launch where they are not from hanging."""
-  if not interpret:
-    plgpu.debug_barrier()
-  seen = plgpu.atomic_add(ctr_ref, (slot,), jnp.int32(1)) + 1
-  if interpret:  # programs run one after another: polling could not see a later arrival
-    return seen >= parties
-
-  def cond(c):
-    return (c[0] < parties) & (c[1] < limit)
-
-  def body(c):
-    return plgpu.atomic_add(ctr_ref, (slot,), jnp.int32(0)), c[1] + 1
-
-  seen, _ = lax.while_loop(cond, body, (seen, jnp.int32(0)))
-  plgpu.debug_barrier()
-  return seen >= parties
-
-
-def _persistent_kernel(x_ref, len_ref, m_ref, *refs, k: int, iters: int, slack: int,
-                       parties: int, chunk: int, capacity: int, block_i: int, block_j: int,
-                       phase: str, spin: int, interpret: bool, stop: str = ""):
-  """One program (row, p) of `persistent_select`; phase "all" (compiled: filter, barrier,
-  rank), or "filter" / "rank" (the two halves as separate calls, for interpret mode)."""
-  refs = refs[3:] if phase == "rank" else refs[1:]  # inputs aliased to the outputs
-  c_ref, v_ref, i_ref, vo_ref, io_ref, rv_ref, ri_ref = refs
-  p = pl.program_id(1)
-  zero = p * 0  # a traced zero made at the top level (see _place)
-  n = x_ref.shape[0]
-  if phase in ("all", "filter"):
-    nchunks = n // chunk
-    trips = -(-nchunks // parties)
-    iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
-
-    def load(t):  # chunk p + t * parties of the row (-inf past the row)
-      c = p + t * parties
-      idx = c * chunk + iota
-      x = plgpu.load(x_ref.at[pl.ds(jnp.minimum(c, nchunks - 1) * chunk, chunk)],
-                     mask=idx < n, other=NEG_INF)
-      return _as_candidates(x, idx, len_ref), idx
-
-    # this program's chunks are loaded first, so their latency hides behind the search
-    pre = [load(t) for t in range(trips)] if trips <= _PRELOAD else []
-    ms = [m_ref[pl.ds(off, size)] for off, size in _pow2_pieces(m_ref.shape[0])]
-    thr = _search(ms, k, iters, slack)
-    if stop == "search":
-      got = functools.reduce(jnp.maximum, [jnp.max(x) for x, _ in pre], thr)  # keep the loads
-      vo_ref[pl.ds(0, 16)] = jnp.full((16,), got, jnp.float32)
-      return
-
-    def place(x, idx):
-      _place(x, idx, (x >= thr) & (x > NEG_INF), c_ref, v_ref, i_ref, capacity=capacity,
-             placement="scan", zero=zero)
-
-    for x, idx in pre:
-      place(x, idx)
-    if not pre:
-      lax.fori_loop(0, trips, lambda t, c: (place(*load(t)), c)[1], 0)
-  if phase == "filter" or stop == "filter":
-    return
-  ok = _grid_sync(c_ref, zero + COUNTER_STRIDE, parties, spin, interpret) if phase == "all" \
-      else jnp.bool_(True)
-  if stop == "barrier":
-    vo_ref[pl.ds(0, 16)] = jnp.full((16,), ok.astype(jnp.float32), jnp.float32)
-    return
-  total = plgpu.atomic_add(c_ref, (zero,), jnp.int32(0))
-  over = total > capacity
-  live = jnp.minimum(total, capacity)
-
-  @pl.when(ok & ~over)
-  def _():
-    _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, k=k, parties=parties, block_i=block_i,
-                block_j=block_j, capacity=capacity)
-
-  # overflow, or a barrier that timed out: the first such program of the row (a claim on the
-  # row's third counter) writes the row's exact top-k alone, through the row's scratch; any
-  # rank shares that run write the same values, so that race is harmless
-  @pl.when(~ok | over)
-  def _():
-    first = plgpu.atomic_add(c_ref, (zero + 2 * COUNTER_STRIDE,), jnp.int32(1)) == 0
-
-    @pl.when(first)
-    def _():
-      _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, n=n, chunk=chunk, k=k,
-                     interpret=interpret)
 
 
 def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, chunk: int,
@@ -1288,126 +929,6 @@ def _repair_sorted(x_ref, len_ref, rv_ref, ri_ref, vo_ref, io_ref, *, n: int, ch
   head = pl.ds(0, kw)
   key, idx = _bitonic_sort(*_sort_keys(rv_ref.at[head], ri_ref.at[head], k))
   _write_sorted(key, idx, vo_ref.at[head], io_ref.at[head], sel_ref, page)
-
-
-def _rank_share(v_ref, i_ref, vo_ref, io_ref, live, p, *, k: int, parties: int, block_i: int,
-                block_j: int, capacity: int):
-  """Program p's part of the row's sorted output: candidate blocks p, p + parties, ... of
-  block_i slots below `live`, each ranked against every live candidate (the count of those
-  before it, as `_rank_count_kernel`), written to its rank if below k; and its share of the
-  -inf / -1 tail, slots [live, k). The other candidates are loaded once, block_j at a time,
-  before any compare; blocks of them past `live` are skipped by a `lax.cond`. (On the H200
-  comparing every block instead, or a loop over the live blocks loading each where it is
-  compared, measured slower: benchmarks/NOTES.md, session 17.)"""
-  INT_MAX = jnp.iinfo(jnp.int32).max
-  js = []
-  for b in range(capacity // block_j):
-    pj = b * block_j + lax.broadcasted_iota(jnp.int32, (block_j,), 0)
-    sl = pl.ds(b * block_j, block_j)
-    # [1, block_j]: the layout the compares broadcast, made once rather than per use
-    js.append((plgpu.load(v_ref.at[sl], mask=pj < live, other=NEG_INF)[None, :],
-               plgpu.load(i_ref.at[sl], mask=pj < live, other=INT_MAX)[None, :]))
-  lane = lax.broadcasted_iota(jnp.int32, (block_i,), 0)
-  trash = vo_ref.shape[0] - 1 - lane  # masked lanes: distinct slots (see _scatter_width)
-  blocks = (live + block_i - 1) // block_i
-  zeros = lambda: jnp.zeros((block_i,), jnp.int32)
-
-  def body(t, carry):
-    a = (p + t * parties) * block_i
-    vi, ii = v_ref[pl.ds(a, block_i)], i_ref[pl.ds(a, block_i)]
-    vc, ic = vi[:, None], ii[:, None]
-    rank = zeros()
-    for b, (vj, ij) in enumerate(js):
-      rank = rank + lax.cond(b * block_j < live,
-                             lambda vj=vj, ij=ij: _count_before(vj, ij, vc, ic), zeros)
-    keep = (a + lane < live) & (rank < k)
-    dest = jnp.where(keep, rank, trash)
-    plgpu.store(vo_ref.at[dest], vi, mask=keep)
-    plgpu.store(io_ref.at[dest], ii, mask=keep)  # candidates are > -inf
-    return carry
-
-  lax.fori_loop(0, jnp.maximum(blocks - p + parties - 1, 0) // parties, body, 0)
-  per = max(next_pow2(k) // parties, 16)
-  lane = lax.broadcasted_iota(jnp.int32, (per,), 0)
-  _store_tail(vo_ref, io_ref, p * per + lane, live, k, vo_ref.shape[0] - 1 - lane)
-
-
-def persistent_select(x, lengths, gmax, counters, *, k: int, capacity: int, parties: int,
-                      chunk: int, iters: int, slack: int, block_i: int = 16,
-                      block_j: int = 512, num_warps: int = 8, spin: int = 1 << 20,
-                      interpret: bool = False, phases: int = 0, stop: str = ""):
-  """Threshold, compaction and sorted finish of a few rows in one kernel: x [R, N] float32
-  (N % chunk == 0), lengths [R] int32 or None, gmax [R, N / group] group maxima, counters
-  [R, PERSIST_SLOTS] int32 zeros (`group_max(..., zeros=PERSIST_SLOTS)`) -> values [R, k]
-  float32 descending (ties: lower index first; -inf tail) and indices [R, k] int32 (-1 tail).
-
-  A grid of (R, parties) programs; each
-    1. loads its chunks of the row (chunk p, p + parties, ...),
-    2. finds the row's threshold from all its group maxima (`_search`: every program of the
-       row computes the same value, so none waits for another),
-    3. appends its candidates to the row's buffer (a range per chunk, reserved by an atomic
-       add on the row's counter),
-    4. waits at a barrier for the row's other programs (`_grid_sync`),
-    5. ranks its share of the candidates against all of them and writes each to its place
-       (`_rank_share`), and its share of the tail.
-  The barrier needs every program of the call resident at once: R * parties must not
-  exceed the SMs (`sm_count`), each program taking one. A row with more than `capacity`
-  candidates, or whose barrier times out after `spin` polls in some program, gets its exact
-  top-k from the first program to claim it (`_repair_sorted`): slow, but exact and with no
-  branch on the host. phases 0: one call compiled, two in interpret mode (its programs run
-  one after another, so none could wait for a later one); 1 or 2 force either (1 in
-  interpret mode: every program but a row's last times out; the first repairs the row).
-  stop (for timing the steps, benchmarks/topk_stages.py; the output is then not the top-k):
-  "search", "filter" or "barrier" end every program after that step."""
-  r, n = x.shape
-  if not (is_pow2(chunk) and n % chunk == 0):
-    raise ValueError(f"chunk={chunk} must be a power of two dividing the row length {n}")
-  if not (is_pow2(capacity) and capacity >= k and capacity % block_j == 0
-          and capacity % block_i == 0 and is_pow2(block_i) and is_pow2(block_j)):
-    raise ValueError(f"capacity={capacity} must be a power of two >= k={k}, and a multiple of "
-                     f"block_i={block_i} and block_j={block_j} (powers of two)")
-  if parties < 1 or gmax.shape[0] != r or counters.shape != (r, PERSIST_SLOTS):
-    raise ValueError(f"parties={parties} must be >= 1, gmax {gmax.shape} and counters "
-                     f"{counters.shape} must have {r} rows ({PERSIST_SLOTS} counters)")
-  if len(_pow2_pieces(gmax.shape[1])) > 4:
-    gmax = jnp.pad(gmax, ((0, 0), (0, next_pow2(gmax.shape[1]) - gmax.shape[1])),
-                   constant_values=NEG_INF)
-  kw = next_pow2(k)
-  width = kw + (max(block_i, kw // parties, 16) if interpret else 0)  # interpret: trash slots
-  cap_w = _scatter_width(capacity, interpret)
-  rep_w = _scatter_width(kw, interpret)
-  phases = phases or (2 if interpret else 1)
-  row = lambda w: pl.BlockSpec((None, w), lambda r, p: (r, 0))
-  kernel = functools.partial(
-      _persistent_kernel, k=k, iters=iters, slack=slack, parties=parties, chunk=chunk,
-      capacity=capacity, block_i=block_i, block_j=block_j, spin=spin, interpret=interpret,
-      stop=stop)
-  len_in = [] if lengths is None else [lengths]
-  out_specs = [row(PERSIST_SLOTS), row(cap_w), row(cap_w), row(width), row(width), row(rep_w),
-               row(rep_w)]
-  out_shape = [jax.ShapeDtypeStruct((r, PERSIST_SLOTS), jnp.int32)] + [
-      jax.ShapeDtypeStruct((r, w), dt) for w in (cap_w, width, rep_w)
-      for dt in (jnp.float32, jnp.int32)]
-
-  def call(phase, *state):
-    n_in = 2 + len(len_in)
-    body, _, len_spec = _lengths_in(functools.partial(kernel, phase=phase), lengths,
-                                    pl.BlockSpec((1,), lambda r, p: (r,)))
-    return pl.pallas_call(
-        body,
-        grid=(r, parties),
-        in_specs=[row(n)] + len_spec + [row(gmax.shape[1])] + out_specs[:len(state)],
-        out_specs=out_specs, out_shape=out_shape,
-        input_output_aliases={n_in + j: j for j in range(len(state))},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret, name=f"jaxsparse_topk_persistent_{phase}",
-    )(x, *len_in, gmax.astype(jnp.float32), *state)
-
-  if phases == 1:
-    out = call("all", counters)
-  else:
-    out = call("rank", *call("filter", counters)[:3])
-  return out[3][:, :k], out[4][:, :k]
 
 
 def _index_order_kernel(v_ref, i_ref, live_ref, vo_ref, io_ref, *, k: int):
@@ -1674,65 +1195,36 @@ def _bitonic_merge_kernel(k_ref, i_ref, *refs, run: int, page: int, cap: int,
                    sel_ref=sel_ref[0] if sel_ref else None, page=page)
 
 
-def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, samples: int = 0,
-                          n_live=None, arity: int = 2):
+def _count_before_in_runs(k_ref, i_ref, key, idx, *, runs: int, run: int, n_live):
   """Entries (key, idx) [L] -> [L] int32: for each, how many entries of a row's `runs`
   sorted runs (k_ref / i_ref [runs * run]: each run's keys descending, ties by ascending
   index) come before it. One branchless binary search per run, log2(run) + 1 probes; the
   runs' searches step together as one [runs, L] gather of keys a step, and of indices only
-  where the keys tie (session 22: a gather per run and step made the kernel ~1.5x slower
-  at blocks of 256; session 23: skipping ~40% of the loads (n_live) saved ~4%, and
-  searches of 6 dependent loads instead of 10 (arity 4) saved nothing).
-  samples: 0, or m (a power of two <= run): the first log2(m) steps are done in registers
-  instead, against m keys of each run loaded once for the whole block (the last of every
-  run / m slots): an entry's count of those before it, times run / m, is where those steps
-  would have left the search (at most run - run / m, hence the min).
-  n_live: None, or [runs] int32, each run's live entries (keys > 0, first in the run: dead
-  slots hold key 0 and sort last); a probe at or past its run's live count is then not
-  loaded but read as a dead key, which comes before no live entry. The searches keep their
-  steps; what they save is memory requests (the compaction fills slots from 0, so with
-  ~k + 15% candidates in a 2k buffer ~40% of the probes fall in dead slots).
-  arity: 2, binary searches; a (a power of two), each step splits the range left into up to
-  a parts with a - 1 independent probes (one [runs, L] load each, issued together), so a
-  run of 512 takes 4 dependent steps of 3 probes and one of 1 at a = 4 (6 with the last
-  probe, against 10), at the cost of 14 loads a search instead of 10. The entries before
-  the key are a prefix of each run, so the probes before it are a prefix of the probes and
-  their count is how many parts the search skips."""
+  where the keys tie. n_live [runs] int32: each run's live entries (keys > 0, first in the
+  run: dead slots hold key 0 and sort last); a probe at or past its run's live count is not
+  loaded but read as a dead key, which comes before no live entry (the compaction fills
+  slots from 0, so with ~k + 15% candidates in a 2k buffer ~40% of the probes are dead)."""
   base = lax.broadcasted_iota(jnp.int32, (runs, 1), 0) * run
   kc, ic = key[None, :], idx[None, :]
-  end = None if n_live is None else base + n_live.reshape(runs, 1)
+  end = base + n_live.reshape(runs, 1)
 
   def before(p):
-    if end is None:
-      kp, tie = plgpu.load(k_ref.at[p]), True
-    else:  # masked lanes make no memory request
-      tie = p < end
-      kp = plgpu.load(k_ref.at[p], mask=tie, other=0)
+    tie = p < end  # masked lanes make no memory request
+    kp = plgpu.load(k_ref.at[p], mask=tie, other=0)
     tie = tie & (kp == kc)  # only ties read the index
     ip = plgpu.load(i_ref.at[p], mask=tie, other=0)
     return ((kp > kc) | (tie & (ip < ic))).astype(jnp.int32)
 
   c = jnp.zeros((runs, key.shape[0]), jnp.int32)
   width = run  # the count lies in [c, c + width] (c + width - 1 at most but for the last)
-  if samples:
-    stride = run // samples
-    pos = base + lax.broadcasted_iota(jnp.int32, (runs, samples), 1) * stride + (stride - 1)
-    ks, is_ = plgpu.load(k_ref.at[pos])[:, :, None], plgpu.load(i_ref.at[pos])[:, :, None]
-    kc3, ic3 = key[None, None, :], idx[None, None, :]
-    ahead = ((ks > kc3) | ((ks == kc3) & (is_ < ic3))).astype(jnp.int32)  # [runs, m, L]
-    c = stride * jnp.minimum(jnp.sum(ahead, axis=1), samples - 1)
-    width = stride
   while width > 1:  # afterwards c = min(count, run - 1) for each run
-    parts = min(arity, width)
-    width //= parts
-    hits = [before(base + c + (j * width - 1)) for j in range(1, parts)]
-    c = c + width * sum(hits[1:], hits[0])
+    width //= 2
+    c = c + width * before(base + c + (width - 1))
   return jnp.sum(c + before(base + c), axis=0)
 
 
 def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, run: int,
-                       block: int, page: int, interpret: bool, repair=None, samples: int = 0,
-                       live_probes: bool = True, arity: int = 2):
+                       block: int, page: int, interpret: bool, repair=None):
   """Step 2 of the split bitonic finish with a rank merge, one (row, block of `block`
   slots) per program, instead of the merges: every run of `run` slots is sorted descending
   (step 1 with descending=True), so an entry's place in the row is the sum over the runs of
@@ -1745,8 +1237,7 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
   [, its length] (repair: (n, chunk, with_lengths)),] [block ids (page > 0: indices are
   mapped to slots, as `_write_sorted` does),] values, indices [, a scratch pair (repair)];
   with repair a row with more candidates than cap gets its exact sorted top-k from program
-  0 (`_repair_sorted`). live_probes: the searches load no probe past its run's live count
-  (`_count_before_in_runs`'s n_live, from n_ref). arity: the searches' (2: binary)."""
+  0 (`_repair_sorted`). The searches load no probe past a run's live count (n_ref)."""
   x_ref, len_ref, refs = _repair_refs(refs, repair)
   sel_ref = refs.pop(0) if page else None
   vo_ref, io_ref, *scratch = refs
@@ -1766,8 +1257,7 @@ def _rank_merge_kernel(k_ref, i_ref, n_ref, tot_ref, *refs, k: int, cap: int, ru
 
     @pl.when(jnp.max(kb) > 0)  # a block of dead slots writes nothing more
     def _():
-      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run, samples=samples,
-                                   n_live=n_ref[...] if live_probes else None, arity=arity)
+      rank = _count_before_in_runs(k_ref, i_ref, kb, ib, runs=runs, run=run, n_live=n_ref[...])
       keep = (kb > 0) & (rank < k)
       dest = jnp.where(keep, rank, trash)
       idx = ib
@@ -1795,8 +1285,7 @@ def bitonic_finish(cv, ci, live, k: int, cap: int, *, num_warps: int = 16,
 def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps: int = 16,
                          run_warps: int = 4, interpret: bool = False, block_map=None,
                          mid: int = 0, repair=None, rank_merge: int = 0,
-                         rank_merge_warps: int = 4, rank_merge_samples: int = 0,
-                         rank_merge_live_probes: bool = True, rank_merge_arity: int = 2):
+                         rank_merge_warps: int = 4):
   """`bitonic_finish` as two kernels (three with `mid`), the same network: (rows, cap / run)
   programs each sort a run of `run` candidate slots (the first log2(run) merge sizes, in
   parallel over the GPU),
@@ -1818,12 +1307,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   top-k from x instead (no `repair` kernel before the finish).
   rank_merge: 0, or b (a power of two <= run): no merges; the runs are sorted descending and
   a kernel of (rows, cap / b) programs (rank_merge_warps each) places every entry by binary
-  searches in the runs (`_rank_merge_kernel`); mid is then ignored. rank_merge_samples: 0,
-  or m (a power of two <= run), each search's first log2(m) steps against m keys a run
-  held in registers (`_count_before_in_runs`). rank_merge_live_probes: True (the default),
-  the searches load no probe past a run's live count (`_count_before_in_runs`'s n_live);
-  False, every probe (as before session 23). rank_merge_arity: 2 (the default), binary
-  searches; a power of two a > 2, a - 1 probes a step (`_count_before_in_runs`)."""
+  searches in the runs (`_rank_merge_kernel`); mid is then ignored."""
   r = cv.shape[0]
   width = next_pow2(k)
   _check_cap(cap, k, cv.shape[1])
@@ -1833,11 +1317,6 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
     raise ValueError(f"mid={mid} must be 0 or a power of two in ({run}, {cap})")
   if rank_merge and not (is_pow2(rank_merge) and rank_merge <= run):
     raise ValueError(f"rank_merge={rank_merge} must be 0 or a power of two <= run={run}")
-  if rank_merge_samples and not (is_pow2(rank_merge_samples) and rank_merge_samples <= run):
-    raise ValueError(f"rank_merge_samples={rank_merge_samples} must be 0 or a power of two "
-                     f"<= run={run}")
-  if not (is_pow2(rank_merge_arity) and rank_merge_arity >= 2):
-    raise ValueError(f"rank_merge_arity={rank_merge_arity} must be a power of two >= 2")
   blk = pl.BlockSpec((None, run), lambda i, j: (i, j))
   live, live_spec = _count_in(live, r)
   counts = ([pl.BlockSpec((None, 1), lambda i, j: (i, j))],
@@ -1855,8 +1334,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   if rank_merge:
     return _rank_merge(keys, idx, n_live[0], live, live_spec, k, cap, run=run, block=rank_merge,
                        num_warps=rank_merge_warps, interpret=interpret, block_map=block_map,
-                       repair=repair, samples=rank_merge_samples,
-                       live_probes=rank_merge_live_probes, arity=rank_merge_arity)
+                       repair=repair)
   if mid:
     mblk = pl.BlockSpec((None, mid), lambda i, j: (i, j))
     keys, idx = pl.pallas_call(
@@ -1891,12 +1369,10 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
 
 
 def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: int,
-                block: int, num_warps: int, interpret: bool, block_map, repair,
-                samples: int = 0, live_probes: bool = True, arity: int = 2):
+                block: int, num_warps: int, interpret: bool, block_map, repair):
   """`bitonic_finish_split`'s second step with rank_merge=block: `_rank_merge_kernel` over
   runs of `run` sorted descending (keys [R, cap] uint32, idx [R, cap] int32, n_live
-  [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`;
-  samples, arity: `_count_before_in_runs`'s; live_probes: `_rank_merge_kernel`'s) ->
+  [R, cap / run] int32 each run's live entries; live and its spec from `_count_in`) ->
   values [R, k], indices [R, k]."""
   r = keys.shape[0]
   width = next_pow2(k) + (block if interpret else 0)  # interpret: trash slots past the row
@@ -1906,8 +1382,7 @@ def _rank_merge(keys, idx, n_live, live, live_spec, k: int, cap: int, *, run: in
   sel_in, sel_specs, page = _block_map_in(block_map, r)
   v, i = pl.pallas_call(
       functools.partial(_rank_merge_kernel, k=k, cap=cap, run=run, block=block, page=page,
-                        interpret=interpret, repair=rep, samples=samples,
-                        live_probes=live_probes, arity=arity),
+                        interpret=interpret, repair=rep),
       grid=(r, cap // block),
       in_specs=[whole, whole, pl.BlockSpec((None, cap // run), lambda i, a: (i, 0)),
                 live_spec] + rep_specs + sel_specs,
