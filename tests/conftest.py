@@ -65,7 +65,7 @@ def export_for(fn, platform: str, *shapes):
 def _verified_triton():
   """Context in which every Pallas Triton module lowered is also run through the MLIR
   verifier, so that a kernel the GPU's Triton parser would reject fails here on the CPU
-  (for example a select whose cases differ in type: session 14's first device call). A jax
+  (for example a select whose cases differ in type, which once failed only on the GPU). A jax
   without that lowering entry point gets no extra check."""
   import contextlib
   try:
@@ -94,7 +94,7 @@ def _verified_triton():
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
   """Drop each test module's compiled programs when it ends: a worker runs hundreds of
-  interpret-mode kernels, and their executables otherwise pile up for the whole session."""
+  interpret-mode kernels, and their executables otherwise pile up for the whole run."""
   yield
   import gc
   jax.clear_caches()

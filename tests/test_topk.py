@@ -750,3 +750,52 @@ def test_whole_rows_without_lengths(platform):
     for g, w in zip(got, want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     _check(got, x[:, :n], min(k, n), np.full(3, n))
+
+
+def test_tpu_topk_is_mosaic_kernels():
+  """The TPU top-K lowers to Mosaic kernels for every pass (group maxima, threshold,
+  compaction, bitonic finish); an XLA sort remains only in the overflow fallback's branch.
+  The kernels one at a time (TPU interpret mode) against numpy: the threshold is exactly the
+  k-th largest group maximum, the compaction keeps every candidate in index order (ties,
+  -0.0, NaN, ragged rows, a row with fewer finite maxima than k), the finish sorts by value
+  then index."""
+  from jax.experimental.pallas import tpu as _  # noqa: F401
+  from pallas_kernels.topk import tpu as kt
+  S = jax.ShapeDtypeStruct
+  exp = export_for(lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(),
+                                                KernelPlatform("tpu", False)),
+                   "tpu", S((8, 131072), jnp.float32), S((8,), jnp.int32))
+  text = exp.mlir_module()
+  for name in ("group_max", "threshold", "compact", "bitonic"):
+    assert f'kernel_name = "jaxsparse_topk_{name}_tpu"' in text, name
+  rng = np.random.default_rng(4)
+  n, k = 8192, 150
+  x = rng.standard_normal((4, n)).astype(np.float32)
+  x[1] = np.round(x[1] * 2)  # heavy ties
+  x[2, ::3] = np.nan
+  x[2, 1::3] = -0.0
+  x[3] = -np.inf
+  x[3, :40 * 128:128] = 1.0  # 40 finite entries, 40 finite maxima < k: threshold -inf
+  lens = np.array([n, 5000, 3001, n], np.int32)
+  gm = kt.group_max(jnp.asarray(x), jnp.asarray(lens), chunk=1024, interpret=True)
+  thr = np.asarray(kt.threshold(gm, k, interpret=True))
+  srt = -np.sort(-np.asarray(gm), axis=1)
+  np.testing.assert_array_equal(thr[:3], srt[:3, k - 1])
+  assert thr[3] == -np.inf
+  v, i, t = kt.compact(jnp.asarray(x), jnp.asarray(lens), jnp.asarray(thr), capacity=1024,
+                       interpret=True)
+  for r in range(4):
+    xr = np.where(np.isnan(x[r, :lens[r]]), -np.inf, x[r, :lens[r]])
+    want = np.flatnonzero((xr >= thr[r]) & (xr > -np.inf))
+    assert int(t[r]) == want.size
+    m = min(want.size, 1024)
+    np.testing.assert_array_equal(np.asarray(i[r, :m]), want[:m])
+    np.testing.assert_array_equal(np.asarray(v[r, :m]), np.where(xr[want[:m]] == 0, 0.0,
+                                                                 xr[want[:m]]))
+    assert (np.asarray(i[r, m:]) == -1).all()
+  sv, si = kt.bitonic_finish(v, i, interpret=True)
+  for r in range(4):
+    vv, ii = np.asarray(v[r]), np.asarray(i[r])
+    o = np.lexsort((ii, -vv))
+    np.testing.assert_array_equal(np.asarray(si[r]), ii[o])
+    np.testing.assert_array_equal(np.asarray(sv[r]), vv[o])

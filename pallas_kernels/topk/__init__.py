@@ -19,7 +19,9 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      each in its place (finish="rank"). Both are order-free, which lets step 3 be one pass (no
      count pass: chunk ranges, or for many long rows single slots, reserved by atomic adds;
      TopkConfig.compact). Otherwise `lax.top_k` over the C candidates (ties -> lower candidate
-     slot -> lower index; finish="sort", and always on TPU).
+     slot -> lower index; finish="sort"). On TPU the threshold (an exact bitwise search for
+     the k-th largest group maximum), the compaction (lane rotations, no scatter) and a
+     bitonic finish are Mosaic kernels (`tpu.py`).
      When the caller asks for the top-k as a set
      (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
      then compacts in index order, and a GPU kernel finds the exact k-th candidate bit by bit
@@ -182,22 +184,17 @@ def _topk_rows_sorted_or_set(x, lengths, k, config, platform, ordered, gmax, blo
                                    repair=repair is None, buckets=buckets)
     return _gpu_finish(cv, ci, live, k, capacity, config, interp, finish_, block_map, repair,
                        buckets)
+  # TPU: threshold, compaction and finish are Mosaic kernels (`tpu.py`: no vector scatter)
+  cap = max(capacity, _tpu.LANES)
   gm = _tpu.group_max(xp, lengths, chunk=chunk, interpret=interp)
-  thr = lax.top_k(gm, k)[0][:, k - 1]
-  total = _tpu.count(xp, lengths, thr, chunk=chunk, interpret=interp)
-  xm = masked_rows(xp, lengths)
-  m = (xm >= thr[:, None]) & (xm > NEG_INF)
-  pos = jnp.where(m, jnp.cumsum(m, axis=1) - 1, capacity)  # capacity: dropped
-  rows = jnp.broadcast_to(jnp.arange(r)[:, None], pos.shape)
-  cv = jnp.full((r, capacity), NEG_INF, jnp.float32).at[rows, pos].set(xm, mode="drop")
-  ci = jnp.full((r, capacity), -1, jnp.int32).at[rows, pos].set(
-      jnp.broadcast_to(jnp.arange(n_pad, dtype=jnp.int32)[None], pos.shape), mode="drop")
+  thr = _tpu.threshold(gm, k, interpret=interp)
+  cv, ci, total = _tpu.compact(xp, lengths, thr, capacity=cap, interpret=interp)
 
   def filtered():
-    v, p = lax.top_k(cv, k)
-    return finish(v, jnp.take_along_axis(ci, p, axis=1))
+    v, i = _tpu.bitonic_finish(cv, ci, interpret=interp)
+    return finish(v[:, :k], i[:, :k])
 
-  return *lax.cond(jnp.all(total <= capacity), filtered,
+  return *lax.cond(jnp.all(total <= cap), filtered,
                    lambda: full_sort(x, lengths, k)), False, False
 
 
