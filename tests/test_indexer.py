@@ -498,3 +498,23 @@ def test_traced_out_of_range_inputs_follow_the_documented_rule(implementation):
     err.throw()
   err, _ = g(q, kc, jnp.asarray(ok), jnp.asarray([512, 300, 200], jnp.int32), w)
   err.throw()  # in range: no error
+
+
+@pytest.mark.parametrize("pages_per_step,steps", [(1, 1), (2, 4), (4, 2), (1, 8)])
+def test_tpu_decode_kernel_streams_runs_of_pages(pages_per_step, steps):
+  """The TPU decode kernel honours its config: a run of pages_per_step * steps pages per
+  program, pages_per_step copies per step double-buffered by hand (TPU interpret mode models
+  the DMAs and semaphores); ragged lengths leave runs partly or wholly dead, verifier rows
+  and fp8 scales ride along; it lowers for TPU with every tiling."""
+  rng = np.random.default_rng(pages_per_step * 10 + steps)
+  cfg = indexer_decode.DecodeConfig(pages_per_step=pages_per_step, steps_per_program=steps)
+  for key_dtype, rows in (("bfloat16", 1), ("float8_e4m3fn", 2)):
+    q, kc, table, lens, w, ks = random_paged(rng, 3, rows, 8, 64, 1100, 25, key_dtype)
+    out = indexer_decode.decode_scores(q, kc, table, lens, w, k_scale=ks, config=cfg,
+                                       platform=TPU_I)
+    assert_scores_close(out, np_indexer.paged(q, kc, table, lens, w, ks), reduction=8 * 64)
+  S = jax.ShapeDtypeStruct
+  export_for(lambda q, kc, t, l, w: indexer_decode.decode_scores(
+      q, kc, t, l, w, config=cfg, platform=KernelPlatform("tpu", False)), "tpu",
+      S((4, 1, 64, 128), jnp.bfloat16), S((512, 64, 128), jnp.bfloat16),
+      S((4, 128), jnp.int32), S((4,), jnp.int32), S((4, 1, 64), jnp.float32))
