@@ -252,3 +252,80 @@ def test_replay_matches_reference(explore):
     kept = obs[ri[0][ri[0] >= 0]].mean()
     assert abs((1 - kept) - out["miss_rate"][t, 0]) < 1e-6
     st = np_spin_update(st, np.where(obs, z, 0.0), obs & np.isfinite(z), length - 1, length, cfg)
+
+
+@pytest.mark.parametrize("reduction,pooling", [("A1", "max"), ("A1", "mean"), ("A2", "max")])
+@pytest.mark.parametrize("explore", ["random", "block-age", "staleness", "none"])
+def test_tpu_selection_kernel_matches_reference(reduction, pooling, explore):
+  """The TPU selection + compaction kernel (TPU interpret mode): the reference's masks, the
+  selected ids ascending, their count; ragged, cold and one-block requests; a width that cuts
+  the cold request."""
+  rng = np.random.default_rng(17)
+  cfg = spin.SpinConfig(block_size=B, topk=40, sparsity=0.5, explore_fraction=0.2,
+                        explore=explore, pooling=pooling, reduction=reduction,
+                        state_dtype="float32")
+  lengths = np.array([NB * B, 300, 201, 12, 250], np.int32)
+  st = _state(rng, cfg, lengths, continuous=explore == "staleness",
+              warm=[True, True, True, True, False])
+  key = jax.random.PRNGKey(8)
+  want = np.stack([np_spin_select(np_spin_state(st, i), int(l) - 1, int(l), cfg,
+                                  np_request_seed(key, i)) for i, l in enumerate(lengths)])
+  for width in (NB, 10):
+    masks, sel, counts, total = spin.select_compact_batched(
+        st, jnp.asarray(lengths - 1), jnp.asarray(lengths), cfg, key, width, kernel=True,
+        kind="tpu", interpret=True)
+    np.testing.assert_array_equal(np.asarray(masks), want)
+    np.testing.assert_array_equal(np.asarray(total), want.sum(1))
+    for i in range(5):
+      ids = np.flatnonzero(want[i])[:width]
+      np.testing.assert_array_equal(np.asarray(sel[i]),
+                                    np.concatenate([ids, -np.ones(width - ids.size, int)]))
+      assert int(counts[i]) == ids.size
+
+
+@pytest.mark.parametrize("reduction", ["A1", "A2"])
+def test_decode_step_on_tpu_kernels_matches_reference(reduction, monkeypatch):
+  """The serving step with the TPU kernels (selection, block-sparse decode scoring with
+  manual DMA, top-K; TPU interpret mode) against the reference, three steps."""
+  monkeypatch.setenv("JAXSPARSE_INTERPRET", "tpu")
+  jax.clear_caches()
+  try:
+    test_decode_step_matches_reference(reduction, "pallas")
+  finally:
+    jax.clear_caches()
+
+
+def test_tpu_spin_step_lowers_to_mosaic_kernels():
+  """For TPU the step's selection, scoring and top-K lower to Mosaic kernels; the selection
+  has no XLA sort (the one left is the top-K's overflow fallback)."""
+  from jaxsparse.backend import KernelPlatform
+  from pallas_kernels import indexer_decode, topk as ktopk
+  from tests.conftest import export_for
+  cfg = spin.SpinConfig(block_size=64, topk=2048, sparsity=0.4)
+  bsz, nb = 4, 2048
+  st = spin.init_state(nb * 64, cfg, (bsz,))
+  tpu = KernelPlatform("tpu", False)
+  width = spin.serving._aligned_width(spin.max_selected_blocks(nb, cfg), nb)
+
+  def select(state, lengths, key):
+    return spin.select_compact_batched(state, lengths - 1, lengths, cfg, key, width,
+                                       kernel=True, kind="tpu")
+
+  S = jax.ShapeDtypeStruct
+  shapes = (jax.tree.map(lambda a: S(a.shape, a.dtype), st), S((bsz,), jnp.int32),
+            S((2,), jnp.uint32))
+  text = export_for(select, "tpu", *shapes).mlir_module()
+  assert 'kernel_name = "jaxsparse_spin_select_tpu"' in text and "stablehlo.sort" not in text
+
+  def step(state, q, kc, table, lengths, w, key):
+    masks, sel, counts, _ = select(state, lengths, key)
+    z, _ = indexer_decode.block_sparse_scores(q[:, None], kc, table, lengths, w[:, None], sel,
+                                              counts, platform=tpu)
+    return ktopk.topk_rows(z[:, 0], lengths, cfg.topk, ktopk.TopkConfig(), tpu)
+
+  text = export_for(step, "tpu", *shapes[:1], S((bsz, 64, 128), jnp.bfloat16),
+                    S((4096, 64, 128), jnp.bfloat16), S((bsz, nb), jnp.int32), shapes[1],
+                    S((bsz, 64), jnp.float32), shapes[2]).mlir_module()
+  for name in ("spin_select_tpu", "decode_scores_tpu", "topk_threshold_tpu", "topk_compact_tpu",
+               "topk_bitonic_tpu"):
+    assert f'kernel_name = "jaxsparse_{name}"' in text, name

@@ -759,7 +759,6 @@ def test_tpu_topk_is_mosaic_kernels():
   k-th largest group maximum, the compaction keeps every candidate in index order (ties,
   -0.0, NaN, ragged rows, a row with fewer finite maxima than k), the finish sorts by value
   then index."""
-  from jax.experimental.pallas import tpu as _  # noqa: F401
   from pallas_kernels.topk import tpu as kt
   S = jax.ShapeDtypeStruct
   exp = export_for(lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(),

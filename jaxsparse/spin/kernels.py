@@ -25,7 +25,7 @@ def _score_bits(config: SpinConfig) -> int:
 def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
                            kernel: bool = False, interpret: bool = False, block_table=None,
                            num_pages: int = 0, advance_step: bool = False,
-                           select_warps: int = 8):
+                           select_warps: int = 8, kind: str = "gpu"):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
   blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32] [, next step
@@ -39,10 +39,23 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
   lengths repeated over rows of 32 (the inputs of the Mosaic block-sparse scoring kernel).
   advance_step adds state["step"] + 1 last (the kernel writes it in place of the step).
   select_warps: the selection kernel's warps per program.
+  kind="tpu" (with kernel=True; A1/A2): the TPU selection kernel
+  (`pallas_kernels.spin.tpu.select_compact_tpu`) ranks, picks and compacts; block scores and
+  priorities come from XLA; no pages or step outputs.
   pos None: lengths - 1 (computed in the kernels where they read it)."""
   kpos = pos
   if pos is None:
     pos = lengths - 1
+  if kernel and kind == "tpu" and config.reduction != "A0":
+    from pallas_kernels.spin.tpu import select_compact_tpu
+    s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
+    seeds = request_seeds(key, pos.shape[0])
+    prio = jax.vmap(_priorities, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, seeds)
+    n_exploit, n_explore = _budget(-(-lengths // config.block_size), config)
+    masks, sel, total = select_compact_tpu(s, prio, lengths, state["warm"], width, n_exploit,
+                                           n_explore, block=config.block_size,
+                                           interpret=interpret)
+    return masks, sel, jnp.minimum(total, width), total
   if not kernel or config.reduction == "A0":
     masks = select_blocks_batched(state, pos, lengths, config, key)
     out = (masks, *compact_blocks(masks, width), masks.sum(1).astype(jnp.int32))

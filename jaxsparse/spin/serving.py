@@ -134,8 +134,10 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   width = _aligned_width(max_selected_blocks(nb, config), nb)
   # the selection kernel also gathers the selected blocks' pages for the scoring kernel
   # and advances the step counters in place (the update kernel then reads the new ones)
+  tpu_kernels = impl == "pallas" and plat.kind == "tpu"  # the TPU selection kernel
   masks, sel_w, counts_w, picked, *extra = select_compact_batched(
-      state, None if kernels else pos, lengths, config, key, width, kernel=kernels,
+      state, None if kernels else pos, lengths, config, key, width,
+      kernel=kernels or tpu_kernels, kind=plat.kind,
       interpret=plat.interpret, block_table=block_table if kernels else None,
       num_pages=k_cache.shape[0] if kernels else 0, advance_step=kernels)
   pages = extra[:2]

@@ -30,7 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels._util import tpu_interpret_params
 
 __all__ = ["NEG_INF", "LANES", "COMPACT_CHUNK", "group_max", "count", "threshold", "compact",
-           "bitonic_finish"]
+           "bitonic_finish", "ordered_key", "lane_prefix", "to_front"]
 
 NEG_INF = float("-inf")
 LANES = 128
@@ -99,13 +99,13 @@ def count(x, lengths, thr, *, chunk: int, interpret: bool):
 # ----------------------------------------------------------------------------- threshold
 
 
-def _ordered(x):
+def ordered_key(x):
   """float32 -> int32 whose signed order is the float order (x has no NaN; -0.0 as +0.0)."""
   b = lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x), jnp.int32)
   return jnp.where(b < 0, b ^ 0x7FFFFFFF, b)
 
 
-def _from_ordered(s):
+def _fromordered_key(s):
   b = jnp.where(s < 0, s ^ 0x7FFFFFFF, s)
   return lax.bitcast_convert_type(b, jnp.float32)
 
@@ -115,7 +115,7 @@ def _threshold_kernel(m_ref, o_ref, *, k: int):
   the k-th largest, broadcast over the lanes, or -inf when fewer than k are finite. Bit b of
   the answer (as an unsigned key, from bit 31 down) is set when at least k keys reach the
   prefix with it set: 32 counts over the maxima, no sort."""
-  s = _ordered(m_ref[...])
+  s = ordered_key(m_ref[...])
   int_min = jnp.int32(_INT_MIN)
 
   def body(i, c):
@@ -124,8 +124,8 @@ def _threshold_kernel(m_ref, o_ref, *, k: int):
     return jnp.where(n >= k, cand, c)
 
   key = lax.fori_loop(0, 32, body, jnp.int32(0)) ^ int_min
-  t = _from_ordered(jnp.full((1, LANES), key, jnp.int32))
-  o_ref[...] = jnp.where(key < _ordered(jnp.float32(NEG_INF)), NEG_INF, t)
+  t = _fromordered_key(jnp.full((1, LANES), key, jnp.int32))
+  o_ref[...] = jnp.where(key < ordered_key(jnp.float32(NEG_INF)), NEG_INF, t)
 
 
 def threshold(gmax, k: int, *, interpret: bool):
@@ -148,7 +148,7 @@ def threshold(gmax, k: int, *, interpret: bool):
 # ---------------------------------------------------------------------------- compaction
 
 
-def _lane_prefix(ci, lane):
+def lane_prefix(ci, lane):
   """Inclusive prefix sums along the lanes of ci [S, 128] int32 (7 rotations)."""
   s = 1
   while s < LANES:
@@ -157,10 +157,10 @@ def _lane_prefix(ci, lane):
   return ci
 
 
-def _to_front(cand, v, ix, lane):
+def to_front(cand, v, ix, lane):
   """Move each row's candidates to its front lanes, in order (see the module docstring)."""
   ci = cand.astype(jnp.int32)
-  d = lane - (_lane_prefix(ci, lane) - ci)  # non-candidates before each lane
+  d = lane - (lane_prefix(ci, lane) - ci)  # non-candidates before each lane
   for b in range(7):
     sh = 1 << b
     left = lambda a: pltpu.roll(a, LANES - sh, 1)  # left(a)[l] = a[l + sh]
@@ -190,7 +190,7 @@ def _compact_kernel(len_ref, thr_ref, x_ref, v_ref, i_ref, t_ref, off_ref, *, ch
   x, idx = _valid(len_ref, x_ref, chunk)
   cand = (x >= thr_ref[r]) & (x > NEG_INF)
   lane = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-  v, ix = _to_front(cand, x, idx, lane)
+  v, ix = to_front(cand, x, idx, lane)
   row_lane = lax.broadcasted_iota(jnp.int32, (1, LANES), 1)
   off = off_ref[0]
   for s in range(x.shape[0]):
