@@ -283,10 +283,11 @@ def test_tpu_selection_kernel_matches_reference(reduction, pooling, explore):
       assert int(counts[i]) == ids.size
 
 
-@pytest.mark.parametrize("reduction", ["A1", "A2"])
+@pytest.mark.parametrize("reduction", ["A0", "A1", "A2"])
 def test_decode_step_on_tpu_kernels_matches_reference(reduction, monkeypatch):
-  """The serving step with the TPU kernels (selection, block-sparse decode scoring with
-  manual DMA, top-K; TPU interpret mode) against the reference, three steps."""
+  """The serving step with the TPU kernels (A1's block scores, selection, block-sparse decode
+  scoring with manual DMA, top-K, the slot update; TPU interpret mode) against the
+  reference, three steps."""
   monkeypatch.setenv("JAXSPARSE_INTERPRET", "tpu")
   jax.clear_caches()
   try:
@@ -296,8 +297,8 @@ def test_decode_step_on_tpu_kernels_matches_reference(reduction, monkeypatch):
 
 
 def test_tpu_spin_step_lowers_to_mosaic_kernels():
-  """For TPU the step's selection, scoring and top-K lower to Mosaic kernels; the selection
-  has no XLA sort (the one left is the top-K's overflow fallback)."""
+  """For TPU the step's block scores, selection, scoring, update and top-K lower to Mosaic
+  kernels; the selection has no XLA sort (the one left is the top-K's overflow fallback)."""
   from jaxsparse.backend import KernelPlatform
   from pallas_kernels import indexer_decode, topk as ktopk
   from tests.conftest import export_for
@@ -321,11 +322,50 @@ def test_tpu_spin_step_lowers_to_mosaic_kernels():
     masks, sel, counts, _ = select(state, lengths, key)
     z, _ = indexer_decode.block_sparse_scores(q[:, None], kc, table, lengths, w[:, None], sel,
                                               counts, platform=tpu)
-    return ktopk.topk_rows(z[:, 0], lengths, cfg.topk, ktopk.TopkConfig(), tpu)
+    new = spin.kernels.update_batched_tpu(state, z[:, 0], sel, lengths - 1, lengths, cfg)
+    return ktopk.topk_rows(z[:, 0], lengths, cfg.topk, ktopk.TopkConfig(), tpu), new
 
   text = export_for(step, "tpu", *shapes[:1], S((bsz, 64, 128), jnp.bfloat16),
                     S((4096, 64, 128), jnp.bfloat16), S((bsz, nb), jnp.int32), shapes[1],
                     S((bsz, 64), jnp.float32), shapes[2]).mlir_module()
-  for name in ("spin_select_tpu", "decode_scores_tpu", "topk_threshold_tpu", "topk_compact_tpu",
-               "topk_bitonic_tpu"):
+  for name in ("spin_block_scores_tpu", "spin_select_tpu", "decode_scores_tpu", "spin_update_tpu",
+               "topk_threshold_tpu", "topk_compact_tpu", "topk_bitonic_tpu"):
     assert f'kernel_name = "jaxsparse_{name}"' in text, name
+
+
+@pytest.mark.parametrize("decay", [0.3, 0.85])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("page", [16, 64])
+def test_tpu_block_scores_and_update_match_reference(decay, state_dtype, page):
+  """The TPU kernels for A1's max-pooled block scores and the slot update (TPU interpret
+  mode) against the float64 reference: scores exact (maxima of state values), V, D and VM
+  within one rounding of the stored EMA; a request ending mid-block and a one-slot request."""
+  from pallas_kernels.spin.tpu import block_scores_max_tpu, update_slots_tpu
+  from tests.reference import np_spin_block_scores
+  rng = np.random.default_rng(page)
+  cfg = spin.SpinConfig(block_size=page, topk=16, ema_decay=decay, state_dtype=state_dtype)
+  nb, width = 19, 9
+  sel, z, lengths = spin_selection_case(rng, 4, nb, page, width)
+  lengths = lengths.at[3].set(1)
+  sel = sel.at[3].set(jnp.asarray([0] + [-1] * (width - 1), jnp.int32))
+  slot = np.repeat(np.asarray(sel), page, 1) * page + np.tile(np.arange(page), width)
+  z = jnp.where(jnp.asarray(slot) < lengths[:, None], jnp.where(jnp.isfinite(z), z, 1.5),
+                -jnp.inf)
+  st = spin_state_case(rng, cfg, 4, nb, lengths)
+  got = np.asarray(block_scores_max_tpu(st["VM"], st["V"], st["D"], lengths, page=page,
+                                        interpret=True))
+  v, d, vm = update_slots_tpu(st["V"], st["D"], z, sel, lengths, page=page, decay=decay,
+                              interpret=True)
+  for i in range(4):
+    ref = np_spin_state(st, i)
+    length = int(lengths[i])
+    np.testing.assert_array_equal(got[i], np_spin_block_scores(ref, length - 1, length, cfg))
+    zs, obs = np.zeros(nb * page), np.zeros(nb * page, bool)
+    for c, blk in enumerate(np.asarray(sel[i])):
+      if blk >= 0:
+        zs[blk * page:(blk + 1) * page] = np.asarray(z[i, c * page:(c + 1) * page])
+        obs[blk * page:(blk + 1) * page] = True
+    want = np_spin_update(ref, np.where(np.isfinite(zs), zs, 0.0), obs, length - 1, length, cfg)
+    for k, a in (("V", v), ("D", d), ("VM", vm)):
+      np.testing.assert_allclose(np.asarray(a[i], np.float64), want[k], **_ema_tol(cfg),
+                                 err_msg=f"{k} {i}")

@@ -10,7 +10,7 @@ from jaxsparse.spin.algorithm import (_budget, _priorities, block_scores, compac
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 
 __all__ = [
-    "select_compact_batched", "update_batched"
+    "select_compact_batched", "update_batched", "update_batched_tpu"
 ]
 
 
@@ -40,15 +40,20 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
   advance_step adds state["step"] + 1 last (the kernel writes it in place of the step).
   select_warps: the selection kernel's warps per program.
   kind="tpu" (with kernel=True; A1/A2): the TPU selection kernel
-  (`pallas_kernels.spin.tpu.select_compact_tpu`) ranks, picks and compacts; block scores and
-  priorities come from XLA; no pages or step outputs.
+  (`pallas_kernels.spin.tpu.select_compact_tpu`) ranks, picks and compacts, and A1's
+  max-pooled block scores come from `block_scores_max_tpu`; other poolings and the
+  priorities from XLA; no pages or step outputs.
   pos None: lengths - 1 (computed in the kernels where they read it)."""
   kpos = pos
   if pos is None:
     pos = lengths - 1
   if kernel and kind == "tpu" and config.reduction != "A0":
-    from pallas_kernels.spin.tpu import select_compact_tpu
-    s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
+    from pallas_kernels.spin.tpu import block_scores_max_tpu, select_compact_tpu
+    if config.reduction == "A1" and config.pooling == "max" and config.block_size <= 128:
+      s = block_scores_max_tpu(state["VM"], state["V"], state["D"], lengths,
+                               page=config.block_size, interpret=interpret)
+    else:
+      s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
     seeds = request_seeds(key, pos.shape[0])
     prio = jax.vmap(_priorities, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, seeds)
     n_exploit, n_explore = _budget(-(-lengths // config.block_size), config)
@@ -112,3 +117,29 @@ def update_batched(state, scores, sel, pos, lengths, config: SpinConfig, *, grou
                               group=group, blocks_per_program=blocks_per_program,
                               stepped=stepped, num_warps=num_warps, interpret=interpret)
   return {**state, **upd}, gm  # the kernel wrote step and warm
+
+
+def update_batched_tpu(state, scores, sel, pos, lengths, config: SpinConfig, *,
+                       interpret: bool = False):
+  """The step's EMA update on TPU: A0/A1's slot states V, D and VM by the TPU kernel
+  (`pallas_kernels.spin.tpu.update_slots_tpu`: the selected blocks' scores placed on their
+  slots in VMEM, V and D updated, D through an in-kernel flip onto offsets), the [nb]-sized
+  block states (VB, DB, ages, step, warm) in XLA; A2 updates block states only (XLA).
+  scores [B, W * b] of the selected blocks sel [B, W], pos/lengths [B] -> the new state."""
+  from jaxsparse.spin.algorithm import _selected_block_states, update_block_states
+  from pallas_kernels.spin.tpu import update_slots_tpu
+  if config.reduction == "A2" or config.block_size > 128:
+    if config.reduction == "A2":
+      return update_block_states(state, scores, sel, pos, lengths, config)
+    from jaxsparse.spin.algorithm import update_blocks
+    return jax.vmap(update_blocks, in_axes=(0, 0, 0, 0, 0, None))(state, scores, sel, pos,
+                                                                   lengths, config)
+  b = config.block_size
+  bsz, width = sel.shape
+  v, d, vm = update_slots_tpu(state["V"], state["D"], scores, sel, lengths, page=b,
+                              decay=config.ema_decay, interpret=interpret)
+  slot = sel[:, :, None] * b + jnp.arange(b)
+  obs = (sel[:, :, None] >= 0) & (slot < lengths[:, None, None])
+  blk_w = jnp.where(obs, scores.reshape(bsz, width, b).astype(jnp.float32), NEG_INF).max(-1)
+  return {"V": v, "D": d, "VM": vm,
+          **_selected_block_states(state, sel, blk_w, pos, lengths, config)}

@@ -11,7 +11,7 @@ from jaxsparse.spin.algorithm import (compact_blocks, realized_sparsity, select_
                                       update_block_states, update_blocks)
 from jaxsparse.indexer import sanitize_paged
 from jaxsparse.spin.config import NEG_INF, SpinConfig
-from jaxsparse.spin.kernels import select_compact_batched, update_batched
+from jaxsparse.spin.kernels import select_compact_batched, update_batched, update_batched_tpu
 
 __all__ = [
     "decode_step", "decode_step_rows", "commit", "max_selected_blocks", "ALIGN_BLOCKS"
@@ -153,6 +153,8 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
       new, gm = update_batched(state, z, sel, None, lengths, config,
                                group=_fused_group(*z.shape, config, tcfg),
                                interpret=plat.interpret, stepped=True)
+    elif tpu_kernels:
+      new = update_batched_tpu(state, z, sel, pos, lengths, config, interpret=plat.interpret)
     elif config.reduction == "A2":  # block states only: V and D are never read under A2
       new = update_block_states(state, z, sel, pos, lengths, config)
     else:
