@@ -162,3 +162,110 @@ def test_bench_prefill_command_on_emulated_devices(tmp_path):
   assert {(r["devices"], r["strategy"]) for r in rows} == {(1, "allgather"), (1, "ring"),
                                                            (2, "allgather"), (2, "ring")}
   assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+MULTI = r'''
+import json, sys
+import numpy as np, jax
+pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+try:
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+except Exception:
+  pass
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                           process_id=pid)
+from jaxsparse.distributed import sharded_prefill_topk
+n, h, d, K = 300, 4, 32, 24
+rng = np.random.default_rng(0)
+q = rng.standard_normal((n, h, d)).astype(np.float32)
+w = rng.uniform(0, 1, (n, h)).astype(np.float32)
+k = rng.standard_normal((n, d)).astype(np.float32)
+mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+res = {"process_count": jax.process_count(), "devices": len(jax.devices())}
+for strat in ("allgather", "ring"):
+  v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, block=32)
+  res[strat] = i.tolist()
+json.dump(res, open(out, "w"))
+jax.distributed.shutdown()
+'''
+
+
+def test_two_processes_match_one_device(tmp_path):
+  """`jax.distributed.initialize` in two CPU processes with 2 devices each (4 in the mesh,
+  gloo collectives): both processes get the whole result, equal to one device's."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  procs = [subprocess.Popen([sys.executable, "-c", MULTI, str(pid), str(port),
+                             str(tmp_path / f"p{pid}.json")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for pid in (0, 1)]
+  for p in procs:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+  outs = [json.loads((tmp_path / f"p{pid}.json").read_text()) for pid in (0, 1)]
+  from jaxsparse.distributed import sharded_prefill_topk
+  rng = np.random.default_rng(0)
+  n, h, d, K = 300, 4, 32, 24
+  q = rng.standard_normal((n, h, d)).astype(np.float32)
+  w = rng.uniform(0, 1, (n, h)).astype(np.float32)
+  k = rng.standard_normal((n, d)).astype(np.float32)
+  import jax
+  one = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  _, want = sharded_prefill_topk(q, w, k, K, mesh=one, block=32)
+  for o in outs:
+    assert o["process_count"] == 2 and o["devices"] == 4
+    for strat in ("allgather", "ring"):
+      np.testing.assert_array_equal(np.asarray(o[strat]), want, err_msg=strat)
+
+
+IVF_SCRIPT = r'''
+import json
+import numpy as np, jax
+from jaxsparse import ivf
+from jaxsparse.distributed import sharded_ivf_prefill_topk
+rng = np.random.default_rng(0)
+n, h, d = 900, 2, 16  # ragged: not whole windows, chunks or shards
+k = (rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d)))
+k, q = k.astype(np.float32), rng.standard_normal((n, h, d)).astype(np.float32)
+w = rng.uniform(0, 1, (n, h)).astype(np.float32)
+z = np.einsum("ths,th->ts", np.maximum(np.einsum("thd,sd->ths", q, k), 0), w)
+z = np.where(np.arange(n)[None] <= np.arange(n)[:, None], z, -np.inf)
+ref = np.argsort(-z, axis=1, kind="stable")[:, :16]
+recall = lambda sel: float(np.mean([np.isin(ref[t], sel[t]).mean() for t in range(100, n)]))
+out = {}
+for refit in (0, 256):
+  cfg = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16,
+                      refit_interval=refit, sink=4)
+  want, wnum = ivf.prefill_topk(q, w, k, cfg)
+  out[f"single-{refit}"] = recall(want)
+  for p in (1, 2, 4, 8):
+    got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:p])
+    out[f"{p}-{refit}"] = {"same": bool(np.array_equal(got, want)),
+                          "num_same": bool(np.array_equal(num, wnum)), "recall": recall(got),
+                          "budget": int(num.max())}
+print(json.dumps(out))
+'''
+
+
+def test_sharded_attention_index(tmp_path):
+  """AttentionIndex with one index per shard, on 1, 2, 4 and 8 emulated devices, a ragged
+  sequence: seal only, every device count gives exactly one device's top-K and candidate
+  counts (a window is sealed by the same k-means wherever it lives); with refits, one shard
+  is exactly one device, and more shards (each refitting its own keys) keep recall within
+  a few points at 2 shards; candidates never exceed the budget."""
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  out = json.loads(res.stdout.strip().splitlines()[-1])
+  for p in (1, 2, 4, 8):
+    assert out[f"{p}-0"]["same"] and out[f"{p}-0"]["num_same"], p
+    assert out[f"{p}-256"]["budget"] <= 160
+  assert out["1-256"]["same"]
+  assert out["2-256"]["recall"] >= out["single-256"] - 0.03, out
+  assert out["8-256"]["recall"] >= 0.6, out

@@ -512,7 +512,7 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
   np.testing.assert_allclose(np.asarray(v), rv, rtol=1e-5)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
 def test_order_free_finishes_any_order(log_cap, seed, ties):
   """The bitonic (one kernel, or split into sorted runs then merges or a rank merge), and rank
@@ -567,7 +567,7 @@ def test_rank_merge_places_every_entry():
     np.testing.assert_array_equal(np.asarray(v), np.take_along_axis(x, want, 1))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), spread=st.sampled_from([1, 3, 1000]),
        n=st.integers(3000, 9000), k=st.sampled_from([64, 256]))
 def test_compaction_is_exact(seed, spread, n, k):

@@ -26,6 +26,8 @@ Maintenance (paper, "How is the index built during computation?"):
                       settle their membership are compared with every center.
 Each call returns a new state: a version. A query at position n may use a version only when
 its grouped_end <= n + 1, so no query ever ranks a group holding a key after its position.
+`sink` (optional, may be traced) overrides config.sink for one call: a shard of a sharded
+index holds the sequence's sinks only if it holds its start (`jaxsparse.distributed.ivf`).
 """
 from __future__ import annotations
 
@@ -89,8 +91,9 @@ def _group_stats(assign, keys, g):
   return sizes, sums, jnp.maximum(last, -1)
 
 
-def _seal(state, keys, p, config):
-  w, cs, sink = config.seal_window, config.cluster_size, config.sink
+def _seal(state, keys, p, config, sink=None):
+  w, cs = config.seal_window, config.cluster_size
+  sink = config.sink if sink is None else sink
   gw = w // cs
   start = p - w
   win = jax.lax.dynamic_slice_in_dim(keys, start, w).astype(jnp.float32)  # [W, D]
@@ -130,12 +133,13 @@ def _seal(state, keys, p, config):
           "groups": state["groups"] + gw, "grouped_end": jnp.asarray(p, jnp.int32)}
 
 
-def _refit(state, keys, p, config):
+def _refit(state, keys, p, config, sink=None):
+  sink = config.sink if sink is None else sink
   n = keys.shape[0]
   g = state["sizes"].shape[0]
   kf = keys.astype(jnp.float32)
   pos = jnp.arange(n)
-  grouped = (pos >= config.sink) & (pos < p)
+  grouped = (pos >= sink) & (pos < p)
   used = jnp.arange(g) < state["groups"]
   centers = state["centers"]
   assign, upper, lower = state["assign"], state["upper"], state["lower"]

@@ -1,0 +1,115 @@
+"""AttentionIndex prefill sharded over devices: each device keeps the index of its own keys.
+
+The sequence is cut into 2P chunks of whole seal windows and device d holds chunks d and
+2P-1-d (zig-zag, as `sharded_prefill_topk`). Every window is sealed on the device that holds
+it, by the same k-means on the same keys as on one device; a refit regroups each device's own
+keys before the refit point (the index of a shard covers only its keys). A version's groups
+are the union of every shard's groups, numbered as one device numbers them (by the window that
+created the group's slot), so queries rank all shards' representatives together and the
+candidate packing, scoring and top-K are those of `jaxsparse.ivf.prefill_topk`. Without
+refits (`refit_interval=0`) the result is exactly one device's for any device count; with
+refits the groups of a shard are fitted to fewer keys.
+
+The device arrays of a shard (its keys and index state) stay on that device, and each query
+chunk is scored on the device that holds its queries; jax dispatches to the devices
+asynchronously, so the shards' seals, refits and scoring overlap. One process drives every
+device (for several hosts, `sharded_prefill_topk` is the multi-controller path).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse.ivf import index
+from jaxsparse.ivf.prefill import _chunk_topk
+
+__all__ = ["sharded_ivf_prefill_topk"]
+
+
+def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
+  """Every query's AttentionIndex top-K with the index sharded over `devices`.
+
+  q [N, H, D], w [N, H], k [N, D] float (query n at position n sees keys 0..n); config:
+  `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all). Returns (indices
+  [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32), as
+  `jaxsparse.ivf.prefill_topk`.
+  """
+  from jaxsparse.ivf.evaluation import _exact
+  q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
+  n = k.shape[0]
+  if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
+    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
+                     f"[N, H, D], [N, H], [N, D]")
+  devices = list(devices or jax.devices())
+  if not devices:
+    raise ValueError("devices must not be empty")
+  p_dev, wnd, d = len(devices), config.seal_window, k.shape[1]
+  gw = wnd // config.cluster_size
+  c = -(-n // (2 * p_dev * wnd)) * wnd  # chunk length: whole windows
+  holder = lambda chunk: chunk if chunk < p_dev else 2 * p_dev - 1 - chunk
+  local_pos = [np.concatenate([np.arange(e * c, (e + 1) * c),
+                               np.arange((2 * p_dev - 1 - e) * c, (2 * p_dev - e) * c)])
+               for e in range(p_dev)]
+  kpad = np.concatenate([k, np.zeros((2 * p_dev * c - n, d), k.dtype)])
+  k_loc = [jax.device_put(kpad[lp], dev) for lp, dev in zip(local_pos, devices)]
+  sinks = [jax.device_put(jnp.int32(config.sink if e == 0 else 0), dev)
+           for e, dev in enumerate(devices)]
+  states = [jax.device_put(index.init_state(2 * c, d, config), dev) for dev in devices]
+  slot_gid = [np.full(index.group_capacity(2 * c, config), -1, np.int64) for _ in devices]
+  used = [0] * p_dev
+  k_all = [jax.device_put(k, dev) for dev in devices]
+  g_cap = index.group_capacity(n, config)
+  assign = np.full(n, -1, np.int32)
+  topk = min(config.topk, n)
+  out_idx = np.full((n, topk), -1, np.int32)
+  out_num = np.zeros(n, np.int32)
+  first = min(wnd - 1, n)
+  if first:
+    pos = jnp.arange(first, dtype=jnp.int32)
+    out_idx[:first] = np.asarray(_exact(q[:first], w[:first], k, pos, topk)[1])
+    out_num[:first] = np.arange(1, first + 1)
+
+  def local_prefix(e, p):  # a shard's keys before global position p: a prefix of its array
+    return (min(max(p - e * c, 0), c) + min(max(p - (2 * p_dev - 1 - e) * c, 0), c))
+
+  def export(e):  # the shard's assignment in global group ids, onto global positions
+    a = np.asarray(states[e]["assign"])
+    lp = local_pos[e]
+    ok = (a >= 0) & (lp < n)
+    assign[lp[ok]] = slot_gid[e][a[ok]]
+
+  pending = []
+  for v in range(1, n // wnd + 1):
+    p = v * wnd
+    e = holder((p - wnd) // c)
+    states[e] = index.seal(states[e], k_loc[e], local_prefix(e, p), config=config,
+                           sink=sinks[e])
+    slot_gid[e][used[e]:used[e] + gw] = (p - wnd) // wnd * gw + np.arange(gw)
+    used[e] += gw
+    if config.refit_interval and p % config.refit_interval == 0:
+      for f in range(p_dev):
+        if local_prefix(f, p) > 0:
+          states[f] = index.refit(states[f], k_loc[f], local_prefix(f, p), config=config,
+                                  sink=sinks[f])
+      for f in range(p_dev):
+        export(f)
+    else:
+      export(e)
+    lo, hi = p - 1, min(p - 1 + wnd, n)
+    if lo >= hi:
+      continue
+    dev = devices[holder(lo // c)]
+    ga = jax.device_put(jnp.asarray(assign), dev)
+    part = {"assign": ga, "sizes": jnp.zeros((g_cap,), jnp.int32)}
+    reps = index.representatives(part, k_all[devices.index(dev)])
+    sizes, _, last = index._group_stats(ga, k_all[devices.index(dev)], g_cap)
+    put = lambda x: jax.device_put(x, dev)
+    res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), k_all[devices.index(dev)], reps, sizes,
+                      last, ga, put(jnp.full((hi - lo,), p, jnp.int32)),
+                      put(jnp.arange(lo, hi, dtype=jnp.int32)), topk=topk,
+                      budget=config.budget, sink=config.sink, window=wnd)
+    pending.append((lo, hi, res))
+  for lo, hi, (idx, num) in pending:
+    out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
+  return out_idx, out_num
