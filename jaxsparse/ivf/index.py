@@ -26,7 +26,9 @@ Maintenance (paper, "How is the index built during computation?"):
                       settle their membership are compared with every center.
 Each call returns a new state: a version. A query at position n may use a version only when
 its grouped_end <= n + 1, so no query ever ranks a group holding a key after its position.
-`sink` (optional, may be traced) overrides config.sink for one call: a shard of a sharded
+`platform` (a `pallas_kernels.KernelPlatform`, optional) runs the assignment step as the
+Pallas kernel (`pallas_kernels.ivf.assign_nearest`). `sink` (optional, may be traced)
+overrides config.sink for one call: a shard of a sharded
 index holds the sequence's sinks only if it holds its start (`jaxsparse.distributed.ivf`).
 """
 from __future__ import annotations
@@ -91,7 +93,21 @@ def _group_stats(assign, keys, g):
   return sizes, sums, jnp.maximum(last, -1)
 
 
-def _seal(state, keys, p, config, sink=None):
+def _nearest(x, centers, used, platform):
+  """(nearest used center, ties to the lower id; its squared distance; the second smallest)
+  for keys x [M, D]: the Pallas kernel (`pallas_kernels.ivf.assign_nearest`) when platform is
+  given, else XLA."""
+  if platform is not None:
+    from pallas_kernels.ivf import assign_nearest
+    return assign_nearest(x, centers, used, platform=platform)
+  d = jnp.where(used[None, :], _sqdist(x, centers), jnp.inf)
+  a = jnp.argmin(d, axis=1).astype(jnp.int32)
+  d1 = jnp.take_along_axis(d, a[:, None], 1)[:, 0]
+  d2 = jnp.min(jnp.where(jnp.arange(d.shape[1])[None, :] == a[:, None], jnp.inf, d), axis=1)
+  return a, d1, d2
+
+
+def _seal(state, keys, p, config, sink=None, platform=None):
   w, cs = config.seal_window, config.cluster_size
   sink = config.sink if sink is None else sink
   gw = w // cs
@@ -104,28 +120,27 @@ def _seal(state, keys, p, config, sink=None):
   pick = first + (jnp.arange(gw) * (w - first)) // gw
   centers = win[pick]
 
+  every = jnp.ones((gw,), bool)
+
   def lloyd(_, c):
-    a = jnp.argmin(_sqdist(win, c), axis=1)
+    a = _nearest(win, c, every, platform)[0]
     oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
     cnt = oh.sum(0)
     return jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], c)
 
   centers = jax.lax.fori_loop(0, config.seal_iters, lloyd, centers)
-  d = _sqdist(win, centers)
-  a = jnp.argmin(d, axis=1)
+  a = _nearest(win, centers, every, platform)[0]
   oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
   cnt = oh.sum(0)
   centers = jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], centers)
-  d = _sqdist(win, centers)
-  a = jnp.argmin(d, axis=1).astype(jnp.int32)
+  a, d1, d2 = _nearest(win, centers, every, platform)
   gid = jnp.where(valid, state["groups"] + a, -1)
   assign = jax.lax.dynamic_update_slice_in_dim(state["assign"], gid, start, 0)
   g = state["sizes"].shape[0]
   centers_all = jax.lax.dynamic_update_slice_in_dim(state["centers"], centers,
                                                     state["groups"], 0)
   sizes, _, last = _group_stats(assign, keys, g)
-  own = jnp.sqrt(jnp.take_along_axis(d, a[:, None], 1)[:, 0])
-  other = jnp.sqrt(jnp.min(jnp.where(jax.nn.one_hot(a, gw, dtype=bool), jnp.inf, d), axis=1))
+  own, other = jnp.sqrt(d1), jnp.sqrt(d2)
   upper = jax.lax.dynamic_update_slice_in_dim(state["upper"], own, start, 0)
   lower = jax.lax.dynamic_update_slice_in_dim(state["lower"], other, start, 0)
   return {**state, "assign": assign, "rank": _members_rank(assign, g), "sizes": sizes,
@@ -133,7 +148,7 @@ def _seal(state, keys, p, config, sink=None):
           "groups": state["groups"] + gw, "grouped_end": jnp.asarray(p, jnp.int32)}
 
 
-def _refit(state, keys, p, config, sink=None):
+def _refit(state, keys, p, config, sink=None, platform=None):
   sink = config.sink if sink is None else sink
   n = keys.shape[0]
   g = state["sizes"].shape[0]
@@ -161,10 +176,7 @@ def _refit(state, keys, p, config, sink=None):
     idx = jnp.nonzero(todo, size=cap, fill_value=n)[0]
     ok = idx < n
     safe = jnp.minimum(idx, n - 1)
-    d = jnp.where(used[None, :], _sqdist(kf[safe], centers), jnp.inf)  # [cap, G]
-    a = jnp.argmin(d, axis=1).astype(jnp.int32)
-    d1 = jnp.take_along_axis(d, a[:, None], 1)[:, 0]
-    d2 = jnp.min(jnp.where(jnp.arange(g)[None, :] == a[:, None], jnp.inf, d), axis=1)
+    a, d1, d2 = _nearest(kf[safe], centers, used, platform)  # against every used center
     tgt = jnp.where(ok, idx, n)
     assign = assign.at[tgt].set(a, mode="drop")
     upper = upper.at[tgt].set(jnp.sqrt(d1), mode="drop")
@@ -187,8 +199,8 @@ def _refit(state, keys, p, config, sink=None):
           "refit_groups": state["groups"], "compared": total.astype(jnp.int32)}
 
 
-seal = jax.jit(_seal, static_argnames=("config",))
-refit = jax.jit(_refit, static_argnames=("config",))
+seal = jax.jit(_seal, static_argnames=("config", "platform"))
+refit = jax.jit(_refit, static_argnames=("config", "platform"))
 
 
 def representatives(state, keys, corrector=None):

@@ -17,28 +17,38 @@ from jaxsparse.ivf import candidates, index
 __all__ = ["prefill_topk"]
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window"))
+@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform"))
 def _chunk_topk(q, w, k, reps, sizes, last, assign, grouped_end, positions, *, topk, budget,
-                sink, window):
+                sink, window, platform=None):
   g = sizes.shape[0]
   valid = (sizes[None, :] > 0) & (last[None, :] < grouped_end[:, None])
-  gs = candidates.representative_scores(q, w, reps, valid)
+  if platform is None:
+    gs = candidates.representative_scores(q, w, reps, valid)
+  else:
+    from pallas_kernels import ivf as kivf
+    gs = kivf.representative_scores(q, w, reps, valid, platform=platform)
   members, offsets = candidates.inverted_lists(assign, g)
   idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end, positions,
                                           budget=budget, sink=sink, window=window)
-  kc = k[jnp.maximum(idx, 0)].astype(jnp.float32)  # [Q, S, D]
-  s = jnp.einsum("qhd,qsd->qhs", q.astype(jnp.float32), kc)
-  z = jnp.einsum("qhs,qh->qs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
-  z = jnp.where(idx >= 0, z, -jnp.inf)
+  if platform is None:
+    kc = k[jnp.maximum(idx, 0)].astype(jnp.float32)  # [Q, S, D]
+    s = jnp.einsum("qhd,qsd->qhs", q.astype(jnp.float32), kc)
+    z = jnp.einsum("qhs,qh->qs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+    z = jnp.where(idx >= 0, z, -jnp.inf)
+  else:  # the keys are gathered inside the kernel: no [Q, S, D] array
+    from pallas_kernels import ivf as kivf
+    z = kivf.gathered_scores(q, w, k, idx, platform=platform)
   v, j = jax.lax.top_k(z, topk)
   return jnp.where(jnp.isfinite(v), jnp.take_along_axis(idx, j, 1), -1), num
 
 
-def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
+def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=None):
   """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
 
   q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
-  score every key. Returns (indices [N, topk] int32, -1 where fewer keys are visible;
+  score every key. implementation: None (Pallas kernels on GPU/TPU, XLA on a CPU), "xla" or
+  "pallas" (the k-means assignment, representative scoring and gathered-candidate scoring
+  kernels of `pallas_kernels.ivf`; interpret mode without an accelerator). Returns (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
   from jaxsparse.ivf.evaluation import _exact, _resolve_corrector
@@ -47,6 +57,9 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
     raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
                      f"[N, H, D], [N, H], [N, D]")
+  from jaxsparse import _checks, backend
+  _checks.check_implementation(implementation)
+  plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   corrector = _resolve_corrector(corrector, layer)
   topk, wnd = min(config.topk, n), config.seal_window
   out_idx = np.full((n, topk), -1, np.int32)
@@ -59,9 +72,9 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
   state = index.init_state(n, k.shape[1], config)
   for v in range(1, n // wnd + 1):
     p = v * wnd
-    state = index.seal(state, k, p, config=config)
+    state = index.seal(state, k, p, config=config, platform=plat)
     if config.refit_interval and p % config.refit_interval == 0:
-      state = index.refit(state, k, p, config=config)
+      state = index.refit(state, k, p, config=config, platform=plat)
     lo, hi = p - 1, min(p - 1 + wnd, n)
     if lo >= hi:
       continue
@@ -70,6 +83,6 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None):
     gend = jnp.full((hi - lo,), state["grouped_end"], jnp.int32)
     idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, state["sizes"], state["last"],
                            state["assign"], gend, pos, topk=topk, budget=config.budget,
-                           sink=config.sink, window=wnd)
+                           sink=config.sink, window=wnd, platform=plat)
     out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
   return out_idx, out_num

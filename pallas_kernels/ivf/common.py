@@ -1,0 +1,44 @@
+"""Kernel bodies shared by the GPU (Triton) and TPU (Mosaic) builds: plain jnp on refs."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+__all__ = ["assign_body"]
+
+INF = float("inf")
+
+
+def assign_body(x_ref, c_ref, cn_ref, a_ref, d1_ref, d2_ref, *, num_centers: int,
+                block_c: int, dot):
+  """One program: keys x_ref [bm, D] against every center (c_ref [Gp, D], cn_ref [1, Gp]
+  squared norms, +inf for unused slots) -> a_ref, d1_ref, d2_ref [bm, 1]: the nearest
+  center (ties to the lower id), its squared distance and the second smallest (Hamerly's
+  bounds), distances as |x|^2 - 2 x.c + |c|^2 clamped at 0, as the XLA path computes them.
+  Centers are visited block_c at a time with a running minimum, second minimum and argmin."""
+  x = x_ref[...].astype(jnp.float32)
+  bm = x.shape[0]
+  xn = jnp.sum(x * x, axis=1, keepdims=True)
+  big = jnp.int32(2 ** 30)
+
+  def step(j, carry):
+    best, arg, second = carry
+    c = c_ref[pl.ds(j * block_c, block_c), :].astype(jnp.float32)
+    cn = cn_ref[:, pl.ds(j * block_c, block_c)]
+    d = jnp.maximum(xn - 2.0 * dot(x, c) + cn, 0.0)
+    d = jnp.where(cn < INF, d, INF)  # unused slots
+    col = j * block_c + lax.broadcasted_iota(jnp.int32, d.shape, 1)
+    m = jnp.min(d, axis=1, keepdims=True)
+    a = jnp.min(jnp.where(d == m, col, big), axis=1, keepdims=True)
+    s = jnp.min(jnp.where(col == a, INF, d), axis=1, keepdims=True)
+    better = m < best
+    second = jnp.where(better, jnp.minimum(best, s), jnp.minimum(second, m))
+    return jnp.where(better, m, best), jnp.where(better, a, arg), second
+
+  init = (jnp.full((bm, 1), INF, jnp.float32), jnp.zeros((bm, 1), jnp.int32),
+          jnp.full((bm, 1), INF, jnp.float32))
+  best, arg, second = lax.fori_loop(0, num_centers // block_c, step, init)
+  a_ref[...] = arg
+  d1_ref[...] = best
+  d2_ref[...] = second
