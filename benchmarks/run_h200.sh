@@ -10,6 +10,7 @@
 #   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
 #   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces: 8K (all layers) and
 #                    32K (extrapolated, three layers, the paper's W / group size / refit R)
+#   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
 # CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
 # TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes).
@@ -51,6 +52,9 @@ for what in "$@"; do
         --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 --cluster-size 128 \
         --refit-interval 8192 --queries 256 --out "$OUT/ivf_recall_32k" 2>&1 \
         | tee "$OUT/ivf_recall_32k.log" | tail -4 ;;
+    ivf-prefill)
+      python3 benchmarks/bench_ivf_prefill.py --out "$OUT/ivf_prefill.json" 2>&1 \
+        | tee "$OUT/ivf_prefill.log" | tail -8 ;;
     *) echo "unknown target $what"; exit 2 ;;
   esac
 done

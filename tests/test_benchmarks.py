@@ -53,3 +53,10 @@ def test_spin_studies_quick(tmp_path):
   _run("spin_studies.py", "--quick", "--out", str(tmp_path / "s"))
   data = json.loads((tmp_path / "s.json").read_text())
   assert data["sweep"] and "per_layer" in data["sweep"][0] and data["table1"]["average"]
+
+
+def test_ivf_prefill_benchmark_quick(tmp_path):
+  _run("bench_ivf_prefill.py", "--quick", "--out", str(tmp_path / "p.json"))
+  data = json.loads((tmp_path / "p.json").read_text())
+  assert [r["tokens"] for r in data["rows"]] == [512, 1024]
+  assert all(0.5 < r["recall"] <= 1 and r["ivf_s"] > 0 for r in data["rows"])
