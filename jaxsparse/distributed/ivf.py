@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import index
-from jaxsparse.ivf.prefill import _chunk_topk
+from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal
 
 __all__ = ["sharded_ivf_prefill_topk"]
 
@@ -35,7 +35,6 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32), as
   `jaxsparse.ivf.prefill_topk`.
   """
-  from jaxsparse.ivf.evaluation import _exact
   q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
@@ -62,13 +61,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   g_cap = index.group_capacity(n, config)
   assign = np.full(n, -1, np.int32)
   topk = min(config.topk, n)
-  out_idx = np.full((n, topk), -1, np.int32)
-  out_num = np.zeros(n, np.int32)
-  first = min(wnd - 1, n)
-  if first:
-    pos = jnp.arange(first, dtype=jnp.int32)
-    out_idx[:first] = np.asarray(_exact(q[:first], w[:first], k, pos, topk)[1])
-    out_num[:first] = np.arange(1, first + 1)
+  out_idx, out_num = exact_before_first_seal(q, w, k, config)
 
   def local_prefix(e, p):  # a shard's keys before global position p: a prefix of its array
     return (min(max(p - e * c, 0), c) + min(max(p - (2 * p_dev - 1 - e) * c, 0), c))

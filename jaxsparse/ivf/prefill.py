@@ -42,6 +42,23 @@ def _chunk_topk(q, w, k, reps, sizes, last, assign, grouped_end, positions, *, t
   return jnp.where(jnp.isfinite(v), jnp.take_along_axis(idx, j, 1), -1), num
 
 
+def exact_before_first_seal(q, w, k, config):
+  """The output arrays of a prefill (indices [N, topk] int32 -1, num_candidates [N] int32)
+  with the queries before the first seal (positions < seal_window - 1) filled: they score
+  every visible key."""
+  from jaxsparse.ivf.evaluation import _exact
+  n = k.shape[0]
+  topk = min(config.topk, n)
+  out_idx = np.full((n, topk), -1, np.int32)
+  out_num = np.zeros(n, np.int32)
+  first = min(config.seal_window - 1, n)
+  if first:
+    pos = jnp.arange(first, dtype=jnp.int32)
+    out_idx[:first] = np.asarray(_exact(q[:first], w[:first], k, pos, topk)[1])
+    out_num[:first] = np.arange(1, first + 1)
+  return out_idx, out_num
+
+
 def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=None):
   """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
 
@@ -51,7 +68,7 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
   kernels of `pallas_kernels.ivf`; interpret mode without an accelerator). Returns (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
-  from jaxsparse.ivf.evaluation import _exact, _resolve_corrector
+  from jaxsparse.ivf.evaluation import _resolve_corrector
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
@@ -62,13 +79,7 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   corrector = _resolve_corrector(corrector, layer)
   topk, wnd = min(config.topk, n), config.seal_window
-  out_idx = np.full((n, topk), -1, np.int32)
-  out_num = np.zeros(n, np.int32)
-  first = min(wnd - 1, n)
-  if first:
-    pos = jnp.arange(first, dtype=jnp.int32)
-    out_idx[:first] = np.asarray(_exact(q[:first], w[:first], k, pos, topk)[1])
-    out_num[:first] = np.arange(1, first + 1)
+  out_idx, out_num = exact_before_first_seal(q, w, k, config)
   state = index.init_state(n, k.shape[1], config)
   for v in range(1, n // wnd + 1):
     p = v * wnd

@@ -9,6 +9,14 @@ the n-th best key, entries above it are taken, and entries equal to it are taken
 by a prefix count (lane rotations, then a prefix over rows). The compaction moves each row's
 ids to its front with lane rotations and stores the row at a dynamic offset (no scatter), as
 the TPU top-K's compaction does (`pallas_kernels.topk.tpu`).
+
+The block scores and the slot update also run here: D's window maxima (block scores) and the
+observed scores (update) are flipped onto offsets by a reversal (log2(n) partner exchanges of
+lane and sublane rotations) and a dynamic shift. Block shapes: one request per program; its
+state rows ([cap / 128, 128], 256 KB per bfloat16 array at 128K slots) and block vectors sit in
+VMEM (16 MB on v5e, 32 MB on v5p and v6e) whole, so no tiling is needed up to ~1M slots per
+request on v5p / v6e (2 MB per array); the per-block vectors are columns [nb, 1] in the block
+score kernel (the reductions over each block's 64 lanes land there).
 """
 from __future__ import annotations
 

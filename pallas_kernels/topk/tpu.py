@@ -16,6 +16,12 @@ Mosaic TPU has no vector scatter, so:
     with a bitonic network of lane and sublane rotations (`bitonic_finish`).
 Every pass is exact; a row with more candidates than the buffer holds is counted, and the
 caller falls back to a full sort for the call (`pallas_kernels.topk`).
+
+Block shapes: the compaction's unit is one float32 vreg (8 x 128, `COMPACT_CHUNK`), so every
+rotation is a single-vreg op on every generation (v5e, v5p, v6e); the buffer (2k entries, 32 KB
+at k = 2048 per array) and a row's group maxima (N / g <= 16K entries, 64 KB) sit in VMEM
+(16 MB on v5e, 32 MB on v5p and v6e) with room to double-buffer the streaming passes' chunks of
+g x 128 scores. None of these passes uses the MXU.
 """
 from __future__ import annotations
 
