@@ -63,9 +63,10 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
   """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
 
   q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
-  score every key. implementation: None (Pallas kernels on GPU/TPU, XLA on a CPU), "xla" or
-  "pallas" (the k-means assignment, representative scoring and gathered-candidate scoring
-  kernels of `pallas_kernels.ivf`; interpret mode without an accelerator). Returns (indices [N, topk] int32, -1 where fewer keys are visible;
+  score every key. implementation: None or "xla" (XLA), or "pallas" (the k-means assignment,
+  representative scoring and gathered-candidate scoring kernels of `pallas_kernels.ivf`;
+  interpret mode without an accelerator; opt-in until they have run compiled on a GPU).
+  Returns (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
@@ -76,7 +77,7 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
                      f"[N, H, D], [N, H], [N, D]")
   from jaxsparse import _checks, backend
   _checks.check_implementation(implementation)
-  plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
+  plat = backend.kernel_platform() if implementation == "pallas" else None
   corrector = _resolve_corrector(corrector, layer)
   topk, wnd = min(config.topk, n), config.seal_window
   out_idx, out_num = exact_before_first_seal(q, w, k, config)
