@@ -7,9 +7,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxsparse.indexer import sanitize_paged
 from jaxsparse.spin.algorithm import (compact_blocks, realized_sparsity, select_rows,
                                       update_block_states, update_blocks)
-from jaxsparse.indexer import sanitize_paged
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from jaxsparse.spin.kernels import select_compact_batched, update_batched, update_batched_tpu
 
@@ -27,8 +27,7 @@ def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
 
 
 # 32 blocks of 64 slots = 2048 scores: the top-K's chunk (TopkConfig.chunk) and the scoring
-# kernel's 32-page runs. (It was 64 while the chunk was 4096; at 64 x 128K, 40%, 64 padded the
-# 1229 selected blocks to 1280, 32 pads them to 1248.)
+# kernel's 32-page runs (at 64 x 128K, 40%, the 1229 selected blocks pad to 1248).
 ALIGN_BLOCKS = 32
 
 
