@@ -1,11 +1,14 @@
 """Kernel bodies shared by the GPU (Triton) and TPU (Mosaic) builds: plain jnp on refs."""
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-__all__ = ["assign_body"]
+__all__ = ["assign_body", "assign_call"]
 
 INF = float("inf")
 
@@ -42,3 +45,25 @@ def assign_body(x_ref, c_ref, cn_ref, a_ref, d1_ref, d2_ref, *, num_centers: int
   a_ref[...] = arg
   d1_ref[...] = best
   d2_ref[...] = second
+
+
+def assign_call(x, c, cn, *, block_m: int, block_c: int, dot, compiler_params, interpret,
+                name: str):
+  """The assignment kernel over x [M, D] (M % block_m == 0), c [Gp, D], cn [1, Gp] ->
+  (a, d1, d2) [M, 1]: one program per block_m keys; the platform gives its dot, compiler
+  parameters and interpret setting."""
+  m, d = x.shape
+  gp = c.shape[0]
+  col = pl.BlockSpec((block_m, 1), lambda i: (i, 0))
+  return pl.pallas_call(
+      functools.partial(assign_body, num_centers=gp, block_c=block_c, dot=dot),
+      grid=(m // block_m,),
+      in_specs=[pl.BlockSpec((block_m, d), lambda i: (i, 0)),
+                pl.BlockSpec((gp, d), lambda i: (0, 0)),
+                pl.BlockSpec((1, gp), lambda i: (0, 0))],
+      out_specs=[col, col, col],
+      out_shape=[jax.ShapeDtypeStruct((m, 1), jnp.int32),
+                 jax.ShapeDtypeStruct((m, 1), jnp.float32),
+                 jax.ShapeDtypeStruct((m, 1), jnp.float32)],
+      compiler_params=compiler_params, interpret=interpret, name=name,
+  )(x, c, cn)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ivf.common import assign_body
+from pallas_kernels.ivf.common import assign_call
 
 __all__ = ["assign_gpu", "gathered_scores_gpu"]
 
@@ -23,22 +23,9 @@ def _dot(a, b):  # a [M, D] . b [N, D]^T in float32 (no TF32: distances decide a
 
 def assign_gpu(x, c, cn, *, block_m: int, block_c: int, num_warps: int, interpret: bool):
   """x [M, D] (M % block_m == 0), c [Gp, D], cn [1, Gp] -> (a, d1, d2) [M, 1]."""
-  m, d = x.shape
-  gp = c.shape[0]
-  col = pl.BlockSpec((block_m, 1), lambda i: (i, 0))
-  return pl.pallas_call(
-      functools.partial(assign_body, num_centers=gp, block_c=block_c, dot=_dot),
-      grid=(m // block_m,),
-      in_specs=[pl.BlockSpec((block_m, d), lambda i: (i, 0)),
-                pl.BlockSpec((gp, d), lambda i: (0, 0)),
-                pl.BlockSpec((1, gp), lambda i: (0, 0))],
-      out_specs=[col, col, col],
-      out_shape=[jax.ShapeDtypeStruct((m, 1), jnp.int32),
-                 jax.ShapeDtypeStruct((m, 1), jnp.float32),
-                 jax.ShapeDtypeStruct((m, 1), jnp.float32)],
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name="jaxsparse_ivf_assign",
-  )(x, c, cn)
+  return assign_call(x, c, cn, block_m=block_m, block_c=block_c, dot=_dot,
+                     compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+                     interpret=interpret, name="jaxsparse_ivf_assign")
 
 
 def _gathered_kernel(q_ref, w_ref, i_ref, k_ref, o_ref, *, dim: int):

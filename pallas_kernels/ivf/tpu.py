@@ -10,7 +10,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels._util import tpu_interpret_params
-from pallas_kernels.ivf.common import assign_body
+from pallas_kernels.ivf.common import assign_call
 
 __all__ = ["assign_tpu", "gathered_scores_tpu"]
 
@@ -29,22 +29,9 @@ def _dot(a, b):
 
 def assign_tpu(x, c, cn, *, block_m: int, block_c: int, interpret: bool):
   """x [M, D] (M % block_m == 0), c [Gp, D], cn [1, Gp] -> (a, d1, d2) [M, 1]."""
-  m, d = x.shape
-  gp = c.shape[0]
-  col = pl.BlockSpec((block_m, 1), lambda i: (i, 0))
-  return pl.pallas_call(
-      functools.partial(assign_body, num_centers=gp, block_c=block_c, dot=_dot),
-      grid=(m // block_m,),
-      in_specs=[pl.BlockSpec((block_m, d), lambda i: (i, 0)),
-                pl.BlockSpec((gp, d), lambda i: (0, 0)),
-                pl.BlockSpec((1, gp), lambda i: (0, 0))],
-      out_specs=[col, col, col],
-      out_shape=[jax.ShapeDtypeStruct((m, 1), jnp.int32),
-                 jax.ShapeDtypeStruct((m, 1), jnp.float32),
-                 jax.ShapeDtypeStruct((m, 1), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-      interpret=_interp(interpret), name="jaxsparse_ivf_assign_tpu",
-  )(x, c, cn)
+  return assign_call(x, c, cn, block_m=block_m, block_c=block_c, dot=_dot,
+                     compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+                     interpret=_interp(interpret), name="jaxsparse_ivf_assign_tpu")
 
 
 def _gathered_kernel(ids_ref, q_ref, w_ref, iv_ref, k_hbm, o_ref, buf, sem, *, block: int,
