@@ -60,3 +60,11 @@ def test_ivf_prefill_benchmark_quick(tmp_path):
   data = json.loads((tmp_path / "p.json").read_text())
   assert [r["tokens"] for r in data["rows"]] == [512, 1024]
   assert all(0.5 < r["recall"] <= 1 and r["ivf_s"] > 0 for r in data["rows"])
+
+
+def test_tpu_estimates_script(tmp_path):
+  """The README's TPU estimate table regenerates: decode HBM-bound, prefill MXU-bound."""
+  _run("tpu_estimates.py", "--out", str(tmp_path / "t.json"))
+  rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+  assert [r["bound_v5e"] for r in rows[:2]] == ["HBM", "MXU"]
+  assert all(r["floor_v5e_us"] > r["floor_v6e_us"] > 0 for r in rows)
