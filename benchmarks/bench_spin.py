@@ -13,9 +13,8 @@ from pallas_kernels.topk import TopkConfig
 
 
 def _topk_config(a):
-  """Both steps' TopkConfig from --topk-finish / --skip-groups (None: the library default)."""
-  kw = {**({"finish": a.topk_finish} if a.topk_finish else {}),
-        **({"skip_groups": True} if a.skip_groups else {})}
+  """Both steps' TopkConfig from --topk-finish (None: the library default)."""
+  kw = {"finish": a.topk_finish} if a.topk_finish else {}
   return TopkConfig(**kw) if kw else None
 
 
@@ -33,9 +32,6 @@ def main(argv=None):
                       "(selection + compaction, EMA update, block-sparse scoring, top-K)")
   p.add_argument("--topk-finish", default="",
                  help="TopkConfig.finish for both steps' top-K (default: the library's)")
-  p.add_argument("--skip-groups", action="store_true",
-                 help="TopkConfig.skip_groups=True for both steps' top-K (compactions read only "
-                      "groups that reach the threshold)")
   p.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"),
                  help="SPIN's block reduction (A2: the step updates only block states)")
   p.add_argument("--unsorted", action="store_true",
