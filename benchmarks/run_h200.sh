@@ -11,6 +11,7 @@
 #   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces: 8K (all layers) and
 #                    32K (extrapolated, three layers, the paper's W / group size / refit R)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
+#   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
 # CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
 # TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes).
@@ -55,6 +56,9 @@ for what in "$@"; do
     ivf-prefill)
       python3 benchmarks/bench_ivf_prefill.py --out "$OUT/ivf_prefill.json" 2>&1 \
         | tee "$OUT/ivf_prefill.log" | tail -8 ;;
+    prefill-topk)
+      python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \
+        | tee "$OUT/prefill_topk.log" | tail -8 ;;
     *) echo "unknown target $what"; exit 2 ;;
   esac
 done

@@ -12,7 +12,8 @@ from jaxsparse import backend
 from jaxsparse import indexer as _indexer
 
 __all__ = [
-    "NEG_INF", "topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk"
+    "NEG_INF", "topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk",
+    "default_query_chunk"
 ]
 
 
@@ -191,29 +192,88 @@ def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_
 
 
 def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=True,  # noqa: A002
-                 implementation=None, block: int = 1024):
+                 implementation=None, block: int = 1024, query_chunk: int | None = None,
+                 prefill_config=None, topk_config=None):
   """Causal prefill scoring fused with exact top-K, without a [T, N] score buffer.
 
   q [T, H, D], k [N, D], w [T, H], k_scale, query_positions [T]: as `indexer_scores`.
-  The keys stream in blocks of `block`: each block's scores [T, block] give a block top-K that
-  `merge_topk` folds into the running one, so memory is O(T x (topk + block)) instead of
-  O(T x N). Returns (values [T, topk] float32, indices [T, topk] int32): the entries of
+  Returns (values [T, topk] float32, indices [T, topk] int32): the entries of
   `topk(indexer_scores(...), topk)` (ties to the lower index, -inf / -1 tail); sorted=False
-  gives them in ascending index order. implementation: None or "xla" (the plain-JAX
-  streaming path); "pallas" raises NotImplementedError: no fused kernel exists yet.
+  gives them in ascending index order.
+
+  implementation:
+    "xla" (CPU default): keys stream in blocks of `block`; each block's scores [T, block] give
+      a block top-K that `merge_topk` folds into the running one: O(T x (topk + block)) memory.
+    "pallas" (GPU/TPU default): queries run in chunks of `query_chunk` (default: T / 16 rounded
+      down to a multiple of 8, at least 8). Per chunk, the scoring kernel writes the chunk's
+      [query_chunk, N] scores and the top-K kernels (group maxima, exact threshold, candidate
+      compaction, finish) select from them, so the extra memory is query_chunk x N x 4 bytes
+      (1/16 of T x N x 4) plus the top-K's own buffers, and the scores make one round trip
+      through HBM while the scoring's FLOPs dominate. On Hopper the Mosaic scoring kernel
+      splits the keys over more CTAs when a chunk has too few query groups to fill the GPU.
+      prefill_config / topk_config: `PrefillConfig` / `TopkConfig` for the two kernels.
   """
   _checks.check_implementation(implementation)
-  if implementation == "pallas":
-    raise NotImplementedError("prefill_topk has no Pallas kernel yet; use implementation=None "
-                              "or 'xla'")
   _indexer._validate_dense(q, k, w, k_scale, query_positions)
   if query_positions is None:
     raise ValueError("query_positions is required (the prefill is causal)")
-  if topk < 1:
-    raise ValueError(f"topk={topk} must be positive")
-  if block < 1:
-    raise ValueError(f"block={block} must be positive")
-  return _prefill_topk(q, k, w, k_scale, query_positions, topk, bool(sorted), int(block))
+  if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+    raise ValueError(f"topk={topk!r} must be a positive int")
+  if not isinstance(block, int) or block < 1:
+    raise ValueError(f"block={block!r} must be a positive int")
+  if not isinstance(sorted, bool):
+    raise ValueError(f"sorted={sorted!r} must be a bool")
+  if query_chunk is not None and (not isinstance(query_chunk, int) or query_chunk < 1):
+    raise ValueError(f"query_chunk={query_chunk!r} must be a positive int")
+  if backend.resolve(implementation) == "xla":
+    return _prefill_topk(q, k, w, k_scale, query_positions, topk, sorted, block)
+  from pallas_kernels import indexer_prefill, topk as ktopk
+  plat = backend.kernel_platform()
+  if prefill_config is None:
+    prefill_config = (indexer_prefill.TPU_DEFAULT if plat.kind == "tpu"
+                      else indexer_prefill.PrefillConfig())
+  if not isinstance(prefill_config, indexer_prefill.PrefillConfig):
+    raise ValueError(f"prefill_config={prefill_config!r} must be a PrefillConfig")
+  topk_config = topk_config or ktopk.TopkConfig()
+  if not isinstance(topk_config, ktopk.TopkConfig):
+    raise ValueError(f"topk_config={topk_config!r} must be a TopkConfig")
+  t = q.shape[0]
+  chunk = default_query_chunk(t) if query_chunk is None else min(query_chunk, t)
+  return _prefill_topk_kernels(q, k, w, k_scale, query_positions, topk, sorted, chunk,
+                               prefill_config, topk_config, plat)
+
+
+def default_query_chunk(t: int) -> int:
+  """`prefill_topk`'s default query chunk for T queries: T / 16 rounded down to a multiple of
+  8, at least 8 (at most T)."""
+  return min(t, max(8, (t // 16) // 8 * 8))
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9, 10))
+def _prefill_topk_kernels(q, k, w, k_scale, positions, topk, is_sorted, chunk, pcfg, tcfg, plat):
+  from pallas_kernels import indexer_prefill, topk as ktopk
+  t, h, d = q.shape
+  n = k.shape[0]
+  nc = -(-t // chunk)
+  tp = nc * chunk
+  pos = jnp.clip(positions.astype(jnp.int32), -1, n - 1)
+  qs = jnp.pad(q, ((0, tp - t), (0, 0), (0, 0))).reshape(nc, chunk, h, d)
+  ws = jnp.pad(w, ((0, tp - t), (0, 0))).reshape(nc, chunk, h)
+  ps = jnp.pad(pos, (0, tp - t), constant_values=-1).reshape(nc, chunk)
+  kk = min(topk, n)
+
+  def one(xs):
+    qc, wc, pc = xs
+    z = indexer_prefill.prefill_scores(qc, k, wc, k_scale=k_scale, query_positions=pc,
+                                       config=pcfg, platform=plat)
+    return ktopk.topk_rows(z, pc + 1, kk, tcfg, plat, ordered=is_sorted)
+
+  v, i = lax.map(one, (qs, ws, ps))
+  v, i = v.reshape(tp, kk)[:t], i.reshape(tp, kk)[:t]
+  if topk > kk:
+    v = jnp.pad(v, ((0, 0), (0, topk - kk)), constant_values=NEG_INF)
+    i = jnp.pad(i, ((0, 0), (0, topk - kk)), constant_values=-1)
+  return v.astype(jnp.float32), i
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6, 7))

@@ -20,7 +20,8 @@ def _run(script, *args):
   return res.stdout
 
 
-@pytest.mark.parametrize("script", ["bench_indexer.py", "bench_topk.py", "bench_spin.py"])
+@pytest.mark.parametrize("script", ["bench_indexer.py", "bench_topk.py", "bench_spin.py",
+                                    "bench_prefill_topk.py"])
 def test_kernel_benchmarks_quick(script, tmp_path):
   out = tmp_path / "r.json"
   _run(script, "--quick", "--out", str(out))

@@ -562,6 +562,24 @@ def test_kernel_time_gpu():
   assert floor * 1.5 <= total <= 10 * floor * 1.5, (total, per)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_prefill_topk_gpu(fp8):
+  """prefill_topk's kernel path compiled (on Hopper the Mosaic scoring kernel with keys split
+  over CTAs: 16-query chunks are 4 query groups) gives exactly the kernel scores' top-K, and
+  its values are the float64 scores of the keys it picks."""
+  rng = np.random.default_rng(2 + fp8)
+  q, k, w, pos, ks = prefill_case(rng, 300, 64, 128, 5000, fp8=fp8)
+  v, i = jaxsparse.prefill_topk(q, k, w, 256, k_scale=ks, query_positions=pos)
+  z = jaxsparse.indexer_scores(q, k, w, k_scale=ks, query_positions=pos)
+  zv, zi = jaxsparse.topk(z, 256)
+  np.testing.assert_array_equal(np.asarray(i), np.asarray(zi))
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(zv))
+  ref = np_indexer.dense(q, k, w, ks, pos)
+  ii = np.asarray(i)
+  picked = np.where(ii >= 0, np.take_along_axis(ref, np.maximum(ii, 0), 1), -np.inf)
+  assert_scores_close(v, picked, reduction=64 * 128, dtype_tol=GPU_TOL)
+
+
 def test_ivf_kernels_gpu():
   """AttentionIndex's kernels compiled (k-means assignment, gathered-candidate and
   representative scoring) against float64, and the whole prefill with them against XLA."""

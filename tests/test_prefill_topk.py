@@ -1,13 +1,26 @@
-"""jaxsparse.prefill_topk: causal scoring fused with exact top-K (keys streamed in blocks, no
-[T, N] buffer) against float64 numpy, and its bad input."""
+"""jaxsparse.prefill_topk: causal scoring fused with exact top-K without a [T, N] buffer, on
+the plain-JAX path (keys streamed in blocks) and the kernel path (query chunks through the
+scoring and top-K kernels: GPU Triton, Mosaic GPU and TPU, interpreted), against float64 numpy;
+it lowers for TPU and CUDA; its bad input."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxsparse
+from jaxsparse import selection
+from pallas_kernels._platform import KernelPlatform
+from tests.conftest import export_for
 from tests.reference import index_ordered, np_indexer, np_topk, prefill_case
+
+
+def _check(v, i, rv, ri):
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  fin = np.isfinite(rv)
+  np.testing.assert_allclose(np.asarray(v)[fin], rv[fin], rtol=1e-5, atol=1e-5)
+  assert (np.asarray(v)[~fin] == -np.inf).all()
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -19,15 +32,77 @@ def test_prefill_topk_matches_float64_reference(fp8, n, block, k):
   z = np_indexer.dense(q, kk, w, ks, pos)  # [T, N] float64, -inf where hidden
   rv, ri = np_topk(z.astype(np.float32), k)
   v, i = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=pos, block=block)
-  np.testing.assert_array_equal(np.asarray(i), ri)
-  fin = np.isfinite(rv)
-  np.testing.assert_allclose(np.asarray(v)[fin], rv[fin], rtol=1e-5, atol=1e-5)
-  assert (np.asarray(v)[~fin] == -np.inf).all()
+  _check(v, i, rv, ri)
   vu, iu = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=pos, block=block,
                                   sorted=False)
   ev, ei = index_ordered(v, i)
   np.testing.assert_array_equal(np.asarray(iu), ei)
   np.testing.assert_array_equal(np.asarray(vu), ev)
+
+
+@pytest.mark.parametrize("kind", ["gpu", "tpu"])
+@pytest.mark.parametrize("fp8,t,n,k,chunk", [(False, 40, 700, 64, 16), (True, 24, 300, 300, None),
+                                             (False, 9, 257, 5, 8)])
+def test_prefill_topk_kernels_match_float64_reference(monkeypatch, kind, fp8, t, n, k, chunk):
+  """The kernel path, chunks that do not divide T, k >= the visible keys (-inf / -1 tails),
+  queries that see nothing: the float64 reference's entries; and exactly the kernel scores
+  followed by the kernel top-K, sorted and in index order."""
+  monkeypatch.setenv("JAXSPARSE_INTERPRET", kind)
+  rng = np.random.default_rng(t + n + k)
+  q, kk, w, pos, ks = prefill_case(rng, t, 4, 32, n, fp8=fp8)
+  rv, ri = np_topk(np_indexer.dense(q, kk, w, ks, pos).astype(np.float32), k)
+  v, i = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=pos,
+                                implementation="pallas", query_chunk=chunk)
+  _check(v, i, rv, ri)
+  z = jaxsparse.indexer_scores(q, kk, w, k_scale=ks, query_positions=pos, implementation="pallas")
+  zv, zi = jaxsparse.topk(z, k, implementation="pallas")
+  np.testing.assert_array_equal(np.asarray(i), np.asarray(zi))
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(zv))
+  vu, iu = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=pos,
+                                  implementation="pallas", query_chunk=chunk, sorted=False)
+  ev, ei = index_ordered(v, i)
+  np.testing.assert_array_equal(np.asarray(iu), ei)
+  np.testing.assert_array_equal(np.asarray(vu), ev)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_prefill_topk_mosaic_chunks_with_key_splits(fp8):
+  """Hopper's path in the Mosaic GPU interpreter: chunks of 4 queries are one query group, so
+  the scoring kernel splits the keys over two CTAs; the float64 reference's entries."""
+  from pallas_kernels.indexer_prefill import PrefillConfig
+  cfg = PrefillConfig(kernel="mosaic")
+  assert cfg.key_splits_for(1, 8) == 2 and cfg.key_splits_for(256, 8) == 1
+  rng = np.random.default_rng(5 + fp8)
+  q, kk, w, pos, ks = prefill_case(rng, 10, 16, 128, 512, fp8=fp8)
+  rv, ri = np_topk(np_indexer.dense(q, kk, w, ks, pos).astype(np.float32), 32)
+  v, i = jaxsparse.prefill_topk(q, kk, w, 32, k_scale=ks, query_positions=pos,
+                                implementation="pallas", query_chunk=4, prefill_config=cfg)
+  _check(v, i, rv, ri)
+
+
+def test_prefill_topk_kernels_lower_for_tpu_and_cuda():
+  """The kernel path at T=2,048, N=64K lowers for TPU and for CUDA (Triton) with the scoring
+  and top-K kernels, holding scores only as [128, N] chunks (the default chunk), never [T, N];
+  the Mosaic GPU scoring kernel with split keys lowers for CUDA. (Its compiled memory is
+  measured on the H200: benchmarks/bench_prefill_topk.py.)"""
+  from pallas_kernels import indexer_prefill, topk as ktopk
+  from pallas_kernels.indexer_prefill.mgpu import prefill_scores_mgpu
+  S = jax.ShapeDtypeStruct
+  t, h, d, n = 2048, 64, 128, 65536
+  shapes = (S((t, h, d), jnp.bfloat16), S((n, d), jnp.bfloat16), S((t, h), jnp.float32),
+            S((t,), jnp.int32))
+  for kind, plat in (("tpu", "tpu"), ("gpu", "cuda")):
+    cfg = indexer_prefill.TPU_DEFAULT if kind == "tpu" else indexer_prefill.PrefillConfig()
+    f = lambda q, k, w, p: selection._prefill_topk_kernels(  # noqa: E731
+        q, k, w, None, p, 2048, True, 128, cfg, ktopk.TopkConfig(), KernelPlatform(kind, False))
+    mod = export_for(f, plat, *shapes).mlir_module()
+    assert "jaxsparse_prefill" in mod and "jaxsparse_topk" in mod
+    assert f"tensor<128x{n}xf32>" in mod and f"tensor<{t}x{n}xf32>" not in mod
+  assert selection.default_query_chunk(t) == 128
+  exp = export_for(lambda q, k, w, p: prefill_scores_mgpu(q, k, w, p, key_splits=8), "cuda",
+                   S((128, h, d), jnp.bfloat16), S((n, d), jnp.bfloat16), S((128, h), jnp.float32),
+                   S((128,), jnp.int32))
+  assert "mosaic_gpu" in exp.mlir_module()
 
 
 def test_prefill_topk_equals_scores_then_topk_under_jit():
@@ -49,7 +124,13 @@ def test_prefill_topk_bad_input():
     jaxsparse.prefill_topk(q, kk, w, 8, query_positions=None)
   with pytest.raises(ValueError, match="topk=0"):
     jaxsparse.prefill_topk(q, kk, w, 0, query_positions=pos)
-  with pytest.raises(NotImplementedError, match="Pallas"):
-    jaxsparse.prefill_topk(q, kk, w, 8, query_positions=pos, implementation="pallas")
+  with pytest.raises(ValueError, match="query_chunk=0"):
+    jaxsparse.prefill_topk(q, kk, w, 8, query_positions=pos, implementation="pallas",
+                           query_chunk=0)
+  with pytest.raises(ValueError, match="prefill_config"):
+    jaxsparse.prefill_topk(q, kk, w, 8, query_positions=pos, implementation="pallas",
+                           prefill_config="fast")
+  with pytest.raises(ValueError, match="sorted"):
+    jaxsparse.prefill_topk(q, kk, w, 8, query_positions=pos, sorted="yes")
   with pytest.raises(ValueError):
     jaxsparse.prefill_topk(q, kk[:, :8], w, 8, query_positions=pos)

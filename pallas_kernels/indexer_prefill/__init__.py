@@ -67,13 +67,16 @@ def _prefill(q, k, w, k_scale, query_positions, config, platform):
   if platform.kind == "gpu" and _use_mosaic(q, k, k_scale, config, platform):
     from pallas_kernels.indexer_prefill import mgpu
     bt, bn = config.block_t, config.block_n
-    t_pad, n_pad, h_pad = -(-t // bt) * bt, -(-n // bn) * bn, -(-h // 8) * 8
+    t_pad, h_pad = -(-t // bt) * bt, -(-h // 8) * 8
+    splits = config.key_splits_for(t_pad // bt, -(-n // bn))
+    n_pad = -(-n // (bn * splits)) * bn * splits
     out = mgpu.prefill_scores_mgpu(
         pad_axis(pad_axis(q, 0, t_pad), 1, h_pad), pad_axis(k, 0, n_pad),
         pad_axis(pad_axis(w.astype(jnp.float32), 0, t_pad), 1, h_pad),
         pad_axis(pos, 0, t_pad, value=-1),
         None if k_scale is None else pad_axis(k_scale, 0, n_pad, value=1.0), block_t=bt, block_n=bn,
-        max_concurrent_steps=config.mosaic_steps, interpret=platform.interpret)
+        max_concurrent_steps=config.mosaic_steps, key_splits=splits,
+        interpret=platform.interpret)
     return out[:t, :n]
   bt = config.block_t
   span = config.block_n * (config.tiles_per_program if platform.kind == "gpu" else 1)

@@ -7,7 +7,7 @@ from pallas_kernels._util import is_pow2
 
 
 __all__ = [
-    "MOSAIC_AUTO", "PrefillConfig", "TPU_DEFAULT"
+    "MOSAIC_AUTO", "MOSAIC_MIN_CTAS", "PrefillConfig", "TPU_DEFAULT"
 ]
 
 
@@ -15,6 +15,10 @@ __all__ = [
 # on the H200 bf16 measured 2.07x the Triton kernel, fp8 q+k 836-884 TFLOP/s with fp8 wgmma
 # (Triton fp8 q+k: 224-225).
 MOSAIC_AUTO = ("bfloat16", "float8_e4m3fn")
+
+# Under mosaic_key_splits=0, the fewest CTAs a Mosaic call should get: two per SM of the H200's
+# 132 (a CTA's ~100 KB of shared memory lets two share an SM), rounded to a power of two.
+MOSAIC_MIN_CTAS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +34,9 @@ class PrefillConfig:
     128-byte key rows, H <= 256, the tiling fits shared memory), else the Triton kernel;
     "triton" forces the Triton kernel; "mosaic" requires the Mosaic kernel.
   mosaic_steps: key tiles in flight in the Mosaic kernel's TMA pipeline.
+  mosaic_key_splits: CTAs per query group in the Mosaic kernel, each streaming a range of the
+    keys; 0 (default) picks the fewest (a power of two) that give the call MOSAIC_MIN_CTAS CTAs,
+    so 1 whenever T / block_t >= 256, and more for the short query chunks of `prefill_topk`.
   """
   # default: the fastest bf16 tiling in benchmarks/results/indexer_h200.json (246-252 TFLOP/s)
   block_t: int = 4
@@ -41,10 +48,23 @@ class PrefillConfig:
   # 4 x 64 tiles, 2 steps in flight: the fastest Mosaic tiling on the H200 (509-518 TFLOP/s
   # at 64K and 256K keys)
   mosaic_steps: int = 2
+  mosaic_key_splits: int = 0
+
+  def key_splits_for(self, query_groups: int, key_tiles: int) -> int:
+    """The Mosaic kernel's key splits for `query_groups` CTAs' worth of queries and `key_tiles`
+    tiles of block_n keys (each split keeps >= 4 tiles)."""
+    if self.mosaic_key_splits:
+      return self.mosaic_key_splits
+    s = 1
+    while query_groups * s < MOSAIC_MIN_CTAS and key_tiles // (2 * s) >= 4:
+      s *= 2
+    return s
 
   def __post_init__(self):
     if self.kernel not in ("auto", "triton", "mosaic"):
       raise ValueError(f"kernel={self.kernel!r} must be 'auto', 'triton' or 'mosaic'")
+    if not isinstance(self.mosaic_key_splits, int) or self.mosaic_key_splits < 0:
+      raise ValueError(f"mosaic_key_splits={self.mosaic_key_splits!r} must be an int >= 0")
     if not isinstance(self.mosaic_steps, int) or self.mosaic_steps < 1:
       raise ValueError(f"mosaic_steps={self.mosaic_steps!r} must be a positive int")
     for name in ("block_t", "block_n", "tiles_per_program", "num_warps"):

@@ -1,6 +1,7 @@
 """Causal prefill indexer scoring on Hopper with Mosaic GPU (TMA -> shared memory -> wgmma).
 
-One CTA per group of `block_t` queries: their q rows ([block_t * H, D] bf16) and weights stay in
+One CTA per group of `block_t` queries and range of keys (`key_splits` ranges; more than one
+when few query groups would leave SMs idle, as in chunked top-K prefill): their q rows ([block_t * H, D] bf16) and weights stay in
 shared memory while key tiles of `block_n` keys stream through a TMA pipeline. Per key tile and
 query, one wgmma computes S = K_tile @ q_t^T ([block_n, H] f32 in registers); the epilogue applies
 ReLU, multiplies column h by w[t, h] and sums the H columns of each row, giving block_n scores
@@ -42,11 +43,13 @@ def tiling_fits(block_t: int, block_n: int, heads: int, head_dim: int, steps: in
 
 
 def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n: int = 64,
-                        max_concurrent_steps: int = 2, interpret: bool = False):
+                        max_concurrent_steps: int = 2, key_splits: int = 1,
+                        interpret: bool = False):
   """q [T, H, D], k [N, D] (both bfloat16, or both float8_e4m3fn with q's scale folded into w),
   w [T, H] f32, pos [T] int32 (key i visible to query t iff i <= pos[t]), k_scale [N] float32 or
-  None -> [T, N] float32 scores (-inf where invisible). T % block_t == 0 and N % block_n == 0
-  (the caller pads). interpret: run in the Mosaic GPU interpreter (CPU; for tests)."""
+  None -> [T, N] float32 scores (-inf where invisible). T % block_t == 0 and
+  N % (block_n * key_splits) == 0 (the caller pads). key_splits: CTAs per query group, each
+  streaming N / key_splits consecutive keys. interpret: run in the Mosaic GPU interpreter (CPU; for tests)."""
   t, h, d = q.shape
   n = k.shape[0]
   if q.dtype != k.dtype or jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16),
@@ -58,17 +61,20 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
                      f"H={h}, D={d} do not fit shared memory or the 128-byte copy granularity")
   has_scale = k_scale is not None
   tf = _mosaic.mma_transforms(q.dtype)
-  if t % block_t or n % block_n:
-    raise ValueError(f"T={t} and N={n} must be multiples of block_t={block_t}, "
-                     f"block_n={block_n}")
+  if not isinstance(key_splits, int) or key_splits < 1:
+    raise ValueError(f"key_splits={key_splits!r} must be a positive int")
+  if t % block_t or n % (block_n * key_splits):
+    raise ValueError(f"T={t} and N={n} must be multiples of block_t={block_t} and "
+                     f"block_n * key_splits={block_n * key_splits}")
   q2 = q.reshape(t * h, d)
-  steps = n // block_n
+  steps = n // (block_n * key_splits)  # key tiles per CTA
 
   def body(q_gmem, k_gmem, w_gmem, pos_gmem, *refs):
     if has_scale:
       s_gmem, *refs = refs
     o_gmem, q_smem, w_smem, pos_smem, o_smem, bar = refs
     g = lax.axis_index("g")
+    first = lax.axis_index("s") * steps  # this CTA's first key tile
     plgpu.copy_gmem_to_smem(q_gmem.at[pl.ds(g * block_t * h, block_t * h)], q_smem, bar.at[0])
     plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(g * block_t, block_t)], w_smem, bar.at[1])
     plgpu.copy_gmem_to_smem(pos_gmem.at[g], pos_smem, bar.at[2])
@@ -79,8 +85,9 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
       last = jnp.maximum(last, pos_smem[block_t - 1 - i])
 
     def step(idx, k_smem, *s_smem):
-      (j,) = idx
-      slot = lax.rem(j, 2)
+      (jl,) = idx
+      slot = lax.rem(jl, 2)
+      j = first + jl  # the key tile
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot is done
       out = o_smem.at[slot]
       key = j * block_n + _mosaic.iota((block_n,), 0, plgpu.Layout.WGMMA.reduce(1), interpret)
@@ -103,9 +110,9 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
       plgpu.copy_smem_to_gmem(out, o_gmem.at[pl.ds(g * block_t, block_t),
                                              pl.ds(j * block_n, block_n)])
 
-    specs = [plgpu.BlockSpec((block_n, d), lambda j: (j, 0), transforms=tf)]
+    specs = [plgpu.BlockSpec((block_n, d), lambda jl: (first + jl, 0), transforms=tf)]
     if has_scale:
-      specs.append(plgpu.BlockSpec((block_n,), lambda j: (j,)))
+      specs.append(plgpu.BlockSpec((block_n,), lambda jl: (first + jl,)))
     plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs,
                         max_concurrent_steps=max_concurrent_steps)(
         k_gmem, *((s_gmem,) if has_scale else ()))
@@ -121,7 +128,7 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
           plgpu.SMEM((2, block_t, block_n), jnp.float32),
           plgpu.Barrier(num_barriers=3),
       ],
-      grid=(t // block_t,), grid_names=("g",),
+      grid=(t // block_t, key_splits), grid_names=("g", "s"),
       kernel_name="jaxsparse_prefill_mgpu",
       interpret=_mosaic.interpret_params(interpret),
   )
