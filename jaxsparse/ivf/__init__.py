@@ -26,6 +26,9 @@ class IVFConfig:
   refit_interval: tokens between refits (R, a multiple of W; 0 = seal only). sink: leading
   keys every query always scores. seal_iters: Lloyd steps when sealing a window.
   refit_batch: keys compared with every center at a time during a refit.
+  compact: store the index in 16 bits (int16 ids and ranks, bfloat16 bounds, centers and
+    representatives: ~12 bytes a key with the representatives at the default cluster_size,
+    under 10% of an fp8 indexer key cache's 132); False keeps int32 / float32 (~24 bytes).
   """
   topk: int = 2048
   budget: int = 24576
@@ -35,8 +38,11 @@ class IVFConfig:
   sink: int = 16
   seal_iters: int = 8
   refit_batch: int = 4096
+  compact: bool = True
 
   def __post_init__(self):
+    if not isinstance(self.compact, bool):
+      raise ValueError(f"compact={self.compact!r} must be a bool")
     for name in ("topk", "budget", "seal_window", "cluster_size", "seal_iters", "refit_batch"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be positive")

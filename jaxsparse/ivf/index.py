@@ -2,14 +2,22 @@
 
 The index state is a static-shape pytree for a key capacity N and a group capacity G:
 
-  assign   [N] int32    group of each key; -1 for sink keys and keys not yet grouped
-  rank     [N] int32    a key's rank among its group's members, by position
+  assign   [N] int16    group of each key; -1 for sink keys and keys not yet grouped
+  rank     [N] int16    a key's rank among its group's members, by position (saturating at
+                        32767: only ranks below the budget matter)
   sizes    [G] int32    members per group (0 for unused group slots)
   last     [G] int32    position of each group's newest member (-1 when unused)
-  centers  [G, D] f32   k-means centers (= member means after every seal or refit)
-  upper    [N] f32      upper bound on a key's distance to its own center
-  lower    [N] f32      lower bound on its distance to every other center (Hamerly's single
-                        bound: the Elkan-style per-center bounds folded into their minimum)
+  centers  [G, D] bf16  k-means centers (= member means after every seal or refit, rounded)
+  upper    [N] bf16     upper bound on a key's distance to its own center (rounded up)
+  lower    [N] bf16     lower bound on its distance to every other center (rounded down;
+                        Hamerly's single bound: the Elkan-style per-center bounds folded into
+                        their minimum)
+
+With config.compact=False the per-key arrays are int32 / float32 and the centers float32;
+assign is int32 whenever G > 32767 and rank whenever budget > 32767. Compact, the state is
+8 bytes a key plus 264 bytes a group of ~cluster_size keys (10.1 bytes a key at the default
+128); every computation reads it back as int32 / float32, so only the stored bounds loosen
+(by at most 2^-8 relative) and the centers round to bfloat16.
   groups   int32        groups in use
   grouped_end int32     every key before it (past the sinks) is grouped: a version holds
                         exactly the keys [0, grouped_end)
@@ -37,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_state", "seal", "refit", "group_capacity", "representatives", "index_bytes"]
+__all__ = ["init_state", "seal", "refit", "group_capacity", "representatives", "index_bytes",
+           "state_dtypes"]
 
 
 def group_capacity(num_keys: int, config) -> int:
@@ -46,22 +55,48 @@ def group_capacity(num_keys: int, config) -> int:
   return -(-max(num_keys - config.sink, 0) // config.cluster_size) + per_seal + 1
 
 
+def state_dtypes(num_keys: int, config) -> dict:
+  """The dtypes `init_state` stores: {"assign", "rank", "float", "centers"}."""
+  small = bool(config.compact)
+  g = group_capacity(num_keys, config)
+  return {"assign": jnp.int16 if small and g < 2 ** 15 else jnp.int32,
+          "rank": jnp.int16 if small and config.budget < 2 ** 15 else jnp.int32,
+          "float": jnp.bfloat16 if small else jnp.float32,
+          "centers": jnp.bfloat16 if small else jnp.float32}
+
+
 def init_state(num_keys: int, dim: int, config) -> dict:
   g = group_capacity(num_keys, config)
+  dt = state_dtypes(num_keys, config)
   return {
-      "assign": jnp.full((num_keys,), -1, jnp.int32),
-      "rank": jnp.zeros((num_keys,), jnp.int32),
+      "assign": jnp.full((num_keys,), -1, dt["assign"]),
+      "rank": jnp.zeros((num_keys,), dt["rank"]),
       "sizes": jnp.zeros((g,), jnp.int32),
       "last": jnp.full((g,), -1, jnp.int32),
-      "centers": jnp.zeros((g, dim), jnp.float32),
-      "upper": jnp.zeros((num_keys,), jnp.float32),
-      "lower": jnp.zeros((num_keys,), jnp.float32),
+      "centers": jnp.zeros((g, dim), dt["centers"]),
+      "upper": jnp.zeros((num_keys,), dt["float"]),
+      "lower": jnp.zeros((num_keys,), dt["float"]),
       "groups": jnp.int32(0),
       "grouped_end": jnp.int32(0),
       "refit_end": jnp.int32(0),
       "refit_groups": jnp.int32(0),  # groups in use right after the last refit
       "compared": jnp.int32(0),  # keys the last refit compared with every center
   }
+
+
+def _store_bound(x, like, up: bool):
+  """float32 bounds -> like.dtype, rounded so an upper bound stays above (up=True) and a lower
+  bound below the float32 value."""
+  if like.dtype == jnp.float32:
+    return x
+  y = x.astype(like.dtype)
+  yf = y.astype(jnp.float32)
+  bad = yf < x if up else yf > x
+  return jnp.where(bad, jnp.nextafter(y, jnp.asarray(jnp.inf if up else -jnp.inf, y.dtype)), y)
+
+
+def _store_rank(rank, like):
+  return jnp.minimum(rank, jnp.iinfo(like.dtype).max).astype(like.dtype)
 
 
 def _sqdist(x, c):
@@ -133,17 +168,21 @@ def _seal(state, keys, p, config, sink=None, platform=None):
   oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
   cnt = oh.sum(0)
   centers = jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], centers)
-  a, d1, d2 = _nearest(win, centers, every, platform)
-  gid = jnp.where(valid, state["groups"] + a, -1)
+  # assignment and bounds against the centers as stored (bfloat16 when compact)
+  centers = centers.astype(state["centers"].dtype)
+  a, d1, d2 = _nearest(win, centers.astype(jnp.float32), every, platform)
+  gid = jnp.where(valid, state["groups"] + a, -1).astype(state["assign"].dtype)
   assign = jax.lax.dynamic_update_slice_in_dim(state["assign"], gid, start, 0)
   g = state["sizes"].shape[0]
   centers_all = jax.lax.dynamic_update_slice_in_dim(state["centers"], centers,
                                                     state["groups"], 0)
   sizes, _, last = _group_stats(assign, keys, g)
-  own, other = jnp.sqrt(d1), jnp.sqrt(d2)
+  own = _store_bound(jnp.sqrt(d1), state["upper"], up=True)
+  other = _store_bound(jnp.sqrt(d2), state["lower"], up=False)
   upper = jax.lax.dynamic_update_slice_in_dim(state["upper"], own, start, 0)
   lower = jax.lax.dynamic_update_slice_in_dim(state["lower"], other, start, 0)
-  return {**state, "assign": assign, "rank": _members_rank(assign, g), "sizes": sizes,
+  rank = _store_rank(_members_rank(assign, g), state["rank"])
+  return {**state, "assign": assign, "rank": rank, "sizes": sizes,
           "last": last, "centers": centers_all, "upper": upper, "lower": lower,
           "groups": state["groups"] + gw, "grouped_end": jnp.asarray(p, jnp.int32)}
 
@@ -156,8 +195,9 @@ def _refit(state, keys, p, config, sink=None, platform=None):
   pos = jnp.arange(n)
   grouped = (pos >= sink) & (pos < p)
   used = jnp.arange(g) < state["groups"]
-  centers = state["centers"]
-  assign, upper, lower = state["assign"], state["upper"], state["lower"]
+  centers = state["centers"].astype(jnp.float32)
+  assign = state["assign"].astype(jnp.int32)
+  upper, lower = state["upper"].astype(jnp.float32), state["lower"].astype(jnp.float32)
   old = grouped & (pos < state["refit_end"])  # bounds live from the last refit
   # centers added since the last refit (by seals) may now be closer: tighten the lower bound
   new_c = used & (jnp.arange(g) >= state["refit_groups"])
@@ -190,11 +230,15 @@ def _refit(state, keys, p, config, sink=None, platform=None):
   # update: centers become their members' means; bounds follow the centers' moves
   sizes, sums, last = _group_stats(assign, keys, g)
   new_centers = jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], centers)
-  delta = jnp.sqrt(jnp.sum((new_centers - centers) ** 2, -1))
+  new_centers = new_centers.astype(state["centers"].dtype)  # the moves of the stored centers
+  delta = jnp.sqrt(jnp.sum((new_centers.astype(jnp.float32) - centers) ** 2, -1))
   upper = jnp.where(grouped, upper + delta[jnp.maximum(assign, 0)], upper)
   lower = jnp.where(grouped, lower - jnp.max(jnp.where(used, delta, 0.0)), lower)
-  return {**state, "assign": assign, "rank": _members_rank(assign, g), "sizes": sizes,
-          "last": last, "centers": new_centers, "upper": upper, "lower": lower,
+  return {**state, "assign": assign.astype(state["assign"].dtype),
+          "rank": _store_rank(_members_rank(assign, g), state["rank"]), "sizes": sizes,
+          "last": last, "centers": new_centers,
+          "upper": _store_bound(upper, state["upper"], up=True),
+          "lower": _store_bound(lower, state["lower"], up=False),
           "grouped_end": jnp.asarray(p, jnp.int32), "refit_end": jnp.asarray(p, jnp.int32),
           "refit_groups": state["groups"], "compared": total.astype(jnp.int32)}
 
@@ -204,18 +248,22 @@ refit = jax.jit(_refit, static_argnames=("config", "platform"))
 
 
 def representatives(state, keys, corrector=None):
-  """Group representatives [G, D] float32: member means, plus the learned correction."""
+  """Group representatives [G, D] at the centers' dtype (bfloat16 when compact; float32 for a
+  state without centers): member means, plus the learned correction."""
   g = state["sizes"].shape[0]
   sizes, sums, _ = _group_stats(state["assign"], keys, g)
   mean = jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], 0.0)
+  dtype = state["centers"].dtype if "centers" in state else jnp.float32
   if corrector is None:
-    return mean
-  return mean + corrector(state, keys, mean)
+    return mean.astype(dtype)
+  return (mean + corrector(state, keys, mean)).astype(dtype)
 
 
 def index_bytes(num_keys: int, dim: int, config) -> int:
   """Bytes the index state holds beside the key cache (every array of `init_state`), plus
-  one float32 representative per group."""
+  one representative per group at the centers' dtype (what a version's ranking reads)."""
   st = jax.eval_shape(lambda: init_state(num_keys, dim, config))
   g = group_capacity(num_keys, config)
-  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(st)) + g * dim * 4
+  rep = jnp.dtype(state_dtypes(num_keys, config)["centers"]).itemsize
+  return (sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(st))
+          + g * dim * rep)
