@@ -67,7 +67,10 @@ def test_gathered_and_representative_scores_match_numpy(platform):
   want[~valid] = -np.inf
   got = kivf.representative_scores(jnp.asarray(q), jnp.asarray(w), jnp.asarray(reps),
                                    jnp.asarray(valid), platform=platform)
-  assert_scores_close(got, want, reduction=h * d)
+  # the prefill kernel's float32 dots are TF32 on a GPU (2^-11 per operand; the H200 measured
+  # 1.9e-4 here), enough to rank groups; interpreted they are exact float32
+  tf32 = platform.kind == "gpu" and not platform.interpret
+  assert_scores_close(got, want, reduction=h * d, dtype_tol=2e-3 if tf32 else None)
 
 
 @pytest.mark.parametrize("kind,plat", [("gpu", "cuda"), ("tpu", "tpu")])
