@@ -595,6 +595,7 @@ def test_ivf_kernels_gpu():
        + 0.3 * rng.standard_normal((n, d))).astype(np.float32)
   q = rng.standard_normal((n, h, d)).astype(np.float32)
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
+  q, k = jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16)  # exact products in the MMAs
   cfg = ivf.IVFConfig(topk=64, budget=768, seal_window=256, cluster_size=32, refit_interval=1024)
   want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
   got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")

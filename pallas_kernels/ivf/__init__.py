@@ -65,6 +65,9 @@ def representative_scores(q, w, reps, valid, *, platform: KernelPlatform):
   [Q, G] -> [Q, G] float32 (-inf where not valid): the dense indexer kernel, non-causal,
   with the representatives as keys."""
   from pallas_kernels import indexer_prefill
-  z = indexer_prefill.prefill_scores(q.astype(jnp.float32), reps.astype(jnp.float32),
-                                     w.astype(jnp.float32), platform=platform)
+  # bf16 q and representatives (the compact index) go in as they are: exact products; other
+  # dtypes as float32 (TF32 dots on a GPU)
+  dt = jnp.bfloat16 if q.dtype == reps.dtype == jnp.bfloat16 else jnp.float32
+  z = indexer_prefill.prefill_scores(q.astype(dt), reps.astype(dt), w.astype(jnp.float32),
+                                     platform=platform)
   return jnp.where(valid, z, -jnp.inf)
