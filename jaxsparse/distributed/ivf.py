@@ -94,8 +94,9 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
       continue
     dev = devices[holder(lo // c)]
     ga = jax.device_put(jnp.asarray(assign), dev)
-    part = {"assign": ga, "sizes": jnp.zeros((g_cap,), jnp.int32)}
-    reps = index.representatives(part, k_all[devices.index(dev)])
+    part = {"assign": ga, "sizes": jnp.zeros((g_cap,), jnp.int32),
+            "centers": jnp.zeros((0, 0), index.state_dtypes(n, config)["centers"])}
+    reps = index.representatives(part, k_all[devices.index(dev)])  # at the index's dtype
     sizes, _, last = index._group_stats(ga, k_all[devices.index(dev)], g_cap)
     put = lambda x: jax.device_put(x, dev)
     res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), k_all[devices.index(dev)], reps, sizes,

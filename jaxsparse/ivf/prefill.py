@@ -38,8 +38,13 @@ def _chunk_topk(q, w, k, reps, sizes, last, assign, grouped_end, positions, *, t
   else:  # the keys are gathered inside the kernel: no [Q, S, D] array
     from pallas_kernels import ivf as kivf
     z = kivf.gathered_scores(q, w, k, idx, platform=platform)
-  v, j = jax.lax.top_k(z, topk)
-  return jnp.where(jnp.isfinite(v), jnp.take_along_axis(idx, j, 1), -1), num
+  if platform is None:
+    v, j = jax.lax.top_k(z, topk)
+  else:  # the top-K kernels: the same entries (ties to the lower column, -inf never chosen)
+    from pallas_kernels import topk as ktopk
+    v, j = ktopk.topk_rows(z, None, topk, ktopk.TopkConfig(), platform)
+  picked = jnp.take_along_axis(idx, jnp.maximum(j, 0), 1)
+  return jnp.where(jnp.isfinite(v) & (j >= 0), picked, -1), num
 
 
 def exact_before_first_seal(q, w, k, config):
@@ -54,7 +59,9 @@ def exact_before_first_seal(q, w, k, config):
   first = min(config.seal_window - 1, n)
   if first:
     pos = jnp.arange(first, dtype=jnp.int32)
-    out_idx[:first] = np.asarray(_exact(q[:first], w[:first], k, pos, topk)[1])
+    # only the keys they can see: [first, first] scores, never [first, N]
+    out_idx[:first, :min(topk, first)] = np.asarray(
+        _exact(q[:first], w[:first], k[:first], pos, min(topk, first))[1])
     out_num[:first] = np.arange(1, first + 1)
   return out_idx, out_num
 
@@ -63,9 +70,10 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
   """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
 
   q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
-  score every key. implementation: None or "xla" (XLA), or "pallas" (the k-means assignment,
-  representative scoring and gathered-candidate scoring kernels of `pallas_kernels.ivf`;
-  interpret mode without an accelerator; opt-in until they have run compiled on a GPU).
+  score every key. implementation: None (the kernels on a GPU/TPU, XLA on a CPU), "xla", or
+  "pallas" (the k-means assignment, representative scoring and gathered-candidate scoring
+  kernels of `pallas_kernels.ivf` and the top-K kernels; interpret mode without an
+  accelerator). Each window's result is copied to the host while later windows run.
   Returns (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
@@ -77,11 +85,12 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
                      f"[N, H, D], [N, H], [N, D]")
   from jaxsparse import _checks, backend
   _checks.check_implementation(implementation)
-  plat = backend.kernel_platform() if implementation == "pallas" else None
+  plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   corrector = _resolve_corrector(corrector, layer)
   topk, wnd = min(config.topk, n), config.seal_window
   out_idx, out_num = exact_before_first_seal(q, w, k, config)
   state = index.init_state(n, k.shape[1], config)
+  pending = []
   for v in range(1, n // wnd + 1):
     p = v * wnd
     state = index.seal(state, k, p, config=config, platform=plat)
@@ -96,5 +105,16 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
     idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, state["sizes"], state["last"],
                            state["assign"], gend, pos, topk=topk, budget=config.budget,
                            sink=config.sink, window=wnd, platform=plat)
-    out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
+    for a in (idx, num):
+      a.copy_to_host_async()
+    pending.append((lo, hi, idx, num))
+    if len(pending) > 2:  # the host reads a window two behind the one being dispatched
+      _drain(pending.pop(0), out_idx, out_num)
+  for item in pending:
+    _drain(item, out_idx, out_num)
   return out_idx, out_num
+
+
+def _drain(item, out_idx, out_num):
+  lo, hi, idx, num = item
+  out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
