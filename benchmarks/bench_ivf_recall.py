@@ -99,6 +99,8 @@ def main(argv=None):
   p.add_argument("--sink", type=int, default=16)
   p.add_argument("--queries", type=int, default=256)
   p.add_argument("--layers", default="", help="comma list of stored layer indices (default all)")
+  p.add_argument("--float32-index", action="store_true",
+                 help="IVFConfig(compact=False): int32 / float32 index state")
   p.add_argument("--quick", action="store_true", help="two layers, one budget, 32 queries")
   a = p.parse_args(argv)
   tr = traces.load(a.trace)
@@ -111,7 +113,8 @@ def main(argv=None):
     budgets, layers, a.queries = budgets[:1], layers[:2], 32
     a.main_budget = budgets[0]
   cfg = ivf.IVFConfig(topk=a.topk, budget=max(budgets), seal_window=a.seal_window,
-                      cluster_size=a.cluster_size, refit_interval=a.refit_interval, sink=a.sink)
+                      cluster_size=a.cluster_size, refit_interval=a.refit_interval, sink=a.sink,
+                      compact=not a.float32_index)
   pos, rows = run(tr, cfg, budgets, layers, a.queries)
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
          "config": dataclasses.asdict(cfg), "budgets": budgets, "query_positions": pos.tolist(),

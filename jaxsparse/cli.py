@@ -398,15 +398,29 @@ def _bench_prefill(args) -> int:
   import numpy as np
   from jaxsparse._bench.timing import environment, print_table, write_json
   from jaxsparse.distributed import sharded_prefill_topk
+  import jax.numpy as jnp
+
+  import jaxsparse
   counts = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= args.devices]
   rng = np.random.default_rng(0)
   rows = []
+  dt = jnp.dtype(args.dtype)
   from rich.console import Console
   with Console(stderr=True).status("timing sharded prefill") as st:
     for n in args.tokens:
-      q = rng.standard_normal((n, args.heads, args.head_dim)).astype(np.float32)
-      w = rng.uniform(0, 1, (n, args.heads)).astype(np.float32)
-      k = rng.standard_normal((n, args.head_dim)).astype(np.float32)
+      q = jnp.asarray(rng.standard_normal((n, args.heads, args.head_dim)), dt)
+      w = jnp.asarray(rng.uniform(0, 1, (n, args.heads)), jnp.float32)
+      k = jnp.asarray(rng.standard_normal((n, args.head_dim)), dt)
+      st.update(f"timing {n:,} tokens unsharded")
+      one = lambda: jax.block_until_ready(jaxsparse.prefill_topk(  # noqa: E731
+          q, k, w, args.k, query_positions=jnp.arange(n, dtype=jnp.int32)))
+      one()  # compile
+      t0 = time.perf_counter()
+      for _ in range(args.reps):
+        one()
+      sec = (time.perf_counter() - t0) / args.reps
+      rows.append({"tokens": n, "devices": 1, "strategy": "unsharded", "s": sec,
+                   "tokens_per_s": n / sec})
       for p in counts:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
         for strategy in args.strategies:
@@ -421,23 +435,26 @@ def _bench_prefill(args) -> int:
   for r in rows:
     one = next(x for x in rows if x["tokens"] == r["tokens"] and x["devices"] == 1
                and x["strategy"] == r["strategy"])
+    base = next(x for x in rows if x["tokens"] == r["tokens"] and x["strategy"] == "unsharded")
     r["speedup"] = one["s"] / r["s"]
     r["efficiency"] = r["speedup"] / r["devices"]
+    r["vs_unsharded"] = r["s"] / base["s"]  # at 1 device: the sharded code's overhead
   print_table([{**r, "s": f"{r['s']:.3f}", "tokens_per_s": f"{r['tokens_per_s']:,.0f}",
                 "speedup": f"{r['speedup']:.2f}", "efficiency": f"{r['efficiency']:.0%}"}
                for r in rows],
-              ["tokens", "devices", "strategy", "s", "tokens_per_s", "speedup", "efficiency"])
+              ["tokens", "devices", "strategy", "s", "tokens_per_s", "speedup", "efficiency",
+               "vs_unsharded"])
   print(f"indexer prefill (scores + exact top-{args.k} for every query), host wall clock "
         f"on {jax.devices()[0].platform}; efficiency = speed-up / devices")
   if args.out:
     write_json(args.out, dict(environment=environment(), rows=rows, k=args.k,
-                              heads=args.heads, head_dim=args.head_dim))
+                              heads=args.heads, head_dim=args.head_dim, dtype=args.dtype))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for n in args.tokens:
-      for strategy in args.strategies:
+      for strategy in args.strategies:  # the unsharded row is one point: the table has it
         rr = [r for r in rows if r["tokens"] == n and r["strategy"] == strategy]
         ax.plot([r["devices"] for r in rr], [r["tokens_per_s"] for r in rr], marker="o",
                 label=f"{n:,} tokens, {strategy}")
@@ -628,6 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--strategies", type=lambda v: [x for x in v.split(",") if x],
                  default=["allgather", "ring"], help="prefill: key exchanges (default both)")
   b.add_argument("--reps", type=_positive("--reps"), default=2, help="prefill: timed runs")
+  b.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                 help="prefill: q and k dtype (default bfloat16)")
   b.add_argument("--slots", type=_positive("--slots"), default=8192,
                  help="decode context slots (default 8192)")
   b.add_argument("--chunk", type=_positive("--chunk"), default=256,

@@ -204,8 +204,9 @@ def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=Tr
   implementation:
     "xla" (CPU default): keys stream in blocks of `block`; each block's scores [T, block] give
       a block top-K that `merge_topk` folds into the running one: O(T x (topk + block)) memory.
-    "pallas" (GPU/TPU default): queries run in chunks of `query_chunk` (default: T / 16 rounded
-      down to a multiple of 8, at least 8). Per chunk, the scoring kernel writes the chunk's
+    "pallas" (GPU/TPU default): queries run in chunks of `query_chunk` (default
+      `default_query_chunk`: T / 16 rounded down to a multiple of 8, at least 8, and at most
+      512 MiB of chunk scores). Per chunk, the scoring kernel writes the chunk's
       [query_chunk, N] scores and the top-K kernels (group maxima, exact threshold, candidate
       compaction, finish) select from them, so the extra memory is query_chunk x N x 4 bytes
       (1/16 of T x N x 4) plus the top-K's own buffers, and the scores make one round trip
@@ -238,15 +239,22 @@ def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=Tr
   if not isinstance(topk_config, ktopk.TopkConfig):
     raise ValueError(f"topk_config={topk_config!r} must be a TopkConfig")
   t = q.shape[0]
-  chunk = default_query_chunk(t) if query_chunk is None else min(query_chunk, t)
+  chunk = default_query_chunk(t, k.shape[0]) if query_chunk is None else min(query_chunk, t)
   return _prefill_topk_kernels(q, k, w, k_scale, query_positions, topk, sorted, chunk,
                                prefill_config, topk_config, plat)
 
 
-def default_query_chunk(t: int) -> int:
-  """`prefill_topk`'s default query chunk for T queries: T / 16 rounded down to a multiple of
-  8, at least 8 (at most T)."""
-  return min(t, max(8, (t // 16) // 8 * 8))
+CHUNK_SCORE_BYTES = 1 << 29  # at most 512 MiB of chunk scores by default
+
+
+def default_query_chunk(t: int, n: int = 0) -> int:
+  """`prefill_topk`'s default query chunk for T queries against N keys: T / 16 rounded down to
+  a multiple of 8, and at most CHUNK_SCORE_BYTES of [chunk, N] float32 scores (so a whole
+  1M-token sequence, T = N, still runs in 128-query chunks); at least 8, at most T."""
+  c = (t // 16) // 8 * 8
+  if n:
+    c = min(c, CHUNK_SCORE_BYTES // (4 * n) // 8 * 8)
+  return min(t, max(8, c))
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9, 10))

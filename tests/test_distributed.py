@@ -21,19 +21,32 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SCRIPT = r'''
 import json, sys
 import numpy as np, jax, jax.numpy as jnp
+import jaxsparse
 from jaxsparse.distributed import sharded_prefill_topk, quantize_keys_fp8, balanced_order
 n, h, d, K = int(sys.argv[1]), 4, 32, 40
 rng = np.random.default_rng(0)
 q = rng.standard_normal((n, h, d)).astype(np.float32)
 w = rng.uniform(0, 1, (n, h)).astype(np.float32)
 k = rng.standard_normal((n, d)).astype(np.float32)
-out = {"devices": len(jax.devices()), "runs": {}}
+out = {"devices": len(jax.devices()), "runs": {}, "kernel": {}}
 for p in (1, 2, 4, 8):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
   for strat in ("allgather", "ring"):
     for fp8 in ((False, True) if p in (1, 4) else (False,)):
       v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, fp8_keys=fp8, block=32)
       out["runs"][f"{p}-{strat}-{fp8}"] = {"i": i.tolist(), "v": np.where(np.isfinite(v), v, -1e30).tolist()}
+# the kernel path (interpret mode here): each device runs prefill_topk's kernels
+one = jaxsparse.prefill_topk(jnp.asarray(q), jnp.asarray(k), jnp.asarray(w), K,
+                             query_positions=jnp.arange(n), implementation="pallas")
+out["kernel_one"] = {"i": np.asarray(one[1]).tolist(),
+                     "v": np.where(np.isfinite(one[0]), one[0], -1e30).tolist()}
+for p in (1, 2, 8):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
+  for strat in ("allgather", "ring"):
+    v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, block=32,
+                                implementation="pallas")
+    out["kernel"][f"{p}-{strat}"] = {"i": i.tolist(),
+                                     "v": np.where(np.isfinite(v), v, -1e30).tolist()}
 order = balanced_order(64, 4)
 out["order"] = order.tolist()
 k8, sc = quantize_keys_fp8(jnp.asarray(k))
@@ -75,6 +88,18 @@ def test_sharded_equals_one_device_for_1_2_4_8_devices_and_both_exchanges(sharde
     ref = base8 if name.endswith("True") else base
     assert r["i"] == ref["i"], name  # identical indices, bitwise identical values
     assert r["v"] == ref["v"], name
+
+
+def test_sharded_kernel_path_equals_one_device_kernels(sharded):
+  """implementation="pallas": on 1, 2 and 8 devices, both exchanges, exactly one device's
+  `prefill_topk` kernel result (indices and values)."""
+  n, out = sharded
+  base = out["kernel_one"]
+  assert set(out["kernel"]) == {f"{p}-{s}" for p in (1, 2, 8) for s in ("allgather", "ring")}
+  for name, r in out["kernel"].items():
+    assert r["i"] == base["i"], name
+    assert r["v"] == base["v"], name
+  assert (np.asarray(base["i"]) == np.asarray(out["runs"]["1-allgather-False"]["i"])).mean() > 0.999
 
 
 def test_sharded_top_k_is_the_exact_causal_top_k(sharded):
@@ -159,8 +184,10 @@ def test_bench_prefill_command_on_emulated_devices(tmp_path):
                        text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
   rows = json.loads(out.read_text())["rows"]
-  assert {(r["devices"], r["strategy"]) for r in rows} == {(1, "allgather"), (1, "ring"),
-                                                           (2, "allgather"), (2, "ring")}
+  assert {(r["devices"], r["strategy"]) for r in rows} == {(1, "unsharded"), (1, "allgather"),
+                                                           (1, "ring"), (2, "allgather"),
+                                                           (2, "ring")}
+  assert all(r["vs_unsharded"] > 0 for r in rows)
   assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 

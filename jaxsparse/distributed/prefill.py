@@ -90,7 +90,7 @@ def _chunked(fn, q, w, qpos, block):
 
 def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: str = "x",
                          strategy: str = "allgather", fp8_keys: bool = False,
-                         block: int = 64):
+                         block: int = 64, implementation=None):
   """Every query's exact indexer top-K over a causal sequence, sharded over `mesh[axis]`.
 
   q [N, H, D], w [N, H], k [N, D] float (query n sits at position n and sees keys 0..n);
@@ -98,10 +98,19 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   fp8_keys: exchange (and score) keys as fp8 with per-token scales, the way DSA serving
   stacks quantise before the gather (the result then equals the single-device top-K of the
   same fp8 keys). block: queries and keys per scoring tile (every device scores the same
-  tiles, so the result does not depend on the device count). Returns (values [N, topk]
-  float32, indices [N, topk] int32, -1 / -inf where fewer keys are visible). N need not
-  divide evenly: each of the 2P chunks is padded to a multiple of block and masked.
+  tiles, so the result does not depend on the device count). implementation: None (the
+  kernels on GPU/TPU, XLA on a CPU), "xla" (tile-by-tile float32 einsums) or "pallas": each
+  device runs `jaxsparse.prefill_topk`'s kernel path (chunked scoring and top-K kernels) on its
+  queries: against the all-gathered keys put back in position order, or, in the ring, against
+  each contiguous run of the visiting shard's keys, merged; per-element kernel arithmetic does
+  not depend on the tiling, so the result is one device's kernel result. Returns (values
+  [N, topk] float32, indices [N, topk] int32, -1 / -inf where fewer keys are visible). N need
+  not divide evenly: each of the 2P chunks is padded to a multiple of block and masked. One
+  process: jax arrays on the mesh's devices; several processes: numpy arrays in every process.
   """
+  from jaxsparse import _checks, backend
+  _checks.check_implementation(implementation)
+  kernels = backend.resolve(implementation) == "pallas"
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
@@ -134,13 +143,18 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   args = [put(qs), put(ws), put(ks), put(pos), put(kpos)]
   if fp8_keys:
     args.append(put(scale))
+  inverse = np.argsort(order).astype(np.int32)  # position p's row in the gathered keys
   fn = functools.partial(_shard_body, topk=topk, axis=axis, shards=shards, strategy=strategy,
-                         fp8=fp8_keys, block=block)
-  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=(spec, spec))
+                         fp8=fp8_keys, block=block, kernels=kernels, inverse=inverse)
+  # pallas_call outputs carry no varying-axis annotation: the kernel path skips that check
+  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=(spec, spec),
+                       **({"check_vma": False} if kernels else {}))
   v, i = jax.jit(body)(*args)
-  if jax.process_count() > 1:  # every process gets the whole result
-    from jax.experimental import multihost_utils
-    v, i = multihost_utils.process_allgather((v, i), tiled=True)
+  if jax.process_count() == 1:  # back to position order on the devices (no host copy)
+    back = jnp.asarray(inverse[:n])
+    return jnp.take(v, back, axis=0), jnp.take(i, back, axis=0)
+  from jax.experimental import multihost_utils  # every process gets the whole result
+  v, i = multihost_utils.process_allgather((v, i), tiled=True)
   v, i = np.asarray(v), np.asarray(i)
   out_v = np.full((n, topk), -np.inf, np.float32)
   out_i = np.full((n, topk), -1, np.int32)
@@ -162,8 +176,44 @@ def _dequant(k, scale):
   return k.astype(jnp.float32) * scale[:, None] if scale is not None else k
 
 
-def _shard_body(q, w, k, qpos, kpos, *scale, topk, axis, shards, strategy, fp8, block):
+def _kernel_topk(q, w, k, scale, qpos, start, topk):
+  """The kernel path's top-K of local queries against keys at positions start, start + 1, ...
+  (indices as positions)."""
+  from jaxsparse.selection import prefill_topk
+  v, i = prefill_topk(q, k, w, topk, k_scale=scale, query_positions=qpos - start,
+                      implementation="pallas")
+  return v, jnp.where(i >= 0, i + start, -1)
+
+
+def _shard_body(q, w, k, qpos, kpos, *scale, topk, axis, shards, strategy, fp8, block,
+                kernels=False, inverse=None):
   sc = scale[0] if fp8 else None
+  if kernels and strategy == "allgather":
+    inv = jnp.asarray(inverse)
+    kall = lax.all_gather(k, axis, tiled=True)[inv]
+    sall = lax.all_gather(sc, axis, tiled=True)[inv] if fp8 else None
+    return _kernel_topk(q, w, kall, sall, qpos, 0, topk)
+  if kernels:  # ring: the visiting shard is two contiguous runs of positions
+    perm = [(d, (d + 1) % shards) for d in range(shards)]
+    c = k.shape[0] // 2
+
+    def kstep(carry, _):
+      v, i, kk, pp, ss = carry
+      for r in (0, 1):
+        nv, ni = _kernel_topk(q, w, kk[r * c:(r + 1) * c],
+                              ss[r * c:(r + 1) * c] if fp8 else None, qpos, pp[r * c], topk)
+        v, i = merge_topk(v, i, nv, ni, topk)
+      kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
+      if fp8:
+        ss = lax.ppermute(ss, axis, perm)
+      return (v, i, kk, pp, ss), None
+
+    t = q.shape[0]
+    init = (_varying(jnp.full((t, topk), NEG_INF, jnp.float32), axis),
+            _varying(jnp.full((t, topk), -1, jnp.int32), axis), k, qpos,
+            sc if fp8 else jnp.zeros_like(qpos, jnp.float32))
+    (v, i, *_), _ = lax.scan(kstep, init, None, length=shards)
+    return v, i
   if strategy == "allgather":
     kall = lax.all_gather(k, axis, tiled=True)
     pall = lax.all_gather(kpos, axis, tiled=True)
