@@ -106,7 +106,8 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   not depend on the tiling, so the result is one device's kernel result. Returns (values
   [N, topk] float32, indices [N, topk] int32, -1 / -inf where fewer keys are visible). N need
   not divide evenly: each of the 2P chunks is padded to a multiple of block and masked. One
-  process: jax arrays on the mesh's devices; several processes: numpy arrays in every process.
+  process: jax arrays replicated on the mesh's devices; several processes: numpy arrays in
+  every process.
   """
   from jaxsparse import _checks, backend
   _checks.check_implementation(implementation)
@@ -151,8 +152,10 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
                        **({"check_vma": False} if kernels else {}))
   v, i = jax.jit(body)(*args)
   if jax.process_count() == 1:  # back to position order on the devices (no host copy)
+    rep = NamedSharding(mesh, P())  # replicated, then a local gather (any mesh axis type)
     back = jnp.asarray(inverse[:n])
-    return jnp.take(v, back, axis=0), jnp.take(i, back, axis=0)
+    v, i = jax.device_put((v, i), rep)
+    return jax.jit(lambda a, b: (a[back], b[back]), out_shardings=(rep, rep))(v, i)
   from jax.experimental import multihost_utils  # every process gets the whole result
   v, i = multihost_utils.process_allgather((v, i), tiled=True)
   v, i = np.asarray(v), np.asarray(i)
