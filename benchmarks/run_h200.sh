@@ -2,7 +2,8 @@
 # The device driver: one target per argument, logs and JSON in $OUT.
 #   bash benchmarks/run_h200.sh TARGET...
 # Targets:
-#   gpu-tests        tests/test_gpu.py compiled on the GPU
+#   gpu-tests        tests/test_gpu.py compiled on the GPU (~15 min: split it over calls with
+#                    JAXSPARSE_TEST_PART=1/2 and 2/2)
 #   indexer | topk   the full scoring / top-K benchmark sweeps
 #   readme-tables    the README's performance rows (decode, prefill, top-K), one file each
 #   train-indexers   long-context lightning indexers (train.indexer, resumes from $RUN)
@@ -22,7 +23,8 @@ python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 for what in "$@"; do
   case $what in
-    gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+    gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
+      | tee "$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}.log" | tail -15 ;;
     indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;
     topk) python3 benchmarks/bench_topk.py --out "$OUT/topk_h200.json" 2>&1 | tee "$OUT/bench_topk.log" ;;
     readme-tables)

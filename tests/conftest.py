@@ -1,6 +1,8 @@
 """Shared fixtures: GPU marker handling and tolerance helpers."""
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -14,6 +16,16 @@ def has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+  part = os.environ.get("JAXSPARSE_TEST_PART", "")
+  if part:  # "i/n": every n-th test from the i-th (1-based), to split a run over device calls
+    try:
+      i, n = (int(v) for v in part.split("/"))
+      assert 1 <= i <= n
+    except (ValueError, AssertionError):
+      raise pytest.UsageError(f"JAXSPARSE_TEST_PART={part!r} must be i/n with 1 <= i <= n")
+    keep = [it for j, it in enumerate(items) if j % n == i - 1]
+    config.hook.pytest_deselected(items=[it for it in items if it not in keep])
+    items[:] = keep
   if has_gpu():
     return
   skip = pytest.mark.skip(reason="needs an NVIDIA GPU")

@@ -69,3 +69,21 @@ def test_tpu_estimates_script(tmp_path):
   rows = json.loads((tmp_path / "t.json").read_text())["rows"]
   assert [r["bound_v5e"] for r in rows[:2]] == ["HBM", "MXU"]
   assert all(r["floor_v5e_us"] > r["floor_v6e_us"] > 0 for r in rows)
+
+
+def test_test_parts_cover_the_suite_once():
+  """JAXSPARSE_TEST_PART=i/n (the device driver splits the GPU tests over calls with it): the
+  n parts together select every test exactly once; a malformed value is refused."""
+  def ids(part):
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT)}
+    if part:
+      env["JAXSPARSE_TEST_PART"] = part
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:cacheprovider",
+                          os.path.join(ROOT, "tests", "test_gpu.py")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    return res, [ln for ln in res.stdout.splitlines() if "::" in ln]
+  _, every = ids("")
+  parts = [ids(f"{i}/3")[1] for i in (1, 2, 3)]
+  assert sorted(sum(parts, [])) == sorted(every) and all(parts)
+  bad, _ = ids("4/3")
+  assert bad.returncode != 0 and "JAXSPARSE_TEST_PART" in bad.stdout + bad.stderr
