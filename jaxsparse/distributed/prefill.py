@@ -188,35 +188,43 @@ def _kernel_topk(q, w, k, scale, qpos, start, topk):
   return v, jnp.where(i >= 0, i + start, -1)
 
 
+def _ring(k, pos, sc, visit, *, topk, axis, shards, fp8, rows):
+  """P ring steps: `visit(keys, positions, scales)` gives the top-K pieces [(v, i), ...] of the
+  local queries against the visiting key shard; they are merged into the running top-K and
+  the shard moves on to the next device."""
+  perm = [(d, (d + 1) % shards) for d in range(shards)]
+
+  def step(carry, _):
+    v, i, kk, pp, ss = carry
+    for nv, ni in visit(kk, pp, ss if fp8 else None):
+      v, i = merge_topk(v, i, nv, ni, topk)
+    kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
+    if fp8:
+      ss = lax.ppermute(ss, axis, perm)
+    return (v, i, kk, pp, ss), None
+
+  init = (_varying(jnp.full((rows, topk), NEG_INF, jnp.float32), axis),
+          _varying(jnp.full((rows, topk), -1, jnp.int32), axis), k, pos,
+          sc if fp8 else jnp.zeros_like(pos, jnp.float32))
+  (v, i, *_), _ = lax.scan(step, init, None, length=shards)
+  return v, i
+
+
 def _shard_body(q, w, k, qpos, kpos, *scale, topk, axis, shards, strategy, fp8, block,
                 kernels=False, inverse=None):
   sc = scale[0] if fp8 else None
+  ring = functools.partial(_ring, topk=topk, axis=axis, shards=shards, fp8=fp8,
+                           rows=q.shape[0])
   if kernels and strategy == "allgather":
     inv = jnp.asarray(inverse)
     kall = lax.all_gather(k, axis, tiled=True)[inv]
     sall = lax.all_gather(sc, axis, tiled=True)[inv] if fp8 else None
     return _kernel_topk(q, w, kall, sall, qpos, 0, topk)
-  if kernels:  # ring: the visiting shard is two contiguous runs of positions
-    perm = [(d, (d + 1) % shards) for d in range(shards)]
+  if kernels:  # ring: the visiting shard is two contiguous runs of (raw) positions
     c = k.shape[0] // 2
-
-    def kstep(carry, _):
-      v, i, kk, pp, ss = carry
-      for r in (0, 1):
-        nv, ni = _kernel_topk(q, w, kk[r * c:(r + 1) * c],
-                              ss[r * c:(r + 1) * c] if fp8 else None, qpos, pp[r * c], topk)
-        v, i = merge_topk(v, i, nv, ni, topk)
-      kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
-      if fp8:
-        ss = lax.ppermute(ss, axis, perm)
-      return (v, i, kk, pp, ss), None
-
-    t = q.shape[0]
-    init = (_varying(jnp.full((t, topk), NEG_INF, jnp.float32), axis),
-            _varying(jnp.full((t, topk), -1, jnp.int32), axis), k, qpos,
-            sc if fp8 else jnp.zeros_like(qpos, jnp.float32))
-    (v, i, *_), _ = lax.scan(kstep, init, None, length=shards)
-    return v, i
+    return ring(k, qpos, sc, lambda kk, pp, ss: [
+        _kernel_topk(q, w, kk[r * c:(r + 1) * c], None if ss is None else ss[r * c:(r + 1) * c],
+                     qpos, pp[r * c], topk) for r in (0, 1)])
   if strategy == "allgather":
     kall = lax.all_gather(k, axis, tiled=True)
     pall = lax.all_gather(kpos, axis, tiled=True)
@@ -224,22 +232,6 @@ def _shard_body(q, w, k, qpos, kpos, *scale, topk, axis, shards, strategy, fp8, 
     keys = _dequant(kall, sall)
     return _chunked(lambda a, b, c: _local_topk(_scores(a, b, keys, c, pall, block), pall,
                                                 topk), q, w, qpos, block)
-  perm = [(d, (d + 1) % shards) for d in range(shards)]
-
-  def step(carry, _):
-    v, i, kk, pp, ss = carry
-    keys = _dequant(kk, ss if fp8 else None)
-    nv, ni = _chunked(lambda a, b, c: _local_topk(_scores(a, b, keys, c, pp, block), pp,
-                                                  topk), q, w, qpos, block)
-    v, i = merge_topk(v, i, nv, ni, topk)
-    kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
-    if fp8:
-      ss = lax.ppermute(ss, axis, perm)
-    return (v, i, kk, pp, ss), None
-
-  t = q.shape[0]
-  init = (_varying(jnp.full((t, topk), NEG_INF, jnp.float32), axis),
-          _varying(jnp.full((t, topk), -1, jnp.int32), axis), k, kpos,
-          sc if fp8 else jnp.zeros_like(kpos, jnp.float32))
-  (v, i, *_), _ = lax.scan(step, init, None, length=shards)
-  return v, i
+  return ring(k, kpos, sc, lambda kk, pp, ss: [_chunked(
+      lambda a, b, c: _local_topk(_scores(a, b, _dequant(kk, ss), c, pp, block), pp, topk),
+      q, w, qpos, block)])
