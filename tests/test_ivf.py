@@ -161,6 +161,27 @@ def test_seal_appends_groups_and_leaves_old_ones_untouched(compact):
     assert (up[a:b] >= srt[:, 0] - tol).all() and (lo[a:b] <= srt[:, 1] + tol).all()
 
 
+def test_incremental_seal_bookkeeping_equals_a_full_recount():
+  """Seals count sizes, newest members and member ranks from the window alone; after every
+  seal and refit they equal a recount over all keys (ranks of grouped keys, saturated as
+  stored)."""
+  _, _, k = _trace(n=512)
+  kj = jnp.asarray(k, jnp.float32)
+  st = index.init_state(512, 16, CFG)
+  g = st["sizes"].shape[0]
+  for p in range(64, 513, 64):
+    st = index.seal(st, kj, p, config=CFG)
+    if p % CFG.refit_interval == 0:
+      st = index.refit(st, kj, p, config=CFG)
+    a = jnp.asarray(st["assign"], jnp.int32)
+    sizes, _, last = index._group_stats(a, kj, g)
+    np.testing.assert_array_equal(np.asarray(st["sizes"]), np.asarray(sizes))
+    np.testing.assert_array_equal(np.asarray(st["last"]), np.asarray(last))
+    grouped = np.asarray(a) >= 0  # an ungrouped key's rank is never read
+    want = np.asarray(index._store_rank(index._members_rank(a, g), st["rank"]))
+    np.testing.assert_array_equal(np.asarray(st["rank"])[grouped], want[grouped])
+
+
 @pytest.mark.parametrize("compact", [True, False])
 def test_refit_assigns_to_the_nearest_warm_start_center_with_valid_bounds(compact):
   """Assignments to the nearest center (of the stored, warm-start centers), and bounds that

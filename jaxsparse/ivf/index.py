@@ -106,7 +106,8 @@ def _sqdist(x, c):
 
 
 def _members_rank(assign, num_groups_cap):
-  """Rank of each key among the keys of its group, by position (-1 keys get 0)."""
+  """Rank of each key among the keys of its group, by position (-1 keys are ranked among
+  themselves; nothing reads an ungrouped key's rank)."""
   n = assign.shape[0]
   key = jnp.where(assign >= 0, assign, num_groups_cap)
   order = jnp.lexsort((jnp.arange(n), key))  # by group, then position
@@ -173,15 +174,22 @@ def _seal(state, keys, p, config, sink=None, platform=None):
   a, d1, d2 = _nearest(win, centers.astype(jnp.float32), every, platform)
   gid = jnp.where(valid, state["groups"] + a, -1).astype(state["assign"].dtype)
   assign = jax.lax.dynamic_update_slice_in_dim(state["assign"], gid, start, 0)
-  g = state["sizes"].shape[0]
   centers_all = jax.lax.dynamic_update_slice_in_dim(state["centers"], centers,
                                                     state["groups"], 0)
-  sizes, _, last = _group_stats(assign, keys, g)
+  # the new groups hold only window keys and old groups are untouched: sizes, newest members
+  # and ranks come from the window alone (O(W), not O(N) per seal)
+  oh = (jax.nn.one_hot(a, gw, dtype=jnp.int32) * valid[:, None])  # [W, gw]
+  cnt = oh.sum(0)
+  sizes = jax.lax.dynamic_update_slice_in_dim(state["sizes"], cnt, state["groups"], 0)
+  newest = jnp.max(jnp.where(oh > 0, pos[:, None], -1), axis=0)
+  last = jax.lax.dynamic_update_slice_in_dim(state["last"], newest, state["groups"], 0)
+  wrank = jnp.take_along_axis(jnp.cumsum(oh, 0), a[:, None], 1)[:, 0] - 1
+  rank = jax.lax.dynamic_update_slice_in_dim(
+      state["rank"], _store_rank(jnp.where(valid, wrank, 0), state["rank"]), start, 0)
   own = _store_bound(jnp.sqrt(d1), state["upper"], up=True)
   other = _store_bound(jnp.sqrt(d2), state["lower"], up=False)
   upper = jax.lax.dynamic_update_slice_in_dim(state["upper"], own, start, 0)
   lower = jax.lax.dynamic_update_slice_in_dim(state["lower"], other, start, 0)
-  rank = _store_rank(_members_rank(assign, g), state["rank"])
   return {**state, "assign": assign, "rank": rank, "sizes": sizes,
           "last": last, "centers": centers_all, "upper": upper, "lower": lower,
           "groups": state["groups"] + gw, "grouped_end": jnp.asarray(p, jnp.int32)}
