@@ -512,7 +512,7 @@ def test_indexer_topk_matches_scores_then_topk(kind, monkeypatch):
   np.testing.assert_allclose(np.asarray(v), rv, rtol=1e-5)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(log_cap=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
 def test_order_free_finishes_any_order(log_cap, seed, ties):
   """The bitonic (one kernel, or split into sorted runs then merges or a rank merge), and rank
@@ -569,7 +569,7 @@ def test_rank_merge_places_every_entry():
 
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), spread=st.sampled_from([1, 3, 1000]),
-       n=st.integers(3000, 9000), k=st.sampled_from([64, 256]))
+       n=st.sampled_from([3001, 8191]), k=st.sampled_from([64, 256]))  # few shapes: few compiles
 def test_compaction_is_exact(seed, spread, n, k):
   """The compaction passes ("scan" and "lane") give numpy's top-k, sorted and as a set:
   heavy ties at the threshold, NaN, -0.0, ragged lengths, rows that are not a
