@@ -6,7 +6,8 @@ every query (`jaxsparse.prefill_topk`, keys streamed in blocks, no [T, N] buffer
 recall of full DSA's top-K on sampled queries. Random clustered keys (DeepSeek-V3.2 shapes:
 H 64, D 128 by default); wall-clock seconds of one whole prefill after a warm-up at the
 smallest N; each N runs --repeats times and the fastest counts (the first compiles for the
-new shapes). Writes JSON.
+new shapes). --stages times each stage apart (index maintenance, inverted lists, group
+ranking, candidate packing, candidate scoring, top-K). Writes JSON.
 
   python benchmarks/bench_ivf_prefill.py --tokens 65536,262144,1048576 --out r.json
   python benchmarks/bench_ivf_prefill.py --quick --out r.json      (CPU check)
@@ -49,6 +50,57 @@ def full_topk(q, w, k, topk, chunk):
   return jax.block_until_ready(jnp.concatenate(out))
 
 
+def stages(q, w, k, cfg, samples):
+  """Seconds per stage of one prefill: seal and refit summed over every window (each synced);
+  the query stages timed on `samples` evenly spaced windows (a second, compiled call) and
+  scaled to every window."""
+  from jaxsparse import backend
+  from jaxsparse.ivf import candidates, index
+  from jaxsparse.ivf import prefill as pf
+  plat = backend.kernel_platform() if backend.resolve(None) == "pallas" else None
+  n, wnd = k.shape[0], cfg.seal_window
+  nw = n // wnd
+  sample = set(np.linspace(1, nw, samples).astype(int).tolist())
+  rank = jax.jit(pf._group_scores, static_argnames="platform")
+  pack = jax.jit(candidates.candidate_indices, static_argnames=("budget", "sink", "window"))
+  score = jax.jit(pf._candidate_scores, static_argnames="platform")
+  select = jax.jit(pf._select, static_argnames=("topk", "platform"))
+  t = dict(seal=0.0, refit=0.0, lists=0.0, rank=0.0, pack=0.0, score=0.0, topk=0.0)
+
+  def timed(name, f, scale):
+    f()  # compiled (and warm) first
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(f())
+    t[name] += (time.perf_counter() - t0) * scale
+    return out
+
+  state = index.init_state(n, k.shape[1], cfg)
+  for v in range(1, nw + 1):
+    p = v * wnd
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(index.seal(state, k, p, config=cfg, platform=plat))
+    t["seal"] += time.perf_counter() - t0
+    if cfg.refit_interval and p % cfg.refit_interval == 0:
+      t0 = time.perf_counter()
+      state = jax.block_until_ready(index.refit(state, k, p, config=cfg, platform=plat))
+      t["refit"] += time.perf_counter() - t0
+    lo, hi = p - 1, min(p - 1 + wnd, n)
+    if v not in sample or lo >= hi:
+      continue
+    sc = nw / len(sample)
+    pos = jnp.arange(lo, hi, dtype=jnp.int32)
+    gend = jnp.full((hi - lo,), state["grouped_end"], jnp.int32)
+    members, offsets = timed("lists", lambda: candidates.lists_by_rank(
+        state["assign"], state["rank"], state["sizes"]), sc)
+    gs = timed("rank", lambda: rank(q[lo:hi], w[lo:hi], state["centers"], state["sizes"],
+                                    state["last"], gend, platform=plat), sc)
+    idx, _ = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos,
+                                        budget=cfg.budget, sink=cfg.sink, window=wnd), sc)
+    z = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, idx, platform=plat), sc)
+    timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat), sc)
+  return t
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--tokens", default="65536,262144,1048576")
@@ -63,13 +115,15 @@ def main(argv=None):
   p.add_argument("--recall-queries", type=int, default=64)
   p.add_argument("--repeats", type=int, default=2,
                  help="runs per N; the fastest is reported (the first compiles)")
+  p.add_argument("--stages", type=int, default=8, metavar="WINDOWS",
+                 help="time each stage apart on this many windows per N (0: off)")
   p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU check")
   p.add_argument("--out", required=True)
   a = p.parse_args(argv)
   if a.quick:
     a.tokens, a.heads, a.dim, a.topk, a.budget = "512,1024", 4, 16, 16, 160
     a.seal_window, a.cluster_size, a.refit_interval, a.chunk = 64, 16, 256, 256
-    a.repeats = 1
+    a.repeats, a.stages = 1, 2
   cfg = ivf.IVFConfig(topk=a.topk, budget=a.budget, seal_window=a.seal_window,
                       cluster_size=a.cluster_size, refit_interval=a.refit_interval)
   rows = []
@@ -93,6 +147,10 @@ def main(argv=None):
                      recall=rec, mean_candidates=float(num.mean())))
     print(f"{n}: IVF {t_ivf:.2f} s, full DSA {t_full:.2f} s ({t_full / t_ivf:.2f}x), "
           f"recall {rec:.3f}", flush=True)
+    if a.stages:
+      rows[-1]["stages_s"] = stages(q, w, k, cfg, a.stages)
+      print("  stages (s): " + ", ".join(f"{s_} {v:.3f}" for s_, v in
+                                         rows[-1]["stages_s"].items()), flush=True)
     write_json(a.out, {"environment": {**environment(), "command": " ".join(sys.argv)},
                        "config": vars(a), "rows": rows})  # rows so far, if a later N fails
   print_table(rows, ["tokens", "ivf_s", "full_s", "speedup", "recall"])

@@ -182,14 +182,15 @@ def test_incremental_seal_bookkeeping_equals_a_full_recount():
     np.testing.assert_array_equal(np.asarray(st["rank"])[grouped], want[grouped])
 
 
-@pytest.mark.parametrize("compact", [True, False])
-def test_refit_assigns_to_the_nearest_warm_start_center_with_valid_bounds(compact):
+@pytest.mark.parametrize("compact,interval", [(True, 128), (False, 128), (True, 0)])
+def test_refit_assigns_to_the_nearest_warm_start_center_with_valid_bounds(compact, interval):
   """Assignments to the nearest center (of the stored, warm-start centers), and bounds that
   hold against the stored centers after the update: no tolerance beyond float32 rounding
-  (compact bounds are rounded outward)."""
+  (compact bounds are rounded outward). interval=0: refits called every 128 keys by hand,
+  so the centers the seals added come in two blocks of seal_window / cluster_size."""
   _, _, k = _trace(n=512)
   kj = jnp.asarray(k, jnp.float32)
-  cfg = dataclasses.replace(CFG, compact=compact)
+  cfg = dataclasses.replace(CFG, compact=compact, refit_interval=interval)
   st = index.init_state(512, 16, cfg)
   compared = []
   for p in range(64, 513, 64):
@@ -211,6 +212,30 @@ def test_refit_assigns_to_the_nearest_warm_start_center_with_valid_bounds(compac
       compared.append((int(st["compared"]), p - CFG.sink))
   assert compared[0][0] == compared[0][1]  # the first refit knows no bounds yet
   assert all(c < n for c, n in compared[1:])  # later ones skip keys the bounds settle
+
+
+def test_refit_compares_settled_keys_with_every_center_a_seal_added():
+  """Keys whose bounds settle them must still move to a closer center any seal added since
+  the last refit, in every block of new centers: the window [192, 256) repeats the keys of
+  [0, 64), so its seal's centers (the second block here) sit among those old keys."""
+  rng = np.random.default_rng(3)
+  k = rng.standard_normal((256, 16)).astype(np.float32)
+  k[128:192] += 40.0  # a far window: the first block of new centers
+  k[192:256] = k[0:64] + 1e-3 * rng.standard_normal((64, 16)).astype(np.float32)
+  kj = jnp.asarray(k)
+  cfg = dataclasses.replace(CFG, refit_interval=0, compact=False)
+  st = index.init_state(256, 16, cfg)
+  for p in (64, 128):
+    st = index.seal(st, kj, p, config=cfg)
+  st = index.refit(st, kj, 128, config=cfg)
+  for p in (192, 256):
+    st = index.seal(st, kj, p, config=cfg)
+  before = np.asarray(st["centers"], np.float64)[: int(st["groups"])]
+  st = index.refit(st, kj, 256, config=cfg)
+  assert int(st["compared"]) < 256 - cfg.sink  # some old keys were settled by their bounds
+  a = np.asarray(st["assign"])[cfg.sink:256]
+  d = ((k[cfg.sink:256, None, :].astype(np.float64) - before[None]) ** 2).sum(-1)
+  np.testing.assert_allclose(d[np.arange(len(a)), a], d.min(1), rtol=1e-4, atol=1e-4)
 
 
 def test_index_memory_is_small_against_the_key_cache():
@@ -271,6 +296,12 @@ def test_gathered_candidates_equal_the_mask():
   mask, num = ivf.candidate_mask(gs, st["sizes"], st["assign"], st["rank"], gend, pj,
                                  budget=CFG.budget, sink=CFG.sink)
   members, offsets = ivf.inverted_lists(st["assign"], st["sizes"].shape[0])
+  # the prefill's lists from the stored ranks (one scatter) hold the same group ranges
+  m2, o2 = ivf.lists_by_rank(st["assign"], st["rank"], st["sizes"])
+  np.testing.assert_array_equal(np.asarray(o2), np.asarray(offsets))
+  grouped = int(np.asarray(st["sizes"]).sum())
+  np.testing.assert_array_equal(np.asarray(m2)[:grouped], np.asarray(members)[:grouped])
+  assert (np.asarray(m2)[grouped:] == -1).all()
   idx, num2 = ivf.candidate_indices(gs, st["sizes"], members, offsets, gend, pj,
                                     budget=CFG.budget, sink=CFG.sink, window=CFG.seal_window)
   np.testing.assert_array_equal(np.asarray(num), np.asarray(num2))

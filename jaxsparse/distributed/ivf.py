@@ -21,10 +21,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse.ivf import index
+from jaxsparse.ivf import candidates, index
 from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal
 
 __all__ = ["sharded_ivf_prefill_topk"]
+
+
+@jax.jit
+def _place(reps, centers, gid):
+  return reps.at[gid].set(centers.astype(reps.dtype), mode="drop")
 
 
 def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
@@ -94,13 +99,16 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
       continue
     dev = devices[holder(lo // c)]
     ga = jax.device_put(jnp.asarray(assign), dev)
-    part = {"assign": ga, "sizes": jnp.zeros((g_cap,), jnp.int32),
-            "centers": jnp.zeros((0, 0), index.state_dtypes(n, config)["centers"])}
-    reps = index.representatives(part, k_all[devices.index(dev)])  # at the index's dtype
-    sizes, _, last = index._group_stats(ga, k_all[devices.index(dev)], g_cap)
+    kd = k_all[devices.index(dev)]
     put = lambda x: jax.device_put(x, dev)
-    res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), k_all[devices.index(dev)], reps, sizes,
-                      last, ga, put(jnp.full((hi - lo,), p, jnp.int32)),
+    reps = jnp.zeros((g_cap, d), index.state_dtypes(n, config)["centers"])
+    for f in range(p_dev):  # each shard's centers (its groups' member means) in global ids
+      reps = _place(reps, jax.device_put(states[f]["centers"], dev),
+                    put(np.where(slot_gid[f] >= 0, slot_gid[f], g_cap)))
+    sizes, _, last = index._group_stats(ga, kd, g_cap)
+    members, offsets = candidates.inverted_lists(ga, g_cap)
+    res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), kd, reps, sizes, last, members, offsets,
+                      put(jnp.full((hi - lo,), p, jnp.int32)),
                       put(jnp.arange(lo, hi, dtype=jnp.int32)), topk=topk,
                       budget=config.budget, sink=config.sink, window=wnd)
     pending.append((lo, hi, res))

@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 
 from jaxsparse.ivf.candidates import (candidate_indices, candidate_mask, inverted_lists,
-                                      representative_scores)
+                                      lists_by_rank, representative_scores)
 from jaxsparse.ivf.evaluation import METHODS, evaluate
 from jaxsparse.ivf.prefill import prefill_topk
-from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, refit,
-                                 representatives, seal)
+from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, member_means,
+                                 refit, representatives, seal)
 
 __all__ = ["IVFConfig", "evaluate", "prefill_topk", "METHODS", "init_state", "seal", "refit",
-           "representatives", "candidate_mask", "candidate_indices", "inverted_lists",
-           "representative_scores", "group_capacity", "index_bytes"]
+           "representatives", "member_means", "candidate_mask", "candidate_indices",
+           "inverted_lists", "lists_by_rank", "representative_scores", "group_capacity",
+           "index_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)

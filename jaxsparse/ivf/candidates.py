@@ -4,7 +4,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["representative_scores", "candidate_mask", "candidate_indices", "inverted_lists"]
+__all__ = ["representative_scores", "candidate_mask", "candidate_indices", "inverted_lists",
+           "lists_by_rank"]
 
 
 def representative_scores(q, w, reps, valid):
@@ -56,6 +57,27 @@ def inverted_lists(assign, num_groups: int):
   members = jnp.lexsort((jnp.arange(n), key)).astype(jnp.int32)
   offsets = jnp.searchsorted(key[members], jnp.arange(num_groups), side="left")
   return members, offsets.astype(jnp.int32)
+
+
+@jax.jit
+def lists_by_rank(assign, rank, sizes):
+  """`inverted_lists` from an index state's stored ranks in one O(N) scatter, no sort: key i
+  goes to slot offsets[assign[i]] + rank[i].
+
+  assign [N] int (-1: not grouped), rank [N] int (a key's rank in its group by position;
+  int16 ranks saturate at 32767), sizes [G] int32. Returns (members [N] int32, offsets [G]
+  int32). Within each group's range the slots below the rank dtype's maximum hold exactly
+  `inverted_lists`' members (all a query with budget < 32767 can read); slots past the
+  grouped keys hold -1.
+  """
+  n = assign.shape[0]
+  sizes = sizes.astype(jnp.int32)
+  offsets = jnp.cumsum(sizes) - sizes
+  a = assign.astype(jnp.int32)
+  slot = jnp.where(a >= 0, offsets[jnp.maximum(a, 0)] + rank.astype(jnp.int32), n)
+  members = jnp.full((n,), -1, jnp.int32).at[slot].set(jnp.arange(n, dtype=jnp.int32),
+                                                       mode="drop")
+  return members, offsets
 
 
 def candidate_indices(group_scores, sizes, members, offsets, grouped_end, positions, *,

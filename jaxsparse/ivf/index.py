@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_state", "seal", "refit", "group_capacity", "representatives", "index_bytes",
-           "state_dtypes"]
+__all__ = ["init_state", "seal", "refit", "group_capacity", "representatives", "member_means",
+           "index_bytes", "state_dtypes"]
 
 
 def group_capacity(num_keys: int, config) -> int:
@@ -165,13 +165,17 @@ def _seal(state, keys, p, config, sink=None, platform=None):
     return jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], c)
 
   centers = jax.lax.fori_loop(0, config.seal_iters, lloyd, centers)
+  # a last assignment, then the centers become exactly its members' means (rounded as stored:
+  # the centers double as the representatives), and the bounds are the distances to them
   a = _nearest(win, centers, every, platform)[0]
   oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
   cnt = oh.sum(0)
   centers = jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], centers)
-  # assignment and bounds against the centers as stored (bfloat16 when compact)
   centers = centers.astype(state["centers"].dtype)
-  a, d1, d2 = _nearest(win, centers.astype(jnp.float32), every, platform)
+  dist = jnp.sum((win[:, None, :] - centers.astype(jnp.float32)[None]) ** 2, -1)  # [W, gw]
+  mine = jnp.arange(gw)[None, :] == a[:, None]
+  d1 = jnp.sum(jnp.where(mine, dist, 0.0), axis=1)
+  d2 = jnp.min(jnp.where(mine, jnp.inf, dist), axis=1)
   gid = jnp.where(valid, state["groups"] + a, -1).astype(state["assign"].dtype)
   assign = jax.lax.dynamic_update_slice_in_dim(state["assign"], gid, start, 0)
   centers_all = jax.lax.dynamic_update_slice_in_dim(state["centers"], centers,
@@ -208,9 +212,21 @@ def _refit(state, keys, p, config, sink=None, platform=None):
   upper, lower = state["upper"].astype(jnp.float32), state["lower"].astype(jnp.float32)
   old = grouped & (pos < state["refit_end"])  # bounds live from the last refit
   # centers added since the last refit (by seals) may now be closer: tighten the lower bound
-  new_c = used & (jnp.arange(g) >= state["refit_groups"])
-  d_new = jnp.where(new_c[None, :], _sqdist(kf, centers), jnp.inf)
-  lower = jnp.where(old, jnp.minimum(lower, jnp.sqrt(jnp.min(d_new, axis=1))), lower)
+  # (they are the slots [refit_groups, groups): compared a block of `blk` at a time, so a
+  # refit costs N x new centers here, not N x G)
+  blk = min(g, max(config.refit_interval, config.seal_window) // config.cluster_size)
+
+  def nearest_new(i, m):
+    lo = state["refit_groups"] + i * blk
+    start = jnp.minimum(lo, g - blk)
+    ids = start + jnp.arange(blk)
+    ok = (ids >= lo) & (ids < state["groups"])
+    d = _sqdist(kf, jax.lax.dynamic_slice_in_dim(centers, start, blk))
+    return jnp.minimum(m, jnp.min(jnp.where(ok[None, :], d, jnp.inf), axis=1))
+
+  blocks = (state["groups"] - state["refit_groups"] + blk - 1) // blk
+  d_new = jax.lax.fori_loop(0, blocks, nearest_new, jnp.full((n,), jnp.inf, jnp.float32))
+  lower = jnp.where(old, jnp.minimum(lower, jnp.sqrt(d_new)), lower)
   settled = old & (upper <= lower)
   own = jnp.sqrt(jnp.sum((kf - centers[jnp.maximum(assign, 0)]) ** 2, -1))
   upper = jnp.where(old & ~settled, own, upper)
@@ -255,16 +271,22 @@ seal = jax.jit(_seal, static_argnames=("config", "platform"))
 refit = jax.jit(_refit, static_argnames=("config", "platform"))
 
 
+def member_means(assign, keys, num_groups: int):
+  """[G, D] float32 mean of each group's member keys (0 for empty groups): assign [N] int
+  (-1: ungrouped), keys [N, D]."""
+  sizes, sums, _ = _group_stats(assign, keys, num_groups)
+  return jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], 0.0)
+
+
 def representatives(state, keys, corrector=None):
-  """Group representatives [G, D] at the centers' dtype (bfloat16 when compact; float32 for a
-  state without centers): member means, plus the learned correction."""
-  g = state["sizes"].shape[0]
-  sizes, sums, _ = _group_stats(state["assign"], keys, g)
-  mean = jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], 0.0)
-  dtype = state["centers"].dtype if "centers" in state else jnp.float32
+  """Group representatives [G, D] at the centers' dtype (bfloat16 when compact): the member
+  means, which every seal and refit leaves in `centers` (so without a corrector this reads
+  nothing else), plus the learned correction of the float32 means when a corrector is given.
+  Rows of empty groups are unspecified (no query may rank them)."""
   if corrector is None:
-    return mean.astype(dtype)
-  return (mean + corrector(state, keys, mean)).astype(dtype)
+    return state["centers"]
+  mean = member_means(state["assign"], keys, state["sizes"].shape[0])
+  return (mean + corrector(state, keys, mean)).astype(state["centers"].dtype)
 
 
 def index_bytes(num_keys: int, dim: int, config) -> int:

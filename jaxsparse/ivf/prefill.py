@@ -17,34 +17,48 @@ from jaxsparse.ivf import candidates, index
 __all__ = ["prefill_topk"]
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform"))
-def _chunk_topk(q, w, k, reps, sizes, last, assign, grouped_end, positions, *, topk, budget,
-                sink, window, platform=None):
-  g = sizes.shape[0]
+def _group_scores(q, w, reps, sizes, last, grouped_end, platform=None):
+  """[Q, G] representative scores, -inf for groups a query may not use."""
   valid = (sizes[None, :] > 0) & (last[None, :] < grouped_end[:, None])
   if platform is None:
-    gs = candidates.representative_scores(q, w, reps, valid)
-  else:
-    from pallas_kernels import ivf as kivf
-    gs = kivf.representative_scores(q, w, reps, valid, platform=platform)
-  members, offsets = candidates.inverted_lists(assign, g)
-  idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end, positions,
-                                          budget=budget, sink=sink, window=window)
+    return candidates.representative_scores(q, w, reps, valid)
+  from pallas_kernels import ivf as kivf
+  return kivf.representative_scores(q, w, reps, valid, platform=platform)
+
+
+def _candidate_scores(q, w, k, idx, platform=None):
+  """[Q, S] indexer scores of the candidates idx [Q, S] (-1: empty slot, scored -inf)."""
   if platform is None:
     kc = k[jnp.maximum(idx, 0)].astype(jnp.float32)  # [Q, S, D]
     s = jnp.einsum("qhd,qsd->qhs", q.astype(jnp.float32), kc)
     z = jnp.einsum("qhs,qh->qs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
-    z = jnp.where(idx >= 0, z, -jnp.inf)
-  else:  # the keys are gathered inside the kernel: no [Q, S, D] array
-    from pallas_kernels import ivf as kivf
-    z = kivf.gathered_scores(q, w, k, idx, platform=platform)
+    return jnp.where(idx >= 0, z, -jnp.inf)
+  from pallas_kernels import ivf as kivf  # keys gathered inside the kernel: no [Q, S, D]
+  return kivf.gathered_scores(q, w, k, idx, platform=platform)
+
+
+def _select(z, idx, topk, platform=None):
+  """The top-K candidates' key indices [Q, topk] (-1 where fewer are finite)."""
   if platform is None:
     v, j = jax.lax.top_k(z, topk)
   else:  # the top-K kernels: the same entries (ties to the lower column, -inf never chosen)
     from pallas_kernels import topk as ktopk
     v, j = ktopk.topk_rows(z, None, topk, ktopk.TopkConfig(), platform)
   picked = jnp.take_along_axis(idx, jnp.maximum(j, 0), 1)
-  return jnp.where(jnp.isfinite(v) & (j >= 0), picked, -1), num
+  return jnp.where(jnp.isfinite(v) & (j >= 0), picked, -1)
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform"))
+def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, positions, *, topk,
+                budget, sink, window, platform=None):
+  """One version's queries: rank the groups, gather candidates from the inverted lists
+  (members, offsets), score them and take the top-K. Returns (indices [Q, topk],
+  num_candidates [Q])."""
+  gs = _group_scores(q, w, reps, sizes, last, grouped_end, platform)
+  idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end, positions,
+                                          budget=budget, sink=sink, window=window)
+  z = _candidate_scores(q, w, k, idx, platform)
+  return _select(z, idx, topk, platform), num
 
 
 def exact_before_first_seal(q, w, k, config):
@@ -101,9 +115,10 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
       continue
     pos = jnp.arange(lo, hi, dtype=jnp.int32)
     reps = index.representatives(state, k, corrector)
+    members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
     gend = jnp.full((hi - lo,), state["grouped_end"], jnp.int32)
     idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, state["sizes"], state["last"],
-                           state["assign"], gend, pos, topk=topk, budget=config.budget,
+                           members, offsets, gend, pos, topk=topk, budget=config.budget,
                            sink=config.sink, window=wnd, platform=plat)
     for a in (idx, num):
       a.copy_to_host_async()
