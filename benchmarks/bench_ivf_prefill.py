@@ -62,9 +62,28 @@ def stages(q, w, k, cfg, samples):
   nw = n // wnd
   sample = set(np.linspace(1, nw, samples).astype(int).tolist())
   rank = jax.jit(pf._group_scores, static_argnames="platform")
-  pack = jax.jit(candidates.candidate_indices, static_argnames=("budget", "sink", "window"))
-  score = jax.jit(pf._candidate_scores, static_argnames="platform")
   select = jax.jit(pf._select, static_argnames=("topk", "platform"))
+  walk = plat is not None and plat.kind == "gpu"  # the kernel walks the ranked groups
+
+  @jax.jit
+  def pack(gs, sizes, members, offsets, gend, pos):
+    if not walk:
+      return candidates.candidate_indices(gs, sizes, members, offsets, gend, pos,
+                                          budget=cfg.budget, sink=cfg.sink, window=wnd)[0]
+    fixed = candidates.fixed_slots(pos, gend, sink=cfg.sink, window=wnd)
+    return fixed, candidates.ranked_groups(gs, sizes, offsets,
+                                           cfg.budget - (fixed >= 0).sum(1))
+
+  @jax.jit
+  def score(q, w, k, packed, members):
+    if not walk:
+      return pf._candidate_scores(q, w, k, packed, plat), packed
+    from pallas_kernels import ivf as kivf
+    fixed, (start, take, slot, used) = packed
+    zg, ig = kivf.ranked_scores(q, w, k, members, start, take, slot, used,
+                                slots=cfg.budget - cfg.sink, platform=plat)
+    return (jnp.concatenate([pf._candidate_scores(q, w, k, fixed, plat), zg], 1),
+            jnp.concatenate([fixed, ig], 1))
   t = dict(seal=0.0, refit=0.0, lists=0.0, rank=0.0, pack=0.0, score=0.0, topk=0.0)
 
   def timed(name, f, scale):
@@ -94,9 +113,8 @@ def stages(q, w, k, cfg, samples):
         state["assign"], state["rank"], state["sizes"]), sc)
     gs = timed("rank", lambda: rank(q[lo:hi], w[lo:hi], state["centers"], state["sizes"],
                                     state["last"], gend, platform=plat), sc)
-    idx, _ = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos,
-                                        budget=cfg.budget, sink=cfg.sink, window=wnd), sc)
-    z = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, idx, platform=plat), sc)
+    packed = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos), sc)
+    z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, packed, members), sc)
     timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat), sc)
   return t
 

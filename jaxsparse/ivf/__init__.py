@@ -38,7 +38,7 @@ class IVFConfig:
   refit_interval: int = 16384
   sink: int = 16
   seal_iters: int = 8
-  refit_batch: int = 4096
+  refit_batch: int = 16384
   compact: bool = True
 
   def __post_init__(self):

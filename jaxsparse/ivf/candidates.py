@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["representative_scores", "candidate_mask", "candidate_indices", "inverted_lists",
-           "lists_by_rank"]
+           "lists_by_rank", "fixed_slots", "ranked_groups"]
 
 
 def representative_scores(q, w, reps, valid):
@@ -80,6 +80,34 @@ def lists_by_rank(assign, rank, sizes):
   return members, offsets
 
 
+def fixed_slots(positions, grouped_end, *, sink: int, window: int):
+  """The fixed candidates [Q, sink + window] int32 (-1: none): the sink keys a query sees, then
+  the visible ungrouped keys [grouped_end, position] (grouped_end + u, at most `window`)."""
+  qn = positions.shape[0]
+  s_idx = jnp.broadcast_to(jnp.arange(sink)[None, :], (qn, sink))
+  s_idx = jnp.where(s_idx <= positions[:, None], s_idx, -1)
+  u = grouped_end[:, None] + jnp.arange(window)[None, :]
+  u_idx = jnp.where((u <= positions[:, None]) & (u >= sink), u, -1)
+  return jnp.concatenate([s_idx, u_idx], axis=1).astype(jnp.int32)
+
+
+def ranked_groups(group_scores, sizes, offsets, room):
+  """Each query's groups in rank order with what it takes of them: group_scores [Q, G]
+  (-inf: unusable; ties to the lower group id), sizes [G], offsets [G] (inverted-list
+  starts), room [Q] (grouped slots). Returns, in rank order [Q, G] int32: start (where the
+  group's members begin in the inverted lists), take (members taken, the earliest first:
+  the last group is cut to fit), slot (the grouped slot its first member fills), and used
+  [Q] int32 (ranked groups before the room is full: only they have take > 0)."""
+  order = jnp.argsort(-group_scores, axis=1, stable=True)
+  usable = jnp.isfinite(jnp.take_along_axis(group_scores, order, 1))
+  sz = jnp.where(usable, sizes[order], 0).astype(jnp.int32)
+  cum = jnp.cumsum(sz, axis=1)
+  slot = cum - sz
+  take = jnp.clip(room[:, None] - slot, 0, sz)
+  used = jnp.sum(slot < room[:, None], axis=1).astype(jnp.int32)
+  return offsets[order].astype(jnp.int32), take.astype(jnp.int32), slot.astype(jnp.int32), used
+
+
 def candidate_indices(group_scores, sizes, members, offsets, grouped_end, positions, *,
                       budget: int, sink: int, window: int):
   """The same candidates as `candidate_mask`, as key indices gathered from the inverted
@@ -90,24 +118,16 @@ def candidate_indices(group_scores, sizes, members, offsets, grouped_end, positi
   filled with group members in rank order, cut at the query's room. Unused slots hold -1.
   Returns (indices [Q, budget + window] int32, num_candidates [Q] int32).
   """
-  qn = group_scores.shape[0]
-  s_idx = jnp.broadcast_to(jnp.arange(sink)[None, :], (qn, sink))
-  s_idx = jnp.where(s_idx <= positions[:, None], s_idx, -1)
-  u = grouped_end[:, None] + jnp.arange(window)[None, :]
-  u_idx = jnp.where((u <= positions[:, None]) & (u >= sink), u, -1)
-  nfixed = (s_idx >= 0).sum(1) + (u_idx >= 0).sum(1)
-  room = budget - nfixed
-  order = jnp.argsort(-group_scores, axis=1, stable=True)
-  usable = jnp.isfinite(jnp.take_along_axis(group_scores, order, 1))
-  sz = jnp.where(usable, sizes[order], 0)
-  cum = jnp.cumsum(sz, axis=1)  # [Q, G]
+  fixed = fixed_slots(positions, grouped_end, sink=sink, window=window)
+  room = budget - (fixed >= 0).sum(1)
+  start, take, slot, _ = ranked_groups(group_scores, sizes, offsets, room)
   slots = jnp.arange(budget - sink)
-  r = jax.vmap(lambda c: jnp.searchsorted(c, slots, side="right"))(cum)  # [Q, B]
-  r = jnp.minimum(r, order.shape[1] - 1)
-  g = jnp.take_along_axis(order, r, 1)
-  start = jnp.take_along_axis(cum - sz, r, 1)
-  member = offsets[g] + (slots[None, :] - start)
-  ok = slots[None, :] < jnp.minimum(room, cum[:, -1])[:, None]
+  end = slot + take  # [Q, G] nondecreasing: the grouped slot after each ranked group
+  r = jax.vmap(lambda c: jnp.searchsorted(c, slots, side="right"))(end)  # [Q, B]
+  r = jnp.minimum(r, start.shape[1] - 1)
+  member = (jnp.take_along_axis(start, r, 1) + slots[None, :]
+            - jnp.take_along_axis(slot, r, 1))
+  ok = slots[None, :] < take.sum(1, keepdims=True)
   g_idx = jnp.where(ok, members[jnp.clip(member, 0, members.shape[0] - 1)], -1)
-  idx = jnp.concatenate([s_idx, u_idx, g_idx], axis=1).astype(jnp.int32)
+  idx = jnp.concatenate([fixed, g_idx], axis=1).astype(jnp.int32)
   return idx, (idx >= 0).sum(1).astype(jnp.int32)

@@ -136,7 +136,7 @@ def _nearest(x, centers, used, platform):
   if platform is not None:
     from pallas_kernels.ivf import assign_nearest
     return assign_nearest(x, centers, used, platform=platform)
-  d = jnp.where(used[None, :], _sqdist(x, centers), jnp.inf)
+  d = jnp.where(used[None, :], _sqdist(x, centers.astype(jnp.float32)), jnp.inf)
   a = jnp.argmin(d, axis=1).astype(jnp.int32)
   d1 = jnp.take_along_axis(d, a[:, None], 1)[:, 0]
   d2 = jnp.min(jnp.where(jnp.arange(d.shape[1])[None, :] == a[:, None], jnp.inf, d), axis=1)
@@ -240,7 +240,8 @@ def _refit(state, keys, p, config, sink=None, platform=None):
     idx = jnp.nonzero(todo, size=cap, fill_value=n)[0]
     ok = idx < n
     safe = jnp.minimum(idx, n - 1)
-    a, d1, d2 = _nearest(kf[safe], centers, used, platform)  # against every used center
+    # against every used center, as stored (bf16 keys and centers: exact products)
+    a, d1, d2 = _nearest(keys[safe], state["centers"], used, platform)
     tgt = jnp.where(ok, idx, n)
     assign = assign.at[tgt].set(a, mode="drop")
     upper = upper.at[tgt].set(jnp.sqrt(d1), mode="drop")

@@ -55,9 +55,21 @@ def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, posit
   (members, offsets), score them and take the top-K. Returns (indices [Q, topk],
   num_candidates [Q])."""
   gs = _group_scores(q, w, reps, sizes, last, grouped_end, platform)
-  idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end, positions,
-                                          budget=budget, sink=sink, window=window)
-  z = _candidate_scores(q, w, k, idx, platform)
+  if platform is not None and platform.kind == "gpu":
+    # the kernel walks each query's ranked groups through the inverted lists itself
+    from pallas_kernels import ivf as kivf
+    fixed = candidates.fixed_slots(positions, grouped_end, sink=sink, window=window)
+    room = budget - (fixed >= 0).sum(1)
+    start, take, slot, used = candidates.ranked_groups(gs, sizes, offsets, room)
+    zg, ig = kivf.ranked_scores(q, w, k, members, start, take, slot, used,
+                                slots=budget - sink, platform=platform)
+    z = jnp.concatenate([_candidate_scores(q, w, k, fixed, platform), zg], axis=1)
+    idx = jnp.concatenate([fixed, ig], axis=1)
+    num = (idx >= 0).sum(1).astype(jnp.int32)
+  else:
+    idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end,
+                                            positions, budget=budget, sink=sink, window=window)
+    z = _candidate_scores(q, w, k, idx, platform)
   return _select(z, idx, topk, platform), num
 
 

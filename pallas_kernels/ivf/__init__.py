@@ -9,7 +9,8 @@ from pallas_kernels._platform import KernelPlatform
 from pallas_kernels._util import next_pow2, pad_axis
 from pallas_kernels.ivf.config import IVFKernelConfig
 
-__all__ = ["IVFKernelConfig", "assign_nearest", "gathered_scores", "representative_scores"]
+__all__ = ["IVFKernelConfig", "assign_nearest", "gathered_scores", "ranked_scores",
+           "representative_scores"]
 
 
 def assign_nearest(x, centers, used, *, platform: KernelPlatform, config=None):
@@ -23,9 +24,13 @@ def assign_nearest(x, centers, used, *, platform: KernelPlatform, config=None):
   gp = -(-g // bc) * bc
   bm = min(config.assign_rows, next_pow2(max(m, 16)))
   mp = -(-m // bm) * bm
-  cf = pad_axis(centers.astype(jnp.float32), 0, gp)
-  cn = jnp.where(pad_axis(used, 0, gp, value=False), jnp.sum(cf * cf, axis=1), jnp.inf)[None]
-  xp = pad_axis(x.astype(jnp.float32), 0, mp)
+  # bf16 keys and centers go in as they are on a GPU (exact products, float32 sums)
+  dt = jnp.bfloat16 if (platform.kind == "gpu" and x.dtype == centers.dtype == jnp.bfloat16) \
+      else jnp.float32
+  cf = pad_axis(centers.astype(dt), 0, gp)
+  c32 = cf.astype(jnp.float32)
+  cn = jnp.where(pad_axis(used, 0, gp, value=False), jnp.sum(c32 * c32, axis=1), jnp.inf)[None]
+  xp = pad_axis(x.astype(dt), 0, mp)
   if platform.kind == "gpu":
     from pallas_kernels.ivf import gpu
     a, d1, d2 = gpu.assign_gpu(xp, cf, cn, block_m=bm, block_c=bc, num_warps=config.num_warps,
@@ -39,25 +44,66 @@ def assign_nearest(x, centers, used, *, platform: KernelPlatform, config=None):
 
 def gathered_scores(q, w, k, idx, *, platform: KernelPlatform, config=None):
   """Indexer scores of gathered candidates: q [Q, H, D], w [Q, H], k [N, D], idx [Q, S] int32
-  key ids (-1: none) -> [Q, S] float32, sum_h w relu(q_h . k[idx]) (-inf for -1)."""
+  key ids (-1: none) -> [Q, S] float32, sum_h w relu(q_h . k[idx]) (-inf for -1). On a GPU
+  bf16 q and keys are read as they are (exact products, float32 sums: no copy of the key
+  cache); other dtypes, and every dtype on a TPU, as float32."""
   config = config or IVFKernelConfig()
   nq, h, d = q.shape
   s = idx.shape[1]
   block = min(config.gather_block, next_pow2(max(s, 16)))
-  sp = -(-s // block) * block
-  hp = max(next_pow2(h), 16) if platform.kind == "gpu" else -(-h // 8) * 8
-  qp = pad_axis(q.astype(jnp.float32), 1, hp)
-  wp = pad_axis(w.astype(jnp.float32), 1, hp)[:, :, None]
-  ip = pad_axis(idx.astype(jnp.int32), 1, sp, value=-1)
   if platform.kind == "gpu":
     from pallas_kernels.ivf import gpu
-    z = gpu.gathered_scores_gpu(qp, wp, k.astype(jnp.float32), ip, block=block,
+    # enough programs to fill the GPU when there are few queries
+    splits = max(1, min(config.gather_min_programs // max(nq, 1), -(-s // block)))
+    sp = -(-s // (block * splits)) * block * splits
+    dt = jnp.bfloat16 if q.dtype == k.dtype == jnp.bfloat16 else jnp.float32
+    qp = pad_axis(q.astype(dt), 1, max(next_pow2(h), 16))
+    wp = pad_axis(w.astype(jnp.float32), 1, qp.shape[1])[:, :, None]
+    ip = pad_axis(idx.astype(jnp.int32), 1, sp, value=-1)
+    z = gpu.gathered_scores_gpu(qp, wp, k.astype(dt), ip, block=block, splits=splits,
                                 num_warps=config.num_warps, interpret=platform.interpret)
   else:
     from pallas_kernels.ivf import tpu
+    sp = -(-s // block) * block
+    qp = pad_axis(q.astype(jnp.float32), 1, -(-h // 8) * 8)
+    wp = pad_axis(w.astype(jnp.float32), 1, qp.shape[1])[:, :, None]
+    ip = pad_axis(idx.astype(jnp.int32), 1, sp, value=-1)
     z = tpu.gathered_scores_tpu(qp, wp, k.astype(jnp.float32), ip, block=block,
                                 interpret=platform.interpret)
   return z[:, :s]
+
+
+def ranked_scores(q, w, k, members, start, take, slot, used, *, slots: int,
+                  platform: KernelPlatform, config=None):
+  """Scores of each query's ranked groups' members, read from the inverted lists inside the
+  kernel (GPU only; no [Q, slots] index array is built before it).
+
+  q [Q, H, D], w [Q, H], k [N, D], members [N] int32 (inverted lists), start / take / slot
+  [Q, G] int32 and used [Q] int32 in rank order (`jaxsparse.ivf.candidates.ranked_groups`):
+  of ranked group u, take[u] members from members[start[u]:] fill slots slot[u] onwards
+  (the room they were cut to must not exceed `slots`; nothing is written past it).
+  Returns (scores [Q, slots] float32, -inf past the filled slots; key ids [Q, slots] int32,
+  -1 there). bf16 q and keys are read as they are (exact products, float32 sums)."""
+  if platform.kind != "gpu":
+    raise ValueError(f"platform={platform.kind!r}: ranked_scores runs on a GPU; elsewhere use "
+                     "candidate_indices + gathered_scores")
+  from pallas_kernels.ivf import gpu
+  config = config or IVFKernelConfig()
+  nq, h, d = q.shape
+  g = start.shape[1]
+  block = min(config.group_block, next_pow2(max(slots, 16)))
+  width = -(-slots // block) * block
+  dt = jnp.bfloat16 if q.dtype == k.dtype == jnp.bfloat16 else jnp.float32
+  qp = pad_axis(q.astype(dt), 1, max(next_pow2(h), 16))
+  wp = pad_axis(w.astype(jnp.float32), 1, qp.shape[1])[:, :, None]
+  u = jnp.clip(used - 1, 0, g - 1)[:, None]
+  last = jnp.take_along_axis(slot + take, u, 1)[:, 0]
+  filled = jnp.where(used > 0, last, 0)
+  meta = jnp.stack([used, filled], axis=1).astype(jnp.int32)
+  z, ids = gpu.ranked_scores_gpu(qp, wp, meta, start, take, slot, members.astype(jnp.int32),
+                                 k.astype(dt), width=width, block=block,
+                                 num_warps=config.num_warps, interpret=platform.interpret)
+  return z[:, :slots], ids[:, :slots]
 
 
 def representative_scores(q, w, reps, valid, *, platform: KernelPlatform):

@@ -20,14 +20,15 @@ def assign_body(x_ref, c_ref, cn_ref, a_ref, d1_ref, d2_ref, *, num_centers: int
   center (ties to the lower id), its squared distance and the second smallest (Hamerly's
   bounds), distances as |x|^2 - 2 x.c + |c|^2 clamped at 0, as the XLA path computes them.
   Centers are visited block_c at a time with a running minimum, second minimum and argmin."""
-  x = x_ref[...].astype(jnp.float32)
+  x = x_ref[...]  # the dot's operand dtype (bf16 or float32)
   bm = x.shape[0]
-  xn = jnp.sum(x * x, axis=1, keepdims=True)
+  xf = x.astype(jnp.float32)
+  xn = jnp.sum(xf * xf, axis=1, keepdims=True)
   big = jnp.int32(2 ** 30)
 
   def step(j, carry):
     best, arg, second = carry
-    c = c_ref[pl.ds(j * block_c, block_c), :].astype(jnp.float32)
+    c = c_ref[pl.ds(j * block_c, block_c), :]
     cn = cn_ref[:, pl.ds(j * block_c, block_c)]
     d = jnp.maximum(xn - 2.0 * dot(x, c) + cn, 0.0)
     d = jnp.where(cn < INF, d, INF)  # unused slots

@@ -15,11 +15,17 @@ class IVFKernelConfig:
     MXU, 256 x 256 the v6e one).
   gather_block: gathered candidate keys per program of the candidate scoring (GPU: one
     pointer gather of block x D; TPU: that many row DMAs in flight, block x D in VMEM).
+  group_block: members per step when a GPU program walks a query's ranked groups (groups are
+    ragged: a smaller step wastes fewer masked lanes at each group's end).
+  gather_min_programs: on a GPU each query's candidates are split into runs (one program
+    each) until there are at least this many programs (a few per SM).
   num_warps: Triton launch option (GPU only).
   """
   assign_rows: int = 128
   assign_centers: int = 128
   gather_block: int = 128
+  group_block: int = 64
+  gather_min_programs: int = 512
   num_warps: int = 4
 
   def __post_init__(self):
