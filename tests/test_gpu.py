@@ -581,13 +581,17 @@ def test_prefill_topk_gpu(fp8):
 
 
 def test_ivf_kernels_gpu():
-  """AttentionIndex's kernels compiled (k-means assignment, gathered-candidate and
-  representative scoring) against float64, and the whole prefill with them against XLA."""
+  """AttentionIndex's kernels compiled (k-means assignment, gathered-candidate, ranked-group
+  walk and representative scoring) against float64, and the whole prefill with them against
+  XLA."""
   from jaxsparse.backend import KernelPlatform
   from tests import test_ivf_kernels as t
   gpu = KernelPlatform("gpu", False)
   t.test_assignment_matches_numpy(gpu, 1000, 300, 64)
-  t.test_gathered_and_representative_scores_match_numpy(gpu)
+  t.test_assignment_matches_numpy(gpu, 300, 70, 32)
+  for dt in (jnp.float32, jnp.bfloat16):
+    t.test_gathered_and_representative_scores_match_numpy(gpu, dt)
+    t.test_ranked_group_walk_scores_the_packed_candidates(dt, gpu)
   from jaxsparse import ivf
   rng = np.random.default_rng(1)
   n, h, d = 2048, 8, 64

@@ -123,7 +123,7 @@ def test_prefill_with_kernels_equals_xla(kind, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_ranked_group_walk_scores_the_packed_candidates(dtype):
+def test_ranked_group_walk_scores_the_packed_candidates(dtype, platform=PLATFORMS[0]):
   """The GPU kernel that walks each query's ranked groups through the inverted lists fills
   exactly `candidate_indices`' grouped slots (ids and order), scored to float32 accumulation
   error against float64 numpy: ragged groups, empty groups, the last group cut, a query with
@@ -144,9 +144,8 @@ def test_ranked_group_walk_scores_the_packed_candidates(dtype):
   slots = 300
   start, take, slot, used = candidates.ranked_groups(jnp.asarray(gs), jnp.asarray(sizes), offsets,
                                               room)
-  p = KernelPlatform("gpu", True)
   z, ids = kivf.ranked_scores(jnp.asarray(q, dtype), jnp.asarray(w), jnp.asarray(k, dtype),
-                              members, start, take, slot, used, slots=slots, platform=p,
+                              members, start, take, slot, used, slots=slots, platform=platform,
                               config=kivf.IVFKernelConfig(group_block=16))
   # the reference: every usable group's members by position, groups in rank order (ties to
   # the lower id), cut at the room
