@@ -174,3 +174,24 @@ def test_bad_options_are_one_line_errors(extra, msg, data, tmp_path, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert msg in err and "Traceback" not in err
+
+
+def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(data, tmp_path):
+  """With --val-trace a layer is kept only if its correction raises recall on that (unseen
+  training) text; an untrained correction (a learning rate of 1e-9 leaves it ~0) does not, so
+  the file marks the layer plain and `ivf.evaluate` uses the member means for it."""
+  out = str(tmp_path / "gate")
+  cfg = tc.CorrectorTrainConfig(out=out, train_trace=data[0], eval_trace=data[1],
+                                val_trace=data[0], steps=2, lr=1e-9, **SMALL)
+  r = tc.train(cfg, progress=lambda s: None)["layers"][0]
+  assert r["kept"] is False and r["val_recall_corrected"] <= r["val_recall_plain"]
+  assert r["recall_shipped"] == r["recall_plain"]
+  path = os.path.join(out, "correctors.npz")
+  C.load.cache_clear()
+  assert C.file_meta(path)["plain_layers"] == [4] and 4 not in C.load(path)
+  ev = traces.load(data[1])
+  pos = np.arange(100, 500, 37)
+  got = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=pos,
+                     corrector=path, layer=4)
+  want = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=pos)
+  np.testing.assert_array_equal(got["topk_indices"], want["topk_indices"])

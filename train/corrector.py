@@ -14,6 +14,10 @@ terms per query for the same information.
       --steps 400 --out runs/corrector
   jaxsparse train corrector ...                                       (same options)
 
+With --val-trace (a trace of training text the steps never see) a layer whose correction does
+not raise recall there is exported as plain means: `ivf.evaluate` then uses the member means
+for it (the file lists it in meta["plain_layers"]).
+
 Checkpoints per layer (Orbax, atomic, the latest two kept) hold parameters, optimizer state and
 step; a rerun with the same --out resumes and ends with the same parameters as an uninterrupted
 run. OUT/correctors.npz is the export `ivf.evaluate(..., corrector=PATH, layer=L)` loads.
@@ -46,6 +50,8 @@ class CorrectorTrainConfig:
   out: str
   train_trace: str  # one or more prefill traces, comma-separated (same length and layers)
   eval_trace: str
+  val_trace: str = ""  # training text the steps never see: a layer whose correction does not
+  #                      raise its recall there exports as plain means
   layers: str = ""  # comma list of trace layer indices; "" = all
   steps: int = 300
   lr: float = 2e-3
@@ -78,8 +84,8 @@ class CorrectorTrainConfig:
       raise ConfigError(f"--target-power={self.target_power} must be positive")
     if not self.out:
       raise ConfigError("--out must name a directory")
-    for name in ("train_trace", "eval_trace"):
-      for path in getattr(self, name).split(","):
+    for name in ("train_trace", "eval_trace", "val_trace"):
+      for path in (getattr(self, name).split(",") if getattr(self, name) else []):
         if not os.path.isfile(path):
           raise ConfigError(f"--{name.replace('_', '-')}: {path!r} does not exist")
     try:
@@ -162,7 +168,7 @@ def _batch(snaps, data, cfg: CorrectorTrainConfig, step: int):
   return (k, sn["assign"], q[pos], w[pos], sn["target"][pick], sn["usable"][pick])
 
 
-def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress):
+def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress, val=None):
   from flax import nnx
   from jaxsparse import ivf
   from jaxsparse.ivf import corrector as C
@@ -242,6 +248,15 @@ def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress
     result.update(recall_plain=float(base["recall"].mean()),
                   recall_corrected=float(cor["recall"].mean()),
                   recall_oracle=float(orc["recall"].mean()))
+    if val is not None:  # the gate: kept only if it raises recall on unseen training text
+      vq, vw, vk = (np.asarray(a, np.float32) for a in (val.q[li], val.w[li], val.k[li]))
+      pos_val = np.unique(np.linspace(icfg.seal_window, vk.shape[0] - 1,
+                                      cfg.eval_queries).astype(np.int64))
+      vp = float(ivf.evaluate(vq, vw, vk, icfg, query_positions=pos_val)["recall"].mean())
+      vc = float(ivf.evaluate(vq, vw, vk, icfg, query_positions=pos_val,
+                              corrector=model)["recall"].mean())
+      result.update(val_recall_plain=vp, val_recall_corrected=vc, kept=vc > vp,
+                    recall_shipped=result["recall_corrected" if vc > vp else "recall_plain"])
   return model, result
 
 
@@ -253,8 +268,11 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   from jaxsparse.ivf import corrector as C
   trs = [traces.load(p) for p in cfg.train_trace.split(",")]
   ev = traces.load(cfg.eval_trace)
+  val = traces.load(cfg.val_trace) if cfg.val_trace else None
   tr = trs[0]
-  for name, t in [("--train-trace", t) for t in trs] + [("--eval-trace", ev)]:
+  named = [("--train-trace", t) for t in trs] + [("--eval-trace", ev)]
+  named += [("--val-trace", val)] if val is not None else []
+  for name, t in named:
     if t.kind != "prefill":
       raise ConfigError(f"{name} is a {t.kind} trace; the corrector trains on prefill traces")
     if t.layers.tolist() != tr.layers.tolist():
@@ -266,15 +284,16 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   bad = [i for i in idx if not 0 <= i < len(tr.layers)]
   if bad:
     raise ConfigError(f"--layers {bad} out of range: the traces hold {len(tr.layers)} layers")
-  for t, name in [(t, "--train-trace") for t in trs] + [(ev, "--eval-trace")]:
+  for name, t in named:
     if t.k.shape[1] <= 2 * cfg.seal_window:
       raise ConfigError(f"{name} has {t.k.shape[1]} tokens; needs more than 2 x --seal-window")
   checkpoints.write_identity(out, cfg.identity(), cfg.steps)
   models, results = {}, []
   for li in idx:
     layer_id = int(tr.layers[li])
-    m, r = _train_layer(li, layer_id, trs, ev, cfg, out, progress)
-    models[layer_id] = m
+    m, r = _train_layer(li, layer_id, trs, ev, cfg, out, progress, val)
+    if r.get("kept", True):
+      models[layer_id] = m
     results.append(r)
     if r["stopped_early"]:
       break
@@ -283,8 +302,10 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   from jaxsparse._bench.timing import environment
   report["environment"] = environment()
   if not report["stopped_early"]:
+    plain = [r["layer"] for r in results if not r.get("kept", True)]
     C.save(os.path.join(out, "correctors.npz"), models,
-           meta={"ivf": dataclasses.asdict(cfg.ivf_config()), "train_trace": cfg.train_trace})
+           meta={"ivf": dataclasses.asdict(cfg.ivf_config()), "train_trace": cfg.train_trace,
+                 "val_trace": cfg.val_trace, "plain_layers": plain})
   tmp = os.path.join(out, "report.json.tmp")
   with open(tmp, "w") as f:
     json.dump(report, f, indent=1)

@@ -21,8 +21,12 @@ from flax import nnx
 
 from jaxsparse._io import save_npz_atomic
 
-__all__ = ["CorrectorConfig", "Corrector", "group_features", "save", "load",
-           "CorrectorFileError"]
+__all__ = ["CorrectorConfig", "Corrector", "group_features", "save", "load", "file_meta",
+           "CorrectorFileError", "SHIPPED"]
+
+# SmolLM2-135M's correctors, trained by `python -m train.corrector` (see the README)
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
+                       "smollm2_correctors.npz")
 
 FILE_FORMAT = 1
 
@@ -130,6 +134,14 @@ def load(path: str) -> dict[int, Corrector]:
       return out
   except zipfile.BadZipFile as e:
     raise CorrectorFileError(f"{path!r} is not a readable corrector file: {e}") from e
+
+
+def file_meta(path: str) -> dict:
+  """The metadata a corrector file was saved with (IVF settings, traces, and "plain_layers":
+  layers whose correction did not pay on validation text, so they use plain means)."""
+  load(path)  # validated
+  with np.load(path, allow_pickle=False) as z:
+    return json.loads(str(z["config"])).get("meta", {})
 
 
 def as_ivf_corrector(model: Corrector):

@@ -150,6 +150,8 @@ def _resolve_corrector(corrector, layer):
   if isinstance(corrector, corr_mod.Corrector):
     return corr_mod.as_ivf_corrector(corrector)
   models = corr_mod.load(str(corrector))
+  if layer is not None and layer in corr_mod.file_meta(str(corrector)).get("plain_layers", []):
+    return None  # the file keeps plain means for this layer
   if layer is None or layer not in models:
     raise ValueError(f"layer={layer} must name a layer the corrector file holds: "
                      f"{sorted(models)}")
