@@ -195,3 +195,14 @@ def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(dat
                      corrector=path, layer=4)
   want = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=pos)
   np.testing.assert_array_equal(got["topk_indices"], want["topk_indices"])
+
+
+def test_the_shipped_correctors_load_and_cover_every_layer():
+  """SmolLM2's shipped file: every model layer is either a network or marked plain, with the
+  IVF settings it was trained for."""
+  C.load.cache_clear()
+  models = C.load(C.SHIPPED)
+  meta = C.file_meta(C.SHIPPED)
+  assert sorted(set(models) | set(meta["plain_layers"])) == list(range(30))
+  assert not set(models) & set(meta["plain_layers"]) and models
+  assert meta["ivf"]["budget"] == 512 and meta["ivf"]["cluster_size"] == 32
