@@ -4,10 +4,11 @@ For each context N: `ivf.prefill_topk` (index maintenance, representative rankin
 gathering and scoring, top-K; Pallas kernels on a GPU/TPU) against full DSA's exact top-K for
 every query (`jaxsparse.prefill_topk`, keys streamed in blocks, no [T, N] buffer) and their
 recall of full DSA's top-K on sampled queries. Random clustered keys (DeepSeek-V3.2 shapes:
-H 64, D 128 by default); wall-clock seconds of one whole prefill after a warm-up at the
-smallest N; each N runs --repeats times and the fastest counts (the first compiles for the
-new shapes). --stages times each stage apart (index maintenance, inverted lists, group
-ranking, candidate packing, candidate scoring, top-K). Writes JSON.
+H 64, D 128 by default); wall-clock seconds of one whole prefill after a warm-up (at the
+smallest N unless --warmup-tokens); each N runs --repeats times and the fastest counts (the
+first compiles for the new shapes); full_scoring_s is full DSA's scoring without its top-K.
+--stages times each stage apart (index maintenance, inverted lists, group ranking, candidate
+packing, candidate scoring, top-K). Writes JSON.
 
   python benchmarks/bench_ivf_prefill.py --tokens 65536,262144,1048576 --out r.json
   python benchmarks/bench_ivf_prefill.py --quick --out r.json      (CPU check)
@@ -119,6 +120,17 @@ def stages(q, w, k, cfg, samples):
   return t
 
 
+def full_scores(q, w, k, chunk):
+  """Full DSA's scoring alone (the kernels' [chunk, N] scores, no top-K), chunk by chunk: what
+  the top-K adds to `full_topk` on these keys."""
+  n = k.shape[0]
+  last = None
+  for lo in range(0, n, chunk):
+    pos = jnp.arange(lo, min(lo + chunk, n), dtype=jnp.int32)
+    last = jaxsparse.indexer_scores(q[lo:lo + chunk], k, w[lo:lo + chunk], query_positions=pos)
+  return jax.block_until_ready(last)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--tokens", default="65536,262144,1048576")
@@ -135,6 +147,8 @@ def main(argv=None):
                  help="runs per N; the fastest is reported (the first compiles)")
   p.add_argument("--stages", type=int, default=8, metavar="WINDOWS",
                  help="time each stage apart on this many windows per N (0: off)")
+  p.add_argument("--warmup-tokens", type=int, default=0,
+                 help="context of the untimed warm-up run (default: the smallest --tokens)")
   p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU check")
   p.add_argument("--out", required=True)
   a = p.parse_args(argv)
@@ -146,12 +160,13 @@ def main(argv=None):
                       cluster_size=a.cluster_size, refit_interval=a.refit_interval)
   rows = []
   tokens = [int(t) for t in a.tokens.split(",")]
-  warm = case(tokens[0], a.heads, a.dim)
+  warm = case(a.warmup_tokens or min(tokens), a.heads, a.dim)
   ivf.prefill_topk(*warm, cfg)
   full_topk(*warm, a.topk, a.chunk)
+  full_scores(*warm, a.chunk)
   for n in tokens:
     q, w, k = case(n, a.heads, a.dim, seed=n)
-    t_ivf = t_full = float("inf")
+    t_ivf = t_full = t_scores = float("inf")
     for _ in range(a.repeats):  # the first run at a new N compiles for its shapes
       t0 = time.perf_counter()
       sel, num = ivf.prefill_topk(q, w, k, cfg)
@@ -159,12 +174,15 @@ def main(argv=None):
       t0 = time.perf_counter()
       ref = np.asarray(full_topk(q, w, k, a.topk, a.chunk))
       t_full = min(t_full, time.perf_counter() - t0)
+      t0 = time.perf_counter()
+      full_scores(q, w, k, a.chunk)
+      t_scores = min(t_scores, time.perf_counter() - t0)
     qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
     rec = float(np.mean([np.isin(ref[t][ref[t] >= 0], sel[t]).mean() for t in qs]))
     rows.append(dict(tokens=n, ivf_s=t_ivf, full_s=t_full, speedup=t_full / t_ivf,
-                     recall=rec, mean_candidates=float(num.mean())))
-    print(f"{n}: IVF {t_ivf:.2f} s, full DSA {t_full:.2f} s ({t_full / t_ivf:.2f}x), "
-          f"recall {rec:.3f}", flush=True)
+                     recall=rec, mean_candidates=float(num.mean()), full_scoring_s=t_scores))
+    print(f"{n}: IVF {t_ivf:.2f} s, full DSA {t_full:.2f} s ({t_full / t_ivf:.2f}x; its "
+          f"scoring alone {t_scores:.2f} s), recall {rec:.3f}", flush=True)
     if a.stages:
       rows[-1]["stages_s"] = stages(q, w, k, cfg, a.stages)
       print("  stages (s): " + ", ".join(f"{s_} {v:.3f}" for s_, v in
