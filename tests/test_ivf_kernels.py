@@ -56,7 +56,7 @@ def test_gathered_and_representative_scores_match_numpy(platform, dtype):
   rng = np.random.default_rng(4)
   h, d, n, s, g = 8, 32, 400, 200, 37
   cfg = kivf.IVFKernelConfig(gather_min_programs=16)
-  for nq in (5, 16):
+  for nq in ((5, 16) if platform.kind == "gpu" else (5,)):  # the split rule is the GPU's
     q = np.asarray(jnp.asarray(rng.standard_normal((nq, h, d)), dtype).astype(jnp.float32))
     w = rng.uniform(0, 1, (nq, h)).astype(np.float32)
     k = np.asarray(jnp.asarray(rng.standard_normal((n, d)), dtype).astype(jnp.float32))
