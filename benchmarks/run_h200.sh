@@ -15,6 +15,8 @@
 #                    (TOKENS=1048576 runs one context: 64K and 256K took ~4.5 min together, 1M
 #                    alone needs most of a 10-minute call)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
+#   prefill-sharded  the sharded prefill on this one GPU against the unsharded path (its
+#                    overhead; TOKENS, default 262144,1048576)
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
 # CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
 # TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes).
@@ -64,6 +66,10 @@ for what in "$@"; do
     prefill-topk)
       python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \
         | tee "$OUT/prefill_topk.log" | tail -8 ;;
+    prefill-sharded)
+      python3 -m jaxsparse.cli bench prefill --devices 1 --tokens "${TOKENS:-262144,1048576}" \
+        --k 2048 --heads 64 --head-dim 128 --out "$OUT/prefill_sharded.json" 2>&1 \
+        | tee "$OUT/prefill_sharded.log" | tail -8 ;;
     *) echo "unknown target $what"; exit 2 ;;
   esac
 done
