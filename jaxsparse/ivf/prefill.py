@@ -1,8 +1,12 @@
 """A chunked AttentionIndex prefill: every query's top-K from gathered candidates.
 
 Queries run in version order (the chunk of queries between two seals shares one version);
-each gathers its candidates from the inverted lists (`candidates.candidate_indices`), so no
-[T, N] array is formed: memory per chunk is [chunk, budget + seal_window] indices and scores.
+each gathers its candidates from the inverted lists, so no [T, N] array is formed: memory per
+chunk is [chunk, budget + seal_window] indices and scores. The lists come from the stored
+ranks (`candidates.lists_by_rank`, one scatter) and the representatives are the stored centers,
+so a window does no O(N) work beyond them. On a GPU a kernel walks each query's ranked groups
+through the lists (`pallas_kernels.ivf.ranked_scores`); elsewhere `candidates.candidate_indices`
+packs the slots and `gathered_scores` scores them. Both fill the same slots.
 """
 from __future__ import annotations
 
