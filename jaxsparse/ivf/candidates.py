@@ -97,15 +97,17 @@ def ranked_groups(group_scores, sizes, offsets, room):
   starts), room [Q] (grouped slots). Returns, in rank order [Q, G] int32: start (where the
   group's members begin in the inverted lists), take (members taken, the earliest first:
   the last group is cut to fit), slot (the grouped slot its first member fills), and used
-  [Q] int32 (ranked groups before the room is full: only they have take > 0)."""
+  [Q] int32 (ranked groups up to the last that takes members: the rest have take == 0)."""
   order = jnp.argsort(-group_scores, axis=1, stable=True)
   usable = jnp.isfinite(jnp.take_along_axis(group_scores, order, 1))
   sz = jnp.where(usable, sizes[order], 0).astype(jnp.int32)
   cum = jnp.cumsum(sz, axis=1)
   slot = cum - sz
   take = jnp.clip(room[:, None] - slot, 0, sz)
-  used = jnp.sum(slot < room[:, None], axis=1).astype(jnp.int32)
-  return offsets[order].astype(jnp.int32), take.astype(jnp.int32), slot.astype(jnp.int32), used
+  live = (slot < room[:, None]) & (sz > 0)
+  used = jnp.max(jnp.where(live, jnp.arange(1, sz.shape[1] + 1)[None, :], 0), axis=1)
+  return (offsets[order].astype(jnp.int32), take.astype(jnp.int32), slot.astype(jnp.int32),
+          used.astype(jnp.int32))
 
 
 def candidate_indices(group_scores, sizes, members, offsets, grouped_end, positions, *,
