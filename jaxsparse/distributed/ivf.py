@@ -27,10 +27,6 @@ from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal
 __all__ = ["sharded_ivf_prefill_topk"]
 
 
-@jax.jit
-def _place(reps, centers, gid):
-  return reps.at[gid].set(centers.astype(reps.dtype), mode="drop")
-
 
 def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
@@ -71,11 +67,15 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   def local_prefix(e, p):  # a shard's keys before global position p: a prefix of its array
     return (min(max(p - e * c, 0), c) + min(max(p - (2 * p_dev - 1 - e) * c, 0), c))
 
-  def export(e):  # the shard's assignment in global group ids, onto global positions
-    a = np.asarray(states[e]["assign"])
+  reps = np.zeros((g_cap, d), index.state_dtypes(n, config)["centers"])
+
+  def export(e):  # the shard's assignment and centers (its groups' member means) in global
+    a = np.asarray(states[e]["assign"])  # group ids, onto global positions
     lp = local_pos[e]
     ok = (a >= 0) & (lp < n)
     assign[lp[ok]] = slot_gid[e][a[ok]]
+    live = slot_gid[e] >= 0
+    reps[slot_gid[e][live]] = np.asarray(states[e]["centers"])[live]
 
   pending = []
   for v in range(1, n // wnd + 1):
@@ -101,14 +101,10 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
     ga = jax.device_put(jnp.asarray(assign), dev)
     kd = k_all[devices.index(dev)]
     put = lambda x: jax.device_put(x, dev)
-    reps = jnp.zeros((g_cap, d), index.state_dtypes(n, config)["centers"])
-    for f in range(p_dev):  # each shard's centers (its groups' member means) in global ids
-      reps = _place(reps, jax.device_put(states[f]["centers"], dev),
-                    put(np.where(slot_gid[f] >= 0, slot_gid[f], g_cap)))
     sizes, _, last = index._group_stats(ga, kd, g_cap)
     members, offsets = candidates.inverted_lists(ga, g_cap)
-    res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), kd, reps, sizes, last, members, offsets,
-                      put(jnp.full((hi - lo,), p, jnp.int32)),
+    res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), kd, put(reps.copy()), sizes, last,
+                      members, offsets, put(jnp.full((hi - lo,), p, jnp.int32)),
                       put(jnp.arange(lo, hi, dtype=jnp.int32)), topk=topk,
                       budget=config.budget, sink=config.sink, window=wnd)
     pending.append((lo, hi, res))
