@@ -16,6 +16,7 @@ packing, candidate scoring, top-K). Writes JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -64,27 +65,10 @@ def stages(q, w, k, cfg, samples):
   sample = set(np.linspace(1, nw, samples).astype(int).tolist())
   rank = jax.jit(pf._group_scores, static_argnames="platform")
   select = jax.jit(pf._select, static_argnames=("topk", "platform"))
-  walk = plat is not None and plat.kind == "gpu"  # the kernel walks the ranked groups
-
-  @jax.jit
-  def pack(gs, sizes, members, offsets, gend, pos):
-    if not walk:
-      return candidates.candidate_indices(gs, sizes, members, offsets, gend, pos,
-                                          budget=cfg.budget, sink=cfg.sink, window=wnd)[0]
-    fixed = candidates.fixed_slots(pos, gend, sink=cfg.sink, window=wnd)
-    return fixed, candidates.ranked_groups(gs, sizes, offsets,
-                                           cfg.budget - (fixed >= 0).sum(1))
-
-  @jax.jit
-  def score(q, w, k, packed, members):
-    if not walk:
-      return pf._candidate_scores(q, w, k, packed, plat), packed
-    from pallas_kernels import ivf as kivf
-    fixed, (start, take, slot, used) = packed
-    zg, ig = kivf.ranked_scores(q, w, k, members, start, take, slot, used,
-                                slots=cfg.budget - cfg.sink, platform=plat)
-    return (jnp.concatenate([pf._candidate_scores(q, w, k, fixed, plat), zg], 1),
-            jnp.concatenate([fixed, ig], 1))
+  pack = jax.jit(functools.partial(pf._pack, budget=cfg.budget, sink=cfg.sink, window=wnd,
+                                   platform=plat))
+  score = jax.jit(functools.partial(pf._score_packed, budget=cfg.budget, sink=cfg.sink,
+                                    platform=plat))
   t = dict(seal=0.0, refit=0.0, lists=0.0, rank=0.0, pack=0.0, score=0.0, topk=0.0)
 
   def timed(name, f, scale):
@@ -115,7 +99,7 @@ def stages(q, w, k, cfg, samples):
     gs = timed("rank", lambda: rank(q[lo:hi], w[lo:hi], state["centers"], state["sizes"],
                                     state["last"], gend, platform=plat), sc)
     packed = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos), sc)
-    z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, packed, members), sc)
+    z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, members, packed), sc)
     timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat), sc)
   return t
 

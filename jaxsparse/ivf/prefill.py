@@ -52,6 +52,34 @@ def _select(z, idx, topk, platform=None):
   return jnp.where(jnp.isfinite(v) & (j >= 0), picked, -1)
 
 
+def _walks(platform) -> bool:
+  """Whether the GPU kernel walks the ranked groups itself (else the slots are packed)."""
+  return platform is not None and platform.kind == "gpu"
+
+
+def _pack(gs, sizes, members, offsets, grouped_end, positions, *, budget, sink, window,
+          platform=None):
+  """What the scoring reads: on a GPU the fixed slots [Q, sink + window] and the ranked groups
+  (`candidates.ranked_groups`); elsewhere every slot's key index [Q, budget + window]."""
+  if not _walks(platform):
+    return candidates.candidate_indices(gs, sizes, members, offsets, grouped_end, positions,
+                                        budget=budget, sink=sink, window=window)[0]
+  fixed = candidates.fixed_slots(positions, grouped_end, sink=sink, window=window)
+  return fixed, candidates.ranked_groups(gs, sizes, offsets, budget - (fixed >= 0).sum(1))
+
+
+def _score_packed(q, w, k, members, packed, *, budget, sink, platform=None):
+  """(scores [Q, S] float32, key indices [Q, S] int32) of `_pack`'s candidates."""
+  if not _walks(platform):
+    return _candidate_scores(q, w, k, packed, platform), packed
+  from pallas_kernels import ivf as kivf
+  fixed, (start, take, slot, used) = packed
+  zg, ig = kivf.ranked_scores(q, w, k, members, start, take, slot, used, slots=budget - sink,
+                              platform=platform)
+  return (jnp.concatenate([_candidate_scores(q, w, k, fixed, platform), zg], axis=1),
+          jnp.concatenate([fixed, ig], axis=1))
+
+
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform"))
 def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, positions, *, topk,
                 budget, sink, window, platform=None):
@@ -59,22 +87,10 @@ def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, posit
   (members, offsets), score them and take the top-K. Returns (indices [Q, topk],
   num_candidates [Q])."""
   gs = _group_scores(q, w, reps, sizes, last, grouped_end, platform)
-  if platform is not None and platform.kind == "gpu":
-    # the kernel walks each query's ranked groups through the inverted lists itself
-    from pallas_kernels import ivf as kivf
-    fixed = candidates.fixed_slots(positions, grouped_end, sink=sink, window=window)
-    room = budget - (fixed >= 0).sum(1)
-    start, take, slot, used = candidates.ranked_groups(gs, sizes, offsets, room)
-    zg, ig = kivf.ranked_scores(q, w, k, members, start, take, slot, used,
-                                slots=budget - sink, platform=platform)
-    z = jnp.concatenate([_candidate_scores(q, w, k, fixed, platform), zg], axis=1)
-    idx = jnp.concatenate([fixed, ig], axis=1)
-    num = (idx >= 0).sum(1).astype(jnp.int32)
-  else:
-    idx, num = candidates.candidate_indices(gs, sizes, members, offsets, grouped_end,
-                                            positions, budget=budget, sink=sink, window=window)
-    z = _candidate_scores(q, w, k, idx, platform)
-  return _select(z, idx, topk, platform), num
+  packed = _pack(gs, sizes, members, offsets, grouped_end, positions, budget=budget, sink=sink,
+                 window=window, platform=platform)
+  z, idx = _score_packed(q, w, k, members, packed, budget=budget, sink=sink, platform=platform)
+  return _select(z, idx, topk, platform), (idx >= 0).sum(1).astype(jnp.int32)
 
 
 def exact_before_first_seal(q, w, k, config):
