@@ -70,8 +70,6 @@ The shipped indexers took 1,800 steps (about 9 minutes on one H200); a CPU run i
 examples:
   jaxsparse train indexer --out runs/idx --schedule 2048:300,4096:200,8192:1300
   jaxsparse train indexer --out runs/tiny --window 128 --steps 10 --layers 2 --eval-tokens 256
-  jaxsparse train indexer-sparse collect --corpus ids.npy --windows 9 --out cache
-  jaxsparse train indexer-sparse train --data cache --out runs/sparse --steps 300
   jaxsparse train corrector --train-trace train.npz --eval-trace heldout.npz --out runs/corr
 """
 
@@ -705,8 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
       what = r.add_subparsers(dest="what", required=True, metavar="WHAT")
       what.add_parser("indexer", help="lightning indexers (options: "
                       "`jaxsparse train indexer --help`)")
-      what.add_parser("indexer-sparse", help="the sparse indexer stage from cached layer "
-                      "inputs (options: `jaxsparse train indexer-sparse --help`)")
       what.add_parser("corrector", help="AttentionIndex representative corrections (options: "
                       "`jaxsparse train corrector --help`)")
 
@@ -727,9 +723,6 @@ def main(argv=None) -> int:
     from train import indexer
     rest = argv[2:] if argv[0] == "train" else argv[1:]
     return indexer.main(rest, prog="jaxsparse train indexer")
-  if argv[:2] == ["train", "indexer-sparse"]:
-    from train import sparse
-    return sparse.main(argv[2:], prog="jaxsparse train indexer-sparse")
   if argv[:2] == ["train", "corrector"]:
     from train import corrector
     return corrector.main(argv[2:], prog="jaxsparse train corrector")

@@ -20,8 +20,7 @@ from jaxsparse._io import save_npz_atomic
 
 
 __all__ = [
-    "IndexerConfig", "LightningIndexers", "project", "project_queries", "project_keys",
-    "score_layer", "leaky_relu_grad", "train_scores", "FILE_FORMAT",
+    "IndexerConfig", "LightningIndexers", "project", "score_layer", "train_scores", "FILE_FORMAT",
     "PARAM_NAMES", "param_shapes", "save_indexers", "IndexerFileError", "load_indexers",
     "default_indexers_path", "score_all", "kl_loss", "topk_recall", "recent_recall"
 ]
@@ -67,32 +66,20 @@ class LightningIndexers(nnx.Module):
     return score_all(self.cfg, self.params_tree(), hidden)
 
 
-def project_queries(cfg: IndexerConfig, p: dict, h, positions):
-  """One layer's queries and head weights for rows h [R, width] at positions [R] (int):
-  -> (q [R, H, D], w [R, H])."""
-  r = h.shape[0]
-  q = (h @ p["wq"]).reshape(r, cfg.heads, cfg.head_dim)
-  if cfg.rope_dims:
-    q = prep.apply_rope(q, positions, rope_dims=cfg.rope_dims, base=cfg.rope_base)
-  w = (h @ p["ww"]) * (cfg.heads ** -0.5) * (cfg.head_dim ** -0.5)
-  return q, w
-
-
-def project_keys(cfg: IndexerConfig, p: dict, h):
-  """One layer's keys for h [T, width] at positions 0..T-1 -> k [T, D]."""
+def project(cfg: IndexerConfig, p: dict, h):
+  """One layer: p holds that layer's arrays; h [T, width] -> (q [T,H,D], k [T,D], w [T,H])."""
+  t = h.shape[0]
+  pos = jnp.arange(t)
+  q = (h @ p["wq"]).reshape(t, cfg.heads, cfg.head_dim)
   k = h @ p["wk"]
   mu = k.mean(-1, keepdims=True)
   var = ((k - mu) ** 2).mean(-1, keepdims=True)
   k = (k - mu) * jax.lax.rsqrt(var + 1e-6) * p["k_scale"] + p["k_bias"]
   if cfg.rope_dims:
-    k = prep.apply_rope(k, jnp.arange(h.shape[0]), rope_dims=cfg.rope_dims, base=cfg.rope_base)
-  return k
-
-
-def project(cfg: IndexerConfig, p: dict, h):
-  """One layer: p holds that layer's arrays; h [T, width] -> (q [T,H,D], k [T,D], w [T,H])."""
-  q, w = project_queries(cfg, p, h, jnp.arange(h.shape[0]))
-  return q, project_keys(cfg, p, h), w
+    q = prep.apply_rope(q, pos, rope_dims=cfg.rope_dims, base=cfg.rope_base)
+    k = prep.apply_rope(k, pos, rope_dims=cfg.rope_dims, base=cfg.rope_base)
+  w = (h @ p["ww"]) * (cfg.heads ** -0.5) * (cfg.head_dim ** -0.5)
+  return q, k, w
 
 
 def score_layer(cfg, p, h):
@@ -111,11 +98,6 @@ def _relu_leaky_grad_jvp(primals, tangents):
   x, leak = primals
   dx, _ = tangents
   return jnp.maximum(x, 0.0), dx * jnp.where(x > 0, 1.0, leak)
-
-
-def leaky_relu_grad(x, leak: float):
-  """max(x, 0) whose gradient is `leak` (not 0) below zero."""
-  return _relu_leaky_grad(x, jnp.float32(leak))
 
 
 def train_scores(cfg, p, h, leak: float):

@@ -172,7 +172,7 @@ def _topk_keep(z, k: int):
 
 
 def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final_norm, layers,
-                     iparams, tokens, oracle=False, want_lse=False):
+                     iparams, tokens, oracle=False):
   t = tokens.shape[0]
   nc = -(-t // chunk)
   tp = nc * chunk
@@ -210,11 +210,8 @@ def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final
       if oracle:  # the attention's own top-k_sel keys (head-summed): the selection ceiling
         a = jax.nn.softmax(jnp.where(vis, s, -jnp.inf), axis=-1).sum((0, 1))
         mask = vis & _topk_keep(jnp.where(vis, a, -jnp.inf), k_sel)
-      s = jnp.where(mask, s, -jnp.inf)
-      p = jax.nn.softmax(s, axis=-1)
+      p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1)
       o = jnp.einsum("ngct,tnd->cngd", p, v).reshape(chunk, nh * hd)
-      if want_lse:  # [C, nh]: head n*g + i's softmax normaliser over the keys it sees
-        stats["lse"] = jax.nn.logsumexp(s, axis=-1).transpose(2, 0, 1).reshape(chunk, nh)
       if ip is not None and stat_ks:
         a = p.sum((0, 1)) / nh  # [C, T] head-summed attention, rows sum to 1
         live = qpos < t
@@ -230,16 +227,13 @@ def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final
       return o, stats
 
     o, st = jax.lax.map(one, jnp.arange(nc))
-    lse = st.pop("lse").reshape(tp, nh)[:t] if want_lse else None
     st = {name: v.sum() for name, v in st.items()}
     x = x + o.reshape(tp, nh * hd)[:t] @ w["o"].T
     h2 = rms_norm(x, w["ffn_norm"], cfg.norm_eps)
     x = x + (jax.nn.silu(h2 @ w["gate"].T) * (h2 @ w["up"].T)) @ w["down"].T
-    return x, ((h if want_hidden else None, lse), st)
+    return x, (h if want_hidden else None, st)
 
-  x, ((hidden, lse), stats) = jax.lax.scan(layer, x, (layers, iparams))
-  if want_lse:
-    hidden = (hidden, lse)
+  x, (hidden, stats) = jax.lax.scan(layer, x, (layers, iparams))
   xn = jnp.pad(rms_norm(x, final_norm, cfg.norm_eps), ((0, tp - t), (0, 0)))
   nxt = jnp.pad(tokens[1:], (0, tp - t + 1))
 
@@ -253,12 +247,11 @@ def _chunked_forward(cfg, icfg, chunk, stat_ks, k_sel, want_hidden, embed, final
   return nll.reshape(tp)[: t - 1], pred.reshape(tp)[:t].astype(jnp.int32), hidden, stats
 
 
-_chunked_forward = jax.jit(_chunked_forward, static_argnums=(0, 1, 2, 3, 4, 5, 11, 12))
+_chunked_forward = jax.jit(_chunked_forward, static_argnums=(0, 1, 2, 3, 4, 5, 11))
 
 
 def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=(),
-                chunk: int = 512, hidden: bool = False, oracle: bool = False,
-                attn_lse: bool = False):
+                chunk: int = 512, hidden: bool = False, oracle: bool = False):
   """Forward over queries in chunks of `chunk`: memory O(chunk x T), never the [T, T] matrix.
 
   tokens [T] int32. indexers: a `LightningIndexers` (needed for k_sel or stat_ks).
@@ -268,14 +261,9 @@ def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=
   stat_ks: with k_sel = 0, per layer and k, the attention mass (head-summed, rows sum to 1)
   captured by the indexer's top-k and by the true top-k, summed over rows with more than k
   visible keys, and the count of exactly-zero indexer scores among visible entries.
-  attn_lse (with hidden=True): also each layer's attention log-normaliser per query and head,
-  logsumexp over visible keys of q.k / sqrt(head_dim), float32 [L, T, heads]: with it the
-  attention weight of any (query, key) pair follows from h alone (the sparse indexer stage).
   Returns (nll [T-1] float32 of predicting token t+1 at t, greedy pred [T] int32,
-  hidden [L, T, width] (a pair (hidden, lse) with attn_lse) or None, stats dict of [L] arrays).
+  hidden [L, T, width] or None, stats dict of [L] arrays).
   """
-  if attn_lse and not hidden:
-    raise ValueError("attn_lse=True needs hidden=True")
   if oracle and not k_sel:
     raise ValueError("oracle=True needs k_sel > 0")
   if ((k_sel and not oracle) or stat_ks) and indexers is None:
@@ -288,4 +276,4 @@ def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=
   return _chunked_forward(model.cfg, icfg, int(chunk), tuple(int(k) for k in stat_ks),
                           int(k_sel), bool(hidden), var_value(model.embed),
                           var_value(model.final_norm), var_value(model.layers), ip,
-                          jnp.asarray(tokens, jnp.int32), bool(oracle), bool(attn_lse))
+                          jnp.asarray(tokens, jnp.int32), bool(oracle))
