@@ -5,8 +5,9 @@ against HiSA (and its oracle) at several candidate budgets, per layer. Writes JS
 
 The trace comes from `jaxsparse trace prefill --text FILE --tokens 8192` (all 30 layers).
 Default settings scale the paper's (K 2048, budget 24K, W 1024, groups of 128, refits every
-16K at 128K-1M tokens) to an 8K context: K 128, budgets 512/1024/2048, W 256, groups of 32,
-refits every 2048 tokens.
+16K at 128K-1M tokens) to an 8K context: K 128, budgets 384/512/1024/2048, W 256, groups of
+32, refits every 2048 tokens. "IVF corrected" adds the shipped learned correction to the means
+(`--corrector`).
 """
 from __future__ import annotations
 
@@ -23,12 +24,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from jaxsparse import ivf, traces  # noqa: E402
 from jaxsparse._bench.timing import environment, write_json  # noqa: E402
 
-METHODS = (("IVF", "ivf", True, False), ("IVF seal only", "ivf", False, False),
-           ("IVF oracle", "ivf", True, True), ("HiSA", "hisa", True, False),
-           ("HiSA oracle", "hisa", True, True))
+# name, method, refits, oracle ranking, learned correction
+METHODS = (("IVF", "ivf", True, False, False), ("IVF seal only", "ivf", False, False, False),
+           ("IVF corrected", "ivf", True, False, True), ("IVF oracle", "ivf", True, True, False),
+           ("HiSA", "hisa", True, False, False), ("HiSA oracle", "hisa", True, True, False))
 
 
-def run(tr, cfg, budgets, layers, queries, progress=print):
+def run(tr, cfg, budgets, layers, queries, corrector=None, progress=print):
+  """corrector: a file of `jaxsparse train corrector` for the "IVF corrected" rows (None:
+  those rows are left out)."""
+  methods = [m for m in METHODS if corrector or not m[4]]
   n = tr.k.shape[1]
   start = min(4 * cfg.seal_window, n // 4)
   pos = np.unique(np.linspace(start, n - 1, queries).astype(np.int64))
@@ -37,25 +42,31 @@ def run(tr, cfg, budgets, layers, queries, progress=print):
     q, w, k = tr.q[li], tr.w[li], tr.k[li]
     for b in budgets:
       c = dataclasses.replace(cfg, budget=b)
-      for name, method, refits, oracle in METHODS:
+      for name, method, refits, oracle, corrected in methods:
         cc = c if refits else dataclasses.replace(c, refit_interval=0)
         t0 = time.perf_counter()
-        r = ivf.evaluate(q, w, k, cc, method=method, query_positions=pos, oracle=oracle)
+        r = ivf.evaluate(q, w, k, cc, method=method, query_positions=pos, oracle=oracle,
+                         **(dict(corrector=corrector, layer=int(tr.layers[li])) if corrected
+                            else {}))
         rows.append(dict(layer=int(tr.layers[li]), budget=b, method=name,
                          recall=float(r["recall"].mean()),
                          candidates=float(r["num_candidates"].mean()),
                          refit_compared=r["refit_compared"],
                          seconds=time.perf_counter() - t0))
       progress(f"layer {int(tr.layers[li])} budget {b}: " + ", ".join(
-          f"{x['method']} {x['recall']:.3f}" for x in rows[-len(METHODS):]))
+          f"{x['method']} {x['recall']:.3f}" for x in rows[-len(methods):]))
   return pos, rows
+
+
+def _names(rows):
+  return [m[0] for m in METHODS if any(r["method"] == m[0] for r in rows)]
 
 
 def summary(rows, budgets):
   out = {}
   for b in budgets:
     out[b] = {name: float(np.mean([r["recall"] for r in rows if r["budget"] == b and
-                                   r["method"] == name])) for name, *_ in METHODS}
+                                   r["method"] == name])) for name in _names(rows)}
   return out
 
 
@@ -65,7 +76,8 @@ def plot(rows, budgets, main_budget, path):
   import matplotlib.pyplot as plt
   fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4))
   s = summary(rows, budgets)
-  for name, *_ in METHODS:
+  names = _names(rows)
+  for name in names:
     a.plot(budgets, [s[x][name] for x in budgets], marker="o", label=name)
   a.set_xscale("log", base=2)
   a.set_xlabel("candidate budget")
@@ -73,10 +85,11 @@ def plot(rows, budgets, main_budget, path):
   a.legend(fontsize=8)
   a.grid(alpha=0.3)
   layers = sorted({r["layer"] for r in rows})
-  for i, (name, *_) in enumerate(METHODS):
+  width = 0.8 / len(names)
+  for i, name in enumerate(names):
     v = [next(r["recall"] for r in rows if r["layer"] == l and r["budget"] == main_budget
               and r["method"] == name) for l in layers]
-    b.bar(np.arange(len(layers)) + (i - 2) * 0.16, v, 0.16, label=name)
+    b.bar(np.arange(len(layers)) + (i - (len(names) - 1) / 2) * width, v, width, label=name)
   b.set_xticks(np.arange(len(layers)), layers, fontsize=7)
   b.set_xlabel(f"layer (budget {main_budget})")
   b.set_ylabel("recall")
@@ -91,7 +104,7 @@ def main(argv=None):
   p.add_argument("--trace", required=True, help="prefill trace .npz")
   p.add_argument("--out", default="benchmarks/results/ivf_recall", help="JSON/PNG prefix")
   p.add_argument("--topk", type=int, default=128)
-  p.add_argument("--budgets", default="512,1024,2048")
+  p.add_argument("--budgets", default="384,512,1024,2048")
   p.add_argument("--main-budget", type=int, default=1024)
   p.add_argument("--seal-window", type=int, default=256)
   p.add_argument("--cluster-size", type=int, default=32)
@@ -101,6 +114,9 @@ def main(argv=None):
   p.add_argument("--layers", default="", help="comma list of stored layer indices (default all)")
   p.add_argument("--float32-index", action="store_true",
                  help="IVFConfig(compact=False): int32 / float32 index state")
+  p.add_argument("--corrector", default="shipped",
+                 help="corrector file for the 'IVF corrected' rows: 'shipped' (SmolLM2's, for "
+                      "traces of the shipped indexers), a path, or '' to leave them out")
   p.add_argument("--quick", action="store_true", help="two layers, one budget, 32 queries")
   a = p.parse_args(argv)
   tr = traces.load(a.trace)
@@ -115,9 +131,12 @@ def main(argv=None):
   cfg = ivf.IVFConfig(topk=a.topk, budget=max(budgets), seal_window=a.seal_window,
                       cluster_size=a.cluster_size, refit_interval=a.refit_interval, sink=a.sink,
                       compact=not a.float32_index)
-  pos, rows = run(tr, cfg, budgets, layers, a.queries)
+  from jaxsparse.ivf import corrector as ivf_corrector
+  corr = ivf_corrector.SHIPPED if a.corrector == "shipped" else a.corrector or None
+  pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr)
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
-         "config": dataclasses.asdict(cfg), "budgets": budgets, "query_positions": pos.tolist(),
+         "config": dataclasses.asdict(cfg),
+         "corrector": os.path.basename(corr) if corr else None, "budgets": budgets, "query_positions": pos.tolist(),
          "summary": summary(rows, budgets), "rows": rows}
   write_json(a.out + ".json", res)
   plot(rows, budgets, a.main_budget, a.out + ".png")

@@ -33,7 +33,7 @@ def test_kernel_benchmarks_quick(script, tmp_path):
 def test_ivf_recall_benchmark_quick(tmp_path):
   from jaxsparse import traces
   rng = np.random.default_rng(0)
-  n, h, d = 1024, 2, 16
+  n, h, d = 1024, 2, 32  # d and layers fit the shipped corrector (layer 3 corrected, 9 plain)
   k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
   tr = traces.PrefillTrace(q=rng.standard_normal((2, n, h, d)).astype(np.float32),
                            w=rng.uniform(0, 1, (2, n, h)).astype(np.float32),
@@ -46,7 +46,10 @@ def test_ivf_recall_benchmark_quick(tmp_path):
        str(tmp_path / "ivf"))
   data = json.loads((tmp_path / "ivf.json").read_text())
   methods = {r["method"] for r in data["rows"]}
-  assert methods == {"IVF", "IVF seal only", "IVF oracle", "HiSA", "HiSA oracle"}
+  assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF oracle", "HiSA",
+                     "HiSA oracle"}
+  rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
+  assert rec[(9, "IVF corrected")] == rec[(9, "IVF")]  # a plain layer of the shipped file
   assert (tmp_path / "ivf.png").read_bytes()[:4] == b"\x89PNG"
 
 
