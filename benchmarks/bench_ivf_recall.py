@@ -42,17 +42,23 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, progress=print):
     q, w, k = tr.q[li], tr.w[li], tr.k[li]
     for b in budgets:
       c = dataclasses.replace(cfg, budget=b)
+      per_query = {}
       for name, method, refits, oracle, corrected in methods:
         cc = c if refits else dataclasses.replace(c, refit_interval=0)
         t0 = time.perf_counter()
         r = ivf.evaluate(q, w, k, cc, method=method, query_positions=pos, oracle=oracle,
                          **(dict(corrector=corrector, layer=int(tr.layers[li])) if corrected
                             else {}))
+        per_query[name] = np.asarray(r["recall"], np.float64)
         rows.append(dict(layer=int(tr.layers[li]), budget=b, method=name,
                          recall=float(r["recall"].mean()),
                          candidates=float(r["num_candidates"].mean()),
                          refit_compared=r["refit_compared"],
                          seconds=time.perf_counter() - t0))
+      for row in rows[-len(methods):]:  # paired per-query difference to HiSA, its std. error
+        d = per_query[row["method"]] - per_query["HiSA"]
+        row["minus_hisa"] = float(d.mean())
+        row["minus_hisa_se"] = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
       progress(f"layer {int(tr.layers[li])} budget {b}: " + ", ".join(
           f"{x['method']} {x['recall']:.3f}" for x in rows[-len(methods):]))
   return pos, rows
@@ -63,10 +69,15 @@ def _names(rows):
 
 
 def summary(rows, budgets):
+  """Per budget: each method's recall averaged over layers, and the layers where IVF trails
+  HiSA as (layer, mean difference, its standard error over the queries)."""
   out = {}
   for b in budgets:
     out[b] = {name: float(np.mean([r["recall"] for r in rows if r["budget"] == b and
                                    r["method"] == name])) for name in _names(rows)}
+    out[b]["IVF behind HiSA"] = [(r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
+                                 if r["budget"] == b and r["method"] == "IVF"
+                                 and r["minus_hisa"] < 0]
   return out
 
 
@@ -141,7 +152,10 @@ def main(argv=None):
   write_json(a.out + ".json", res)
   plot(rows, budgets, a.main_budget, a.out + ".png")
   for b, s in res["summary"].items():
-    print(f"budget {b}: " + ", ".join(f"{k} {v:.3f}" for k, v in s.items()))
+    print(f"budget {b}: " + ", ".join(f"{k} {v:.3f}" for k, v in s.items()
+                                      if k != "IVF behind HiSA"))
+    print("  IVF behind HiSA (layer, difference, std. error): " + (", ".join(
+        f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in s["IVF behind HiSA"]) or "none"))
   print(f"wrote {a.out}.json and .png")
 
 

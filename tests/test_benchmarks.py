@@ -50,6 +50,9 @@ def test_ivf_recall_benchmark_quick(tmp_path):
                      "HiSA oracle"}
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
   assert rec[(9, "IVF corrected")] == rec[(9, "IVF")]  # a plain layer of the shipped file
+  for r in data["rows"]:  # the paired difference to HiSA is the difference of the means
+    hisa = rec[(r["layer"], "HiSA")]
+    assert abs(r["minus_hisa"] - (r["recall"] - hisa)) < 1e-9 and r["minus_hisa_se"] >= 0
   assert (tmp_path / "ivf.png").read_bytes()[:4] == b"\x89PNG"
 
 
