@@ -85,7 +85,7 @@ def plot(rows, budgets, main_budget, path):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4))
+  fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.4))
   s = summary(rows, budgets)
   names = _names(rows)
   for name in names:
@@ -104,8 +104,8 @@ def plot(rows, budgets, main_budget, path):
   b.set_xticks(np.arange(len(layers)), layers, fontsize=7)
   b.set_xlabel(f"layer (budget {main_budget})")
   b.set_ylabel("recall")
-  b.set_ylim(max(0.0, min(r["recall"] for r in rows) - 0.05), 1.0)
-  b.legend(fontsize=7, ncol=3)
+  b.set_ylim(max(0.0, min(r["recall"] for r in rows if r["budget"] == main_budget) - 0.02), 1.0)
+  b.legend(fontsize=7, ncol=len(names), loc="upper center", bbox_to_anchor=(0.5, -0.14))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
@@ -116,7 +116,7 @@ def main(argv=None):
   p.add_argument("--out", default="benchmarks/results/ivf_recall", help="JSON/PNG prefix")
   p.add_argument("--topk", type=int, default=128)
   p.add_argument("--budgets", default="384,512,1024,2048")
-  p.add_argument("--main-budget", type=int, default=1024)
+  p.add_argument("--main-budget", type=int, default=512)
   p.add_argument("--seal-window", type=int, default=256)
   p.add_argument("--cluster-size", type=int, default=32)
   p.add_argument("--refit-interval", type=int, default=2048)
