@@ -22,7 +22,6 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--tokens", type=int, default=8192)
   p.add_argument("--layers", default="")
-  p.add_argument("--chunk", type=int, default=1024)
   p.add_argument("--ids", default="", help="token ids (.npy) instead of the held-out text")
   p.add_argument("--offset", type=int, default=0, help="first token taken from --ids")
   p.add_argument("--out", required=True)

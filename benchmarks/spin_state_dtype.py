@@ -2,6 +2,7 @@
 decode trace (every layer) with float32 and bfloat16 state at several target sparsities.
 
   python benchmarks/spin_state_dtype.py --out benchmarks/results/spin_state_dtype.json
+  python benchmarks/spin_state_dtype.py --quick --out r.json        (CPU check)
 """
 from __future__ import annotations
 
@@ -20,16 +21,20 @@ def main(argv=None):
   p.add_argument("--k", type=int, default=64)
   p.add_argument("--block-size", type=int, default=16)
   p.add_argument("--sparsities", default="0.2,0.4,0.5")
+  p.add_argument("--quick", action="store_true", help="two layers, 64 steps, one sparsity")
   a = p.parse_args(argv)
   tr = traces.load(a.trace or traces.default_trace_path())
+  layers, steps = range(len(tr.layers)), len(tr.lengths)
+  if a.quick:
+    layers, steps, a.sparsities = range(min(2, len(tr.layers))), min(64, steps), "0.4"
   rows = []
   for rho in (float(v) for v in a.sparsities.split(",")):
     for dt in spin.STATE_DTYPES:
       cfg = spin.SpinConfig(block_size=a.block_size, topk=a.k, sparsity=rho, state_dtype=dt)
       miss, p99, spars = [], [], []
-      for layer in range(len(tr.layers)):
+      for layer in layers:
         q, w, k = tr.layer(layer)
-        r = spin.replay(q[:, 0], w[:, 0], k, tr.lengths, cfg)
+        r = spin.replay(q[:steps, 0], w[:steps, 0], k, tr.lengths[:steps], cfg)
         miss.append(r["mean_miss"]), p99.append(r["p99_miss"]), spars.append(r["mean_sparsity"])
       rows.append(dict(sparsity=rho, state_dtype=dt, mean_miss=float(np.mean(miss)),
                        p99_miss=float(np.mean(p99)), realized=float(np.mean(spars)),

@@ -69,6 +69,28 @@ def test_ivf_prefill_benchmark_quick(tmp_path):
   assert all(0.5 < r["recall"] <= 1 and r["ivf_s"] > 0 for r in data["rows"])
 
 
+def test_spin_state_dtype_quick(tmp_path):
+  _run("spin_state_dtype.py", "--quick", "--out", str(tmp_path / "d.json"))
+  rows = json.loads((tmp_path / "d.json").read_text())["rows"]
+  assert {r["state_dtype"] for r in rows} == {"float32", "bfloat16"}
+  assert all(len(r["per_layer_mean_miss"]) == 2 and 0 <= r["mean_miss"] < 1 for r in rows)
+
+
+def test_record_prefill_script(tmp_path):
+  from jaxsparse import traces
+  out = str(tmp_path / "p.npz")
+  _run("record_prefill.py", "--tokens", "200", "--layers", "3,15", "--out", out)
+  tr = traces.load(out)
+  assert tr.kind == "prefill" and tr.layers.tolist() == [3, 15] and tr.k.shape[1] == 200
+
+
+@pytest.mark.parametrize("what", ["decode-bf16", "decode-fp8qk", "topk-set", "spin"])
+def test_profile_one_runs(what):
+  """The ncu helper at small shapes (on a CPU its XLA paths): it must not rot either."""
+  assert f"done {what}" in _run("profile_one.py", what, "--batch", "2", "--slots", "4096",
+                                "--calls", "1")
+
+
 def test_tpu_estimates_script(tmp_path):
   """The README's TPU estimate table regenerates: decode HBM-bound, prefill MXU-bound."""
   _run("tpu_estimates.py", "--out", str(tmp_path / "t.json"))

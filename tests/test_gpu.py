@@ -604,3 +604,16 @@ def test_ivf_kernels_gpu():
   want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
   got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
   assert (got[0] == want[0]).mean() > 0.999  # float32 sums in another order: rare near-ties
+
+
+@pytest.mark.parametrize("script,args", [
+    ("decode_mgpu.py", ["--shapes", "2x8192", "--configs", "32:4"]),
+    ("prefill_mgpu.py", ["--keys", "8192", "--configs", "4:64:2"])])
+def test_mosaic_tuning_scripts_run(script, args, tmp_path):
+  """The Mosaic GPU tuning sweeps at one small shape: they check, time and write rows."""
+  import json
+  from tests.test_benchmarks import _run
+  out = tmp_path / "r.json"
+  _run(script, *args, "--out", str(out))
+  rows = json.loads(out.read_text())["rows"]
+  assert rows and not any(r.get("error") for r in rows)
