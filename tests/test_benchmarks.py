@@ -56,6 +56,27 @@ def test_ivf_recall_benchmark_quick(tmp_path):
   assert (tmp_path / "ivf.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_ivf_block_union_quick(tmp_path):
+  from jaxsparse import traces
+  rng = np.random.default_rng(1)
+  n, h, d = 1024, 2, 16
+  k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
+  tr = traces.PrefillTrace(q=rng.standard_normal((1, n, h, d)).astype(np.float32),
+                           w=rng.uniform(0, 1, (1, n, h)).astype(np.float32),
+                           k=k[None].astype(np.float32), layers=np.asarray([4], np.int32),
+                           meta={})
+  path = str(tmp_path / "p.npz")
+  traces.save(path, tr)
+  _run("ivf_block_union.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
+       "--seal-window", "128", "--cluster-size", "16", "--refit-interval", "512", "--out",
+       str(tmp_path / "u.json"))
+  rows = json.loads((tmp_path / "u.json").read_text())["rows"]
+  assert [r["block"] for r in rows] == [8, 16]
+  # a union holds at least one query's take and at most the block's
+  assert all(1 <= r["mean"] <= r["block"] and r["blocks_measured"] > 0 for r in rows)
+  assert rows[0]["mean"] <= rows[1]["mean"]  # the larger block shares less
+
+
 def test_spin_studies_quick(tmp_path):
   _run("spin_studies.py", "--quick", "--out", str(tmp_path / "s"))
   data = json.loads((tmp_path / "s.json").read_text())
