@@ -33,12 +33,12 @@ def test_kernel_benchmarks_quick(script, tmp_path):
 def test_ivf_recall_benchmark_quick(tmp_path):
   from jaxsparse import traces
   rng = np.random.default_rng(0)
-  n, h, d = 1024, 2, 32  # d and layers fit the shipped corrector (layer 3 corrected, 9 plain)
+  n, h, d = 1024, 2, 32  # d and layers fit the shipped corrector (layer 4 corrected, 15 plain)
   k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
   tr = traces.PrefillTrace(q=rng.standard_normal((2, n, h, d)).astype(np.float32),
                            w=rng.uniform(0, 1, (2, n, h)).astype(np.float32),
                            k=np.stack([k, k]).astype(np.float32),
-                           layers=np.asarray([3, 9], np.int32), meta={})
+                           layers=np.asarray([4, 15], np.int32), meta={})
   path = str(tmp_path / "p.npz")
   traces.save(path, tr)
   _run("bench_ivf_recall.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
@@ -49,7 +49,7 @@ def test_ivf_recall_benchmark_quick(tmp_path):
   assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF oracle", "HiSA",
                      "HiSA oracle"}
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
-  assert rec[(9, "IVF corrected")] == rec[(9, "IVF")]  # a plain layer of the shipped file
+  assert rec[(15, "IVF corrected")] == rec[(15, "IVF")]  # a plain layer of the shipped file
   for r in data["rows"]:  # the paired difference to HiSA is the difference of the means
     hisa = rec[(r["layer"], "HiSA")]
     assert abs(r["minus_hisa"] - (r["recall"] - hisa)) < 1e-9 and r["minus_hisa_se"] >= 0
