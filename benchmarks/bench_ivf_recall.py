@@ -110,17 +110,29 @@ def plot(rows, budgets, main_budget, path):
   fig.savefig(path, dpi=120)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--trace", required=True, help="prefill trace .npz")
-  p.add_argument("--out", default="benchmarks/results/ivf_recall", help="JSON/PNG prefix")
+def add_index_options(p):
+  """The index settings scaled to an 8K context (K, W, group size, refit interval, sinks)."""
   p.add_argument("--topk", type=int, default=128)
-  p.add_argument("--budgets", default="384,512,1024,2048")
-  p.add_argument("--main-budget", type=int, default=512)
   p.add_argument("--seal-window", type=int, default=256)
   p.add_argument("--cluster-size", type=int, default=32)
   p.add_argument("--refit-interval", type=int, default=2048)
   p.add_argument("--sink", type=int, default=16)
+
+
+def load_prefill_trace(p, path):
+  tr = traces.load(path)
+  if tr.kind != "prefill":
+    p.error(f"--trace={path!r} is a {tr.kind} trace; this needs a prefill trace")
+  return tr
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--trace", required=True, help="prefill trace .npz")
+  p.add_argument("--out", default="benchmarks/results/ivf_recall", help="JSON/PNG prefix")
+  p.add_argument("--budgets", default="384,512,1024,2048")
+  p.add_argument("--main-budget", type=int, default=512)
+  add_index_options(p)
   p.add_argument("--queries", type=int, default=256)
   p.add_argument("--layers", default="", help="comma list of stored layer indices (default all)")
   p.add_argument("--float32-index", action="store_true",
@@ -130,9 +142,7 @@ def main(argv=None):
                       "traces of the shipped indexers), a path, or '' to leave them out")
   p.add_argument("--quick", action="store_true", help="two layers, one budget, 32 queries")
   a = p.parse_args(argv)
-  tr = traces.load(a.trace)
-  if tr.kind != "prefill":
-    p.error(f"--trace={a.trace!r} is a {tr.kind} trace; this needs a prefill trace")
+  tr = load_prefill_trace(p, a.trace)
   budgets = [int(v) for v in a.budgets.split(",")]
   layers = ([int(v) for v in a.layers.split(",")] if a.layers else
             list(range(tr.q.shape[0])))

@@ -19,7 +19,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from jaxsparse import ivf, traces  # noqa: E402
+from bench_ivf_recall import add_index_options, load_prefill_trace  # noqa: E402
+from jaxsparse import ivf  # noqa: E402
 from jaxsparse._bench.timing import environment, write_json  # noqa: E402
 from jaxsparse.ivf import candidates, index, prefill  # noqa: E402
 
@@ -63,16 +64,10 @@ def main(argv=None):
   p.add_argument("--budgets", default="512,1024")
   p.add_argument("--blocks", default="8,16,32,64")
   p.add_argument("--layer-step", type=int, default=3, help="every n-th stored layer")
-  p.add_argument("--topk", type=int, default=128)
-  p.add_argument("--seal-window", type=int, default=256)
-  p.add_argument("--cluster-size", type=int, default=32)
-  p.add_argument("--refit-interval", type=int, default=2048)
-  p.add_argument("--sink", type=int, default=16)
+  add_index_options(p)
   p.add_argument("--quick", action="store_true", help="one layer, one budget, blocks 8 and 16")
   a = p.parse_args(argv)
-  tr = traces.load(a.trace)
-  if tr.kind != "prefill":
-    p.error(f"--trace={a.trace!r} is a {tr.kind} trace; this needs a prefill trace")
+  tr = load_prefill_trace(p, a.trace)
   budgets = [int(v) for v in a.budgets.split(",")]
   blocks = [int(v) for v in a.blocks.split(",")]
   layers = list(range(0, tr.q.shape[0], a.layer_step))

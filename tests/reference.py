@@ -343,3 +343,15 @@ def np_spin_commit(st, z_rows, shared, lrows, accepted, cfg):
     if (r <= accepted) if cfg.update_policy == "prefix" else (r == 0):
       st = np_spin_update(st, z_rows[r], obs, int(lrows[r]) - 1, int(lrows[r]), cfg)
   return st
+
+
+def clustered_prefill_trace(rng, n, h, d, layers):
+  """A prefill trace of keys drawn around 8 centers (the same keys in every layer), Gaussian
+  queries and uniform weights: q [L, n, h, d], w [L, n, h], k [L, n, d] float32."""
+  from jaxsparse import traces
+  k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
+  nl = len(layers)
+  return traces.PrefillTrace(q=rng.standard_normal((nl, n, h, d)).astype(np.float32),
+                             w=rng.uniform(0, 1, (nl, n, h)).astype(np.float32),
+                             k=np.stack([k] * nl).astype(np.float32),
+                             layers=np.asarray(layers, np.int32), meta={})

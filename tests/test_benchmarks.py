@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.reference import clustered_prefill_trace
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
@@ -32,13 +34,8 @@ def test_kernel_benchmarks_quick(script, tmp_path):
 
 def test_ivf_recall_benchmark_quick(tmp_path):
   from jaxsparse import traces
-  rng = np.random.default_rng(0)
-  n, h, d = 1024, 2, 32  # d and layers fit the shipped corrector (layer 4 corrected, 15 plain)
-  k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
-  tr = traces.PrefillTrace(q=rng.standard_normal((2, n, h, d)).astype(np.float32),
-                           w=rng.uniform(0, 1, (2, n, h)).astype(np.float32),
-                           k=np.stack([k, k]).astype(np.float32),
-                           layers=np.asarray([4, 15], np.int32), meta={})
+  # d and layers fit the shipped corrector (layer 4 corrected, 15 plain)
+  tr = clustered_prefill_trace(np.random.default_rng(0), 1024, 2, 32, [4, 15])
   path = str(tmp_path / "p.npz")
   traces.save(path, tr)
   _run("bench_ivf_recall.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
@@ -58,13 +55,7 @@ def test_ivf_recall_benchmark_quick(tmp_path):
 
 def test_ivf_block_union_quick(tmp_path):
   from jaxsparse import traces
-  rng = np.random.default_rng(1)
-  n, h, d = 1024, 2, 16
-  k = rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d))
-  tr = traces.PrefillTrace(q=rng.standard_normal((1, n, h, d)).astype(np.float32),
-                           w=rng.uniform(0, 1, (1, n, h)).astype(np.float32),
-                           k=k[None].astype(np.float32), layers=np.asarray([4], np.int32),
-                           meta={})
+  tr = clustered_prefill_trace(np.random.default_rng(1), 1024, 2, 16, [4])
   path = str(tmp_path / "p.npz")
   traces.save(path, tr)
   _run("ivf_block_union.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxsparse import cli, traces
+from tests.reference import clustered_prefill_trace
 
 
 def _err(capsys):
@@ -199,13 +200,7 @@ def test_kernel_time_needs_gpu_kernels():
 
 
 def test_eval_on_a_prefill_trace_compares_attentionindex_hisa_and_full(tmp_path, capsys):
-  rng = np.random.default_rng(0)
-  n, h, d = 640, 2, 16
-  k = (rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d)))
-  pre = traces.PrefillTrace(q=rng.standard_normal((1, n, h, d)).astype(np.float32),
-                            w=rng.uniform(0, 1, (1, n, h)).astype(np.float32),
-                            k=k[None].astype(np.float32), layers=np.asarray([7], np.int32),
-                            meta={})
+  pre = clustered_prefill_trace(np.random.default_rng(0), 640, 2, 16, [7])
   path = str(tmp_path / "p.npz")
   traces.save(path, pre)
   out = tmp_path / "r.json"
