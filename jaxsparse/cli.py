@@ -425,10 +425,12 @@ def _bench_prefill(args) -> int:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
         for strategy in args.strategies:
           st.update(f"timing {n:,} tokens on {p} device(s), {strategy}")
-          sharded_prefill_topk(q, w, k, args.k, mesh=mesh, strategy=strategy)  # compile
+          run = lambda: jax.block_until_ready(sharded_prefill_topk(  # noqa: E731
+              q, w, k, args.k, mesh=mesh, strategy=strategy))
+          run()  # compile
           t0 = time.perf_counter()
           for _ in range(args.reps):
-            sharded_prefill_topk(q, w, k, args.k, mesh=mesh, strategy=strategy)
+            run()
           sec = (time.perf_counter() - t0) / args.reps
           rows.append({"tokens": n, "devices": p, "strategy": strategy, "s": sec,
                        "tokens_per_s": n / sec})

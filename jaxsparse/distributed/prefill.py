@@ -145,17 +145,12 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   if fp8_keys:
     args.append(put(scale))
   inverse = np.argsort(order).astype(np.int32)  # position p's row in the gathered keys
-  fn = functools.partial(_shard_body, topk=topk, axis=axis, shards=shards, strategy=strategy,
-                         fp8=fp8_keys, block=block, kernels=kernels, inverse=inverse)
-  # pallas_call outputs carry no varying-axis annotation: the kernel path skips that check
-  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=(spec, spec),
-                       **({"check_vma": False} if kernels else {}))
-  v, i = jax.jit(body)(*args)
+  args.append(jax.device_put(inverse, NamedSharding(mesh, P())))
+  v, i = _sharded_fn(mesh, axis, topk, strategy, fp8_keys, block, kernels, len(args))(*args)
   if jax.process_count() == 1:  # back to position order on the devices (no host copy)
     rep = NamedSharding(mesh, P())  # replicated, then a local gather (any mesh axis type)
-    back = jnp.asarray(inverse[:n])
     v, i = jax.device_put((v, i), rep)
-    return jax.jit(lambda a, b: (a[back], b[back]), out_shardings=(rep, rep))(v, i)
+    return _reassemble(mesh)(v, i, jax.device_put(inverse[:n], rep))
   from jax.experimental import multihost_utils  # every process gets the whole result
   v, i = multihost_utils.process_allgather((v, i), tiled=True)
   v, i = np.asarray(v), np.asarray(i)
@@ -164,6 +159,27 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   keep = order < n
   out_v[order[keep]], out_i[order[keep]] = v[keep], i[keep]
   return out_v, out_i
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_fn(mesh, axis, topk, strategy, fp8, block, kernels, nargs):
+  """The jitted shard_map of `_shard_body` for one mesh and setting (built once, so repeated
+  calls neither retrace nor recompile); its last argument is the replicated inverse order."""
+  spec = P(axis)
+  fn = functools.partial(_shard_body, topk=topk, axis=axis, shards=mesh.shape[axis],
+                         strategy=strategy, fp8=fp8, block=block, kernels=kernels)
+  # pallas_call outputs carry no varying-axis annotation: the kernel path skips that check
+  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * (nargs - 1) + (P(),),
+                       out_specs=(spec, spec), **({"check_vma": False} if kernels else {}))
+  return jax.jit(body)
+
+
+@functools.lru_cache(maxsize=16)
+def _reassemble(mesh):
+  """(v, i, back) -> (v[back], i[back]), all replicated on the mesh: rows back in position
+  order."""
+  rep = NamedSharding(mesh, P())
+  return jax.jit(lambda v, i, back: (v[back], i[back]), out_shardings=(rep, rep))
 
 
 def _varying(x, axis):
@@ -210,13 +226,13 @@ def _ring(k, pos, sc, visit, *, topk, axis, shards, fp8, rows):
   return v, i
 
 
-def _shard_body(q, w, k, qpos, kpos, *scale, topk, axis, shards, strategy, fp8, block,
-                kernels=False, inverse=None):
+def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, fp8, block,
+                kernels=False):
+  *scale, inv = rest  # inv: the replicated inverse order (position p's row in the gather)
   sc = scale[0] if fp8 else None
   ring = functools.partial(_ring, topk=topk, axis=axis, shards=shards, fp8=fp8,
                            rows=q.shape[0])
   if kernels and strategy == "allgather":
-    inv = jnp.asarray(inverse)
     kall = lax.all_gather(k, axis, tiled=True)[inv]
     sall = lax.all_gather(sc, axis, tiled=True)[inv] if fp8 else None
     return _kernel_topk(q, w, kall, sall, qpos, 0, topk)
