@@ -1,11 +1,19 @@
 """Shared fixtures: GPU marker handling and tolerance helpers."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
-import jax
-import numpy as np
-import pytest
+# Without a GPU plugin every test compiles for the CPU, where most of the suite's time is XLA
+# compiling interpret-mode kernels: LLVM's optimisation passes cost more than they save there.
+# Must precede the backend's start.
+if not any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+  os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                                   "--xla_backend_optimization_level=0"]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 
 def has_gpu() -> bool:
