@@ -12,8 +12,8 @@
 #   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces: 8K (all layers) and
 #                    32K (extrapolated, three layers, the paper's W / group size / refit R)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
-#                    (TOKENS=1048576 runs one context: 64K and 256K took ~4.5 min together, 1M
-#                    alone needs most of a 10-minute call)
+#                    (TOKENS=1048576 REPEATS=1 runs one context into ivf_prefill_1048576.json:
+#                    64K and 256K take ~4.5 min together, 1M alone most of a 10-minute call)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   prefill-sharded  the sharded prefill on this one GPU against the unsharded path (its
 #                    overhead; TOKENS, default 262144,1048576)
@@ -61,7 +61,7 @@ for what in "$@"; do
         | tee "$OUT/ivf_recall_32k.log" | tail -4 ;;
     ivf-prefill)
       python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens 65536} \
-        --out "$OUT/ivf_prefill.json" 2>&1 \
+        ${REPEATS:+--repeats $REPEATS} --out "$OUT/ivf_prefill${TOKENS:+_$TOKENS}.json" 2>&1 \
         | tee "$OUT/ivf_prefill.log" | tail -8 ;;
     prefill-topk)
       python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \
