@@ -402,15 +402,15 @@ def _bench_prefill(args) -> int:
 
   import jaxsparse
   counts = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= args.devices]
-  rng = np.random.default_rng(0)
   rows = []
   dt = jnp.dtype(args.dtype)
   from rich.console import Console
   with Console(stderr=True).status("timing sharded prefill") as st:
     for n in args.tokens:
-      q = jnp.asarray(rng.standard_normal((n, args.heads, args.head_dim)), dt)
-      w = jnp.asarray(rng.uniform(0, 1, (n, args.heads)), jnp.float32)
-      k = jnp.asarray(rng.standard_normal((n, args.head_dim)), dt)
+      kq, kw, kk = jax.random.split(jax.random.key(n), 3)  # drawn on the device
+      q = jax.random.normal(kq, (n, args.heads, args.head_dim), dt)
+      w = jax.random.uniform(kw, (n, args.heads), jnp.float32)
+      k = jax.random.normal(kk, (n, args.head_dim), dt)
       st.update(f"timing {n:,} tokens unsharded")
       one = lambda: jax.block_until_ready(jaxsparse.prefill_topk(  # noqa: E731
           q, k, w, args.k, query_positions=jnp.arange(n, dtype=jnp.int32)))
