@@ -1,9 +1,10 @@
 """AttentionIndex prefill time against full DSA's, 64K-1M tokens (the indexer stage only).
 
 For each context N: `ivf.prefill_topk` (index maintenance, representative ranking, candidate
-gathering and scoring, top-K; Pallas kernels on a GPU/TPU) against full DSA's exact top-K for
-every query (`jaxsparse.prefill_topk`, keys streamed in blocks, no [T, N] buffer) and their
-recall of full DSA's top-K on sampled queries. Random clustered keys (DeepSeek-V3.2 shapes:
+gathering and scoring, top-K; Pallas kernels on a GPU/TPU) and HiSA through the same path
+(`method="hisa"`: fixed blocks, no index maintenance) against full DSA's exact top-K for
+every query (`jaxsparse.prefill_topk`, keys streamed in blocks, no [T, N] buffer) and both
+methods' recall of full DSA's top-K on sampled queries. Random clustered keys (DeepSeek-V3.2 shapes:
 H 64, D 128 by default); wall-clock seconds of one whole prefill after a warm-up (at the
 smallest N unless --warmup-tokens); each N runs --repeats times and the fastest counts (the
 first compiles for the new shapes); full_scoring_s is full DSA's scoring without its top-K.
@@ -148,15 +149,19 @@ def main(argv=None):
   tokens = [int(t) for t in a.tokens.split(",")]
   warm = case(a.warmup_tokens or min(tokens), a.heads, a.dim)
   ivf.prefill_topk(*warm, cfg)
+  ivf.prefill_topk(*warm, cfg, method="hisa")
   full_topk(*warm, a.topk, a.chunk)
   full_scores(*warm, a.chunk)
   for n in tokens:
     q, w, k = case(n, a.heads, a.dim, seed=n)
-    t_ivf = t_full = t_scores = float("inf")
+    t_ivf = t_hisa = t_full = t_scores = float("inf")
     for _ in range(a.repeats):  # the first run at a new N compiles for its shapes
       t0 = time.perf_counter()
       sel, num = ivf.prefill_topk(q, w, k, cfg)
       t_ivf = min(t_ivf, time.perf_counter() - t0)
+      t0 = time.perf_counter()
+      sel_h, _ = ivf.prefill_topk(q, w, k, cfg, method="hisa")
+      t_hisa = min(t_hisa, time.perf_counter() - t0)
       t0 = time.perf_counter()
       ref = np.asarray(full_topk(q, w, k, a.topk, a.chunk))
       t_full = min(t_full, time.perf_counter() - t0)
@@ -165,17 +170,20 @@ def main(argv=None):
       t_scores = min(t_scores, time.perf_counter() - t0)
     qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
     rec = float(np.mean([np.isin(ref[t][ref[t] >= 0], sel[t]).mean() for t in qs]))
+    rec_h = float(np.mean([np.isin(ref[t][ref[t] >= 0], sel_h[t]).mean() for t in qs]))
     rows.append(dict(tokens=n, ivf_s=t_ivf, full_s=t_full, speedup=t_full / t_ivf,
-                     recall=rec, mean_candidates=float(num.mean()), full_scoring_s=t_scores))
+                     recall=rec, mean_candidates=float(num.mean()), full_scoring_s=t_scores,
+                     hisa_s=t_hisa, hisa_speedup=t_full / t_hisa, hisa_recall=rec_h))
     print(f"{n}: IVF {t_ivf:.2f} s, full DSA {t_full:.2f} s ({t_full / t_ivf:.2f}x; its "
-          f"scoring alone {t_scores:.2f} s), recall {rec:.3f}", flush=True)
+          f"scoring alone {t_scores:.2f} s), recall {rec:.3f}; HiSA {t_hisa:.2f} s "
+          f"({t_full / t_hisa:.2f}x), recall {rec_h:.3f}", flush=True)
     if a.stages:
       rows[-1]["stages_s"] = stages(q, w, k, cfg, a.stages)
       print("  stages (s): " + ", ".join(f"{s_} {v:.3f}" for s_, v in
                                          rows[-1]["stages_s"].items()), flush=True)
     write_json(a.out, {"environment": {**environment(), "command": " ".join(sys.argv)},
                        "config": vars(a), "rows": rows})  # rows so far, if a later N fails
-  print_table(rows, ["tokens", "ivf_s", "full_s", "speedup", "recall"])
+  print_table(rows, ["tokens", "ivf_s", "full_s", "speedup", "recall", "hisa_s", "hisa_recall"])
   write_json(a.out, {"environment": {**environment(), "command": " ".join(sys.argv)},
                      "config": vars(a), "rows": rows})
 

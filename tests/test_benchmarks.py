@@ -79,6 +79,7 @@ def test_ivf_prefill_benchmark_quick(tmp_path):
   data = json.loads((tmp_path / "p.json").read_text())
   assert [r["tokens"] for r in data["rows"]] == [512, 1024]
   assert all(0.5 < r["recall"] <= 1 and r["ivf_s"] > 0 for r in data["rows"])
+  assert all(0 < r["hisa_recall"] <= 1 and r["hisa_s"] > 0 for r in data["rows"])
 
 
 def test_spin_state_dtype_quick(tmp_path):

@@ -312,6 +312,29 @@ def test_gathered_candidates_equal_the_mask():
     assert set(got) == set(np.nonzero(mask[i])[0])
 
 
+def test_hisa_prefill_equals_the_evaluation_path_for_every_query():
+  """`prefill_topk(method="hisa")` (fixed blocks through the chunked candidate path) takes the
+  candidates of `evaluate(method="hisa")` for every query: the same counts and a top-K of the
+  same float64 scores (ties among equal scores may pick other keys), never a later key."""
+  n = 400
+  q, w, k = _trace(n=n)
+  idx, num = ivf.prefill_topk(q, w, k, CFG, method="hisa")
+  ref = ivf.evaluate(q, w, k, CFG, method="hisa", query_positions=np.arange(n))
+  np.testing.assert_array_equal(num, ref["num_candidates"])
+  s = np.einsum("nhd,md->nhm", q.astype(np.float64), k.astype(np.float64))
+  z = np.einsum("nhm,nh->nm", np.maximum(s, 0), w.astype(np.float64))
+  for i in range(n):
+    got, want = idx[i][idx[i] >= 0], ref["topk_indices"][i][ref["topk_indices"][i] >= 0]
+    assert len(got) == len(want) and (got <= i).all()
+    np.testing.assert_allclose(np.sort(z[i, got]), np.sort(z[i, want]), rtol=1e-6, atol=1e-9)
+  # HiSA's candidates are not AttentionIndex's: the two paths differ somewhere
+  assert (idx != ivf.prefill_topk(q, w, k, CFG)[0]).any()
+  with pytest.raises(ValueError, match="method"):
+    ivf.prefill_topk(q, w, k, CFG, method="blocks")
+  with pytest.raises(ValueError, match="corrector"):
+    ivf.prefill_topk(q, w, k, CFG, method="hisa", corrector=lambda st, kk, m: 0 * m)
+
+
 def test_prefill_topk_equals_the_evaluation_path_for_every_query():
   q, w, k = _trace(n=400)
   idx, num = ivf.prefill_topk(q, w, k, CFG)

@@ -102,11 +102,11 @@ def test_ivf_kernels_lower(kind, plat):
              S((512, 128), jnp.float32), S((256, 512), jnp.bool_))
 
 
-@pytest.mark.parametrize("kind", ["gpu", "tpu"])
-def test_prefill_with_kernels_equals_xla(kind, monkeypatch):
+@pytest.mark.parametrize("kind,method", [("gpu", "ivf"), ("tpu", "ivf"), ("gpu", "hisa")])
+def test_prefill_with_kernels_equals_xla(kind, method, monkeypatch):
   """`ivf.prefill_topk(implementation="pallas")` (seals, refits, representative and candidate
   scoring through the kernels, interpret mode) gives the XLA path's top-K, and its candidate
-  counts, on clustered keys."""
+  counts, on clustered keys; HiSA's blocks through the same kernels too."""
   monkeypatch.setenv("JAXSPARSE_INTERPRET", kind)
   rng = np.random.default_rng(1)
   n, h, d = (400, 2, 16) if kind == "gpu" else (150, 2, 16)  # TPU interpret mode models each DMA
@@ -116,8 +116,8 @@ def test_prefill_with_kernels_equals_xla(kind, monkeypatch):
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
   cfg = ivf.IVFConfig(topk=16, budget=120 if kind == "gpu" else 100, seal_window=64,
                       cluster_size=16, refit_interval=128, sink=4)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="xla")
+  got = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   np.testing.assert_array_equal(got[0], want[0])
 

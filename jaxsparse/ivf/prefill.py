@@ -112,11 +112,14 @@ def exact_before_first_seal(q, w, k, config):
   return out_idx, out_num
 
 
-def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=None):
-  """Every query's AttentionIndex top-K over one sequence (query n sits at position n).
+def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=None,
+                 implementation=None):
+  """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n sits at position n).
 
   q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
-  score every key. implementation: None (the kernels on a GPU/TPU, XLA on a CPU), "xla", or
+  score every key. method="hisa" runs the HiSA baseline through the same candidate and
+  scoring path: contiguous blocks of `cluster_size` keys after the sinks, each usable once
+  complete, ranked by their mean key (the candidates of `evaluate(method="hisa")`). implementation: None (the kernels on a GPU/TPU, XLA on a CPU), "xla", or
   "pallas" (the k-means assignment, representative scoring and gathered-candidate scoring
   kernels of `pallas_kernels.ivf` and the top-K kernels; interpret mode without an
   accelerator). Each window's result is copied to the host while later windows run.
@@ -124,6 +127,10 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
   num_candidates [N] int32).
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
+  if method not in ("ivf", "hisa"):
+    raise ValueError(f"method={method!r} must be 'ivf' or 'hisa'")
+  if method == "hisa" and corrector is not None:
+    raise ValueError("corrector applies to method='ivf' only")
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
@@ -132,6 +139,8 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
   from jaxsparse import _checks, backend
   _checks.check_implementation(implementation)
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
+  if method == "hisa":
+    return _hisa_prefill(q, w, k, config, plat)
   corrector = _resolve_corrector(corrector, layer)
   topk, wnd = min(config.topk, n), config.seal_window
   out_idx, out_num = exact_before_first_seal(q, w, k, config)
@@ -156,6 +165,36 @@ def prefill_topk(q, w, k, config, *, corrector=None, layer=None, implementation=
       a.copy_to_host_async()
     pending.append((lo, hi, idx, num))
     if len(pending) > 2:  # the host reads a window two behind the one being dispatched
+      _drain(pending.pop(0), out_idx, out_num)
+  for item in pending:
+    _drain(item, out_idx, out_num)
+  return out_idx, out_num
+
+
+def _hisa_prefill(q, w, k, config, plat):
+  """HiSA's prefill: a fixed block partition (block g holds keys sink + g * cs ..., its mean
+  the representative), each query using the blocks complete at its position, in chunks of
+  `seal_window` queries through `_chunk_topk` (ungrouped area: at most cs - 1 keys)."""
+  from jaxsparse.ivf.evaluation import _block_means, _hisa_structure
+  n = k.shape[0]
+  topk, cs, sink, chunk = min(config.topk, n), config.cluster_size, config.sink, config.seal_window
+  assign, rank, sizes, last = (jnp.asarray(a) for a in _hisa_structure(n, config))
+  reps = _block_means(k, assign, sizes.shape[0])
+  members, offsets = candidates.lists_by_rank(assign, rank, sizes)
+  out_idx = np.full((n, topk), -1, np.int32)
+  out_num = np.zeros(n, np.int32)
+  pending = []
+  for lo in range(0, n, chunk):
+    hi = min(lo + chunk, n)
+    pos = jnp.arange(lo, hi, dtype=jnp.int32)
+    gend = jnp.maximum(sink + ((pos + 1 - sink) // cs) * cs, sink).astype(jnp.int32)
+    idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, sizes, last, members, offsets, gend,
+                           pos, topk=topk, budget=config.budget, sink=sink, window=cs,
+                           platform=plat)
+    for a in (idx, num):
+      a.copy_to_host_async()
+    pending.append((lo, hi, idx, num))
+    if len(pending) > 2:
       _drain(pending.pop(0), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
