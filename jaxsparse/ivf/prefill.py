@@ -114,12 +114,13 @@ def exact_before_first_seal(q, w, k, config):
 
 def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=None,
                  implementation=None):
-  """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n sits at position n).
+  """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n at position n).
 
   q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
   score every key. method="hisa" runs the HiSA baseline through the same candidate and
   scoring path: contiguous blocks of `cluster_size` keys after the sinks, each usable once
-  complete, ranked by their mean key (the candidates of `evaluate(method="hisa")`). implementation: None (the kernels on a GPU/TPU, XLA on a CPU), "xla", or
+  complete, ranked by their mean key (the candidates of `evaluate(method="hisa")`).
+  implementation: None (the kernels on a GPU/TPU, XLA on a CPU), "xla", or
   "pallas" (the k-means assignment, representative scoring and gathered-candidate scoring
   kernels of `pallas_kernels.ivf` and the top-K kernels; interpret mode without an
   accelerator). Each window's result is copied to the host while later windows run.
@@ -161,11 +162,7 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, state["sizes"], state["last"],
                            members, offsets, gend, pos, topk=topk, budget=config.budget,
                            sink=config.sink, window=wnd, platform=plat)
-    for a in (idx, num):
-      a.copy_to_host_async()
-    pending.append((lo, hi, idx, num))
-    if len(pending) > 2:  # the host reads a window two behind the one being dispatched
-      _drain(pending.pop(0), out_idx, out_num)
+    _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
   return out_idx, out_num
@@ -177,7 +174,8 @@ def _hisa_prefill(q, w, k, config, plat):
   `seal_window` queries through `_chunk_topk` (ungrouped area: at most cs - 1 keys)."""
   from jaxsparse.ivf.evaluation import _block_means, _hisa_structure
   n = k.shape[0]
-  topk, cs, sink, chunk = min(config.topk, n), config.cluster_size, config.sink, config.seal_window
+  topk, cs, sink = min(config.topk, n), config.cluster_size, config.sink
+  chunk = config.seal_window
   assign, rank, sizes, last = (jnp.asarray(a) for a in _hisa_structure(n, config))
   reps = _block_means(k, assign, sizes.shape[0])
   members, offsets = candidates.lists_by_rank(assign, rank, sizes)
@@ -191,14 +189,20 @@ def _hisa_prefill(q, w, k, config, plat):
     idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, sizes, last, members, offsets, gend,
                            pos, topk=topk, budget=config.budget, sink=sink, window=cs,
                            platform=plat)
-    for a in (idx, num):
-      a.copy_to_host_async()
-    pending.append((lo, hi, idx, num))
-    if len(pending) > 2:
-      _drain(pending.pop(0), out_idx, out_num)
+    _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
   return out_idx, out_num
+
+
+def _queue(pending, item, out_idx, out_num):
+  """Start copying a window's result (lo, hi, idx, num) to the host; the host reads the window
+  two behind the one being dispatched."""
+  for a in item[2:]:
+    a.copy_to_host_async()
+  pending.append(item)
+  if len(pending) > 2:
+    _drain(pending.pop(0), out_idx, out_num)
 
 
 def _drain(item, out_idx, out_num):
