@@ -19,7 +19,9 @@
 #                    overhead; TOKENS, default 262144,1048576)
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
 # CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
-# TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes).
+# TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes), INDEXER_ARGS (more
+# train.indexer options, e.g. "--heads 16 --head-dim 64 --schedule 2048:300,8192:600"),
+# INDEXERS (the indexer file `quality` reads, default the shipped one).
 set -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RUN=${RUN:-/root/run}
@@ -41,14 +43,14 @@ for what in "$@"; do
           --n $2 --k 2048 --out "$OUT/topk_table_$3.json" 2>&1 | tail -6
       done ;;
     train-indexers)
-      python3 -m train.indexer --out "$RUN" ${CORPUS:+--corpus "$CORPUS"} \
+      python3 -m train.indexer --out "$RUN" ${CORPUS:+--corpus "$CORPUS"} $INDEXER_ARGS \
         --max-seconds "${TRAIN_SECONDS:-0}" 2>&1 | tee -a "$OUT/train_indexers.log" | grep -v "━"
       cp "$RUN/report.json" "$OUT/indexer_report.json"; cp "$RUN/indexers.npz" "$OUT/" ;;
     assets)
       python3 -m jaxsparse.model.make_assets --indexers "$RUN/indexers.npz" --data-dir "$OUT" \
         --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/assets.log" ;;
     quality)
-      python3 -m jaxsparse.model.make_assets --indexers jaxsparse/data/smollm2_indexers.npz \
+      python3 -m jaxsparse.model.make_assets --indexers "${INDEXERS:-jaxsparse/data/smollm2_indexers.npz}" \
         --quality-only --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/quality.log" | grep -v window ;;
     ivf-recall)
       python3 benchmarks/record_prefill.py --tokens 8192 --out /tmp/prefill_8k.npz
