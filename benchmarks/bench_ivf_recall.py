@@ -23,16 +23,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from jaxsparse import ivf, traces  # noqa: E402
 from jaxsparse._bench.timing import environment, write_json  # noqa: E402
+from jaxsparse.ivf import plan as ivf_plan  # noqa: E402
 
 # name, method, refits, oracle ranking, learned correction
 METHODS = (("IVF", "ivf", True, False, False), ("IVF seal only", "ivf", False, False, False),
            ("IVF corrected", "ivf", True, False, True), ("IVF oracle", "ivf", True, True, False),
            ("HiSA", "hisa", True, False, False), ("HiSA oracle", "hisa", True, True, False))
+PLANNED = "IVF planned"  # each layer under the partition a calibration trace chose for it
 
 
-def run(tr, cfg, budgets, layers, queries, corrector=None, progress=print):
+def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, progress=print):
   """corrector: a file of `jaxsparse train corrector` for the "IVF corrected" rows (None:
-  those rows are left out)."""
+  those rows are left out). plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
+  rows (each layer's recall under the method its plan chose; None: left out)."""
   methods = [m for m in METHODS if corrector or not m[4]]
   n = tr.k.shape[1]
   start = min(4 * cfg.seal_window, n // 4)
@@ -55,17 +58,25 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, progress=print):
                          candidates=float(r["num_candidates"].mean()),
                          refit_compared=r["refit_compared"],
                          seconds=time.perf_counter() - t0))
-      for row in rows[-len(methods):]:  # paired per-query difference to HiSA, its std. error
+      nrows = len(methods)
+      if plans:
+        chosen = ivf_plan.method(plans[b], int(tr.layers[li]))
+        src = "IVF" if chosen == "ivf" else "HiSA"
+        per_query[PLANNED] = per_query[src]
+        rows.append({**next(r for r in rows[-nrows:] if r["method"] == src),
+                     "method": PLANNED, "chosen": chosen})
+        nrows += 1
+      for row in rows[-nrows:]:  # paired per-query difference to HiSA, its std. error
         d = per_query[row["method"]] - per_query["HiSA"]
         row["minus_hisa"] = float(d.mean())
         row["minus_hisa_se"] = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
       progress(f"layer {int(tr.layers[li])} budget {b}: " + ", ".join(
-          f"{x['method']} {x['recall']:.3f}" for x in rows[-len(methods):]))
+          f"{x['method']} {x['recall']:.3f}" for x in rows[-nrows:]))
   return pos, rows
 
 
 def _names(rows):
-  return [m[0] for m in METHODS if any(r["method"] == m[0] for r in rows)]
+  return [m for m in [m[0] for m in METHODS] + [PLANNED] if any(r["method"] == m for r in rows)]
 
 
 def summary(rows, budgets):
@@ -78,6 +89,12 @@ def summary(rows, budgets):
     out[b]["IVF behind HiSA"] = [(r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
                                  if r["budget"] == b and r["method"] == "IVF"
                                  and r["minus_hisa"] < 0]
+    if PLANNED in out[b]:
+      out[b]["IVF planned behind HiSA"] = [
+          (r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
+          if r["budget"] == b and r["method"] == PLANNED and r["minus_hisa"] < 0]
+      out[b]["layers planned as blocks"] = sorted(
+          r["layer"] for r in rows if r["budget"] == b and r.get("chosen") == "hisa")
   return out
 
 
@@ -140,6 +157,9 @@ def main(argv=None):
   p.add_argument("--corrector", default="shipped",
                  help="corrector file for the 'IVF corrected' rows: 'shipped' (SmolLM2's, for "
                       "traces of the shipped indexers), a path, or '' to leave them out")
+  p.add_argument("--calibration-trace", default="",
+                 help="prefill trace of other text: per budget, `ivf.plan.calibrate` picks "
+                      "each layer's partition on it for the 'IVF planned' rows")
   p.add_argument("--quick", action="store_true", help="two layers, one budget, 32 queries")
   a = p.parse_args(argv)
   tr = load_prefill_trace(p, a.trace)
@@ -154,16 +174,36 @@ def main(argv=None):
                       compact=not a.float32_index)
   from jaxsparse.ivf import corrector as ivf_corrector
   corr = ivf_corrector.SHIPPED if a.corrector == "shipped" else a.corrector or None
-  pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr)
+  plans = None
+  if a.calibration_trace:
+    cal = load_prefill_trace(p, a.calibration_trace)
+    want = [int(tr.layers[i]) for i in layers]
+    missing = sorted(set(want) - set(np.asarray(cal.layers).tolist()))
+    if missing:
+      p.error(f"--calibration-trace={a.calibration_trace!r} lacks layers {missing}")
+    keep = [list(np.asarray(cal.layers)).index(l) for l in want]
+    cal = dataclasses.replace(cal, q=cal.q[keep], w=cal.w[keep], k=cal.k[keep],
+                              layers=np.asarray(want))
+    plans = {b: ivf_plan.calibrate(cal, dataclasses.replace(cfg, budget=b),
+                                   queries=a.queries, progress=print) for b in budgets}
+  pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans)
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
          "config": dataclasses.asdict(cfg),
-         "corrector": os.path.basename(corr) if corr else None, "budgets": budgets, "query_positions": pos.tolist(),
+         "corrector": os.path.basename(corr) if corr else None,
+         "calibration_trace": os.path.basename(a.calibration_trace) or None,
+         "plans": {b: {"methods": pl["methods"], "recall": pl["recall"]}
+                   for b, pl in (plans or {}).items()},
+         "budgets": budgets, "query_positions": pos.tolist(),
          "summary": summary(rows, budgets), "rows": rows}
   write_json(a.out + ".json", res)
   plot(rows, budgets, a.main_budget, a.out + ".png")
   for b, s in res["summary"].items():
     print(f"budget {b}: " + ", ".join(f"{k} {v:.3f}" for k, v in s.items()
-                                      if k != "IVF behind HiSA"))
+                                      if isinstance(v, float)))
+    if PLANNED in s:
+      print(f"  planned as blocks: {s['layers planned as blocks']}; IVF planned behind HiSA: "
+            + (", ".join(f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in
+                         s["IVF planned behind HiSA"]) or "none"))
     print("  IVF behind HiSA (layer, difference, std. error): " + (", ".join(
         f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in s["IVF behind HiSA"]) or "none"))
   print(f"wrote {a.out}.json and .png")

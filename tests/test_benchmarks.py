@@ -40,12 +40,15 @@ def test_ivf_recall_benchmark_quick(tmp_path):
   traces.save(path, tr)
   _run("bench_ivf_recall.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
        "--seal-window", "128", "--cluster-size", "16", "--refit-interval", "512", "--out",
-       str(tmp_path / "ivf"))
+       str(tmp_path / "ivf"), "--calibration-trace", path)
   data = json.loads((tmp_path / "ivf.json").read_text())
   methods = {r["method"] for r in data["rows"]}
   assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF oracle", "HiSA",
-                     "HiSA oracle"}
+                     "HiSA oracle", "IVF planned"}
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
+  for layer, chosen in data["plans"]["256"]["methods"].items():  # the chosen method's recall
+    assert rec[(int(layer), "IVF planned")] == rec[(int(layer), {"ivf": "IVF",
+                                                                  "hisa": "HiSA"}[chosen])]
   assert rec[(15, "IVF corrected")] == rec[(15, "IVF")]  # a plain layer of the shipped file
   for r in data["rows"]:  # the paired difference to HiSA is the difference of the means
     hisa = rec[(r["layer"], "HiSA")]

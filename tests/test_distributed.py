@@ -154,6 +154,20 @@ def test_merge_topk_equals_topk_of_the_union(rows, na, nb, seed):
   np.testing.assert_array_equal(np.asarray(v), np.asarray(rv))
 
 
+def test_ring_merge_in_row_blocks_equals_one_merge(monkeypatch):
+  from jaxsparse.distributed import prefill as dp
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((32, 20)).astype(np.float32)
+  va, ia = topk_xla(jnp.asarray(x[:, :10]), 6)
+  vb, ib = topk_xla(jnp.asarray(x[:, 10:]), 6)
+  ib = jnp.where(ib >= 0, ib + 10, -1)
+  monkeypatch.setattr(dp, "MERGE_ROWS", 8)  # 4 blocks of 8 rows
+  v, i = dp._merge_rows(va, ia, vb, ib, 6)
+  rv, ri = topk_xla(jnp.asarray(x), 6)
+  np.testing.assert_array_equal(np.asarray(i), np.asarray(ri))
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(rv))
+
+
 def test_merge_topk_bad_input():
   v = jnp.zeros((2, 3))
   i = jnp.zeros((2, 3), jnp.int32)

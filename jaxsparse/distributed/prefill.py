@@ -213,7 +213,7 @@ def _ring(k, pos, sc, visit, *, topk, axis, shards, fp8, rows):
   def step(carry, _):
     v, i, kk, pp, ss = carry
     for nv, ni in visit(kk, pp, ss if fp8 else None):
-      v, i = merge_topk(v, i, nv, ni, topk)
+      v, i = _merge_rows(v, i, nv, ni, topk)
     kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
     if fp8:
       ss = lax.ppermute(ss, axis, perm)
@@ -224,6 +224,21 @@ def _ring(k, pos, sc, visit, *, topk, axis, shards, fp8, rows):
           sc if fp8 else jnp.zeros_like(pos, jnp.float32))
   (v, i, *_), _ = lax.scan(step, init, None, length=shards)
   return v, i
+
+
+MERGE_ROWS = 4096  # rows merged at a time: a merge sorts [rows, 2K] (bounded memory)
+
+
+def _merge_rows(v, i, nv, ni, topk):
+  """`merge_topk` of [R, K] running and new results, MERGE_ROWS rows at a time, so a long
+  sequence's merge never sorts all R rows at once (at 512K rows and K 2,048 that sort's
+  buffers exceed an 80 GB GPU)."""
+  r = v.shape[0]
+  if r <= MERGE_ROWS or r % MERGE_ROWS:
+    return merge_topk(v, i, nv, ni, topk)
+  blk = lambda a: a.reshape(r // MERGE_ROWS, MERGE_ROWS, a.shape[1])  # noqa: E731
+  mv, mi = lax.map(lambda a: merge_topk(*a, topk), (blk(v), blk(i), blk(nv), blk(ni)))
+  return mv.reshape(r, topk), mi.reshape(r, topk)
 
 
 def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, fp8, block,

@@ -1,0 +1,120 @@
+"""Per-layer partition plans: content groups (AttentionIndex) or position blocks (HiSA).
+
+On some layers a query's reference keys come in short runs spread over the whole prefix: most
+have another reference key within a few positions, few are recent. Contiguous blocks keep such
+a run together while content clusters split it, so blocks recover more there, even against the
+oracle ranking of the groups. `calibrate` measures both partitions on a prefill trace of text
+that is not the evaluation text, at the budget a deployment uses, and gives a layer blocks only
+where they win by more than `z` standard errors of the paired per-query difference. The plan is
+a small JSON file (`save` / `load`, validated); `method(plan, layer)` is what `evaluate` and
+`prefill_topk` take for that layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+__all__ = ["calibrate", "calibration_positions", "method", "save", "load", "PlanFileError",
+           "FILE_FORMAT"]
+
+FILE_FORMAT = 1
+_METHODS = ("ivf", "hisa")
+
+
+class PlanFileError(ValueError):
+  """A plan file that cannot be used; the message says what is wrong."""
+
+
+def calibration_positions(n: int, seal_window: int, queries: int) -> np.ndarray:
+  """[Q] int64 query positions spread over the trace after the first few seals."""
+  start = min(4 * seal_window, n // 4)
+  return np.unique(np.linspace(start, n - 1, queries).astype(np.int64))
+
+
+def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, progress=None) -> dict:
+  """Choose each layer's partition on a prefill trace.
+
+  trace: a `traces.PrefillTrace` (q [L, N, H, D], w [L, N, H], k [L, N, D], layers [L]);
+  config: IVFConfig (its budget is the one calibrated); queries: positions evaluated per
+  layer; z: blocks win a layer only if HiSA's mean recall exceeds IVF's by more than z
+  standard errors of the paired per-query difference. Returns the plan: {"format", "methods":
+  {layer: "ivf" | "hisa"}, "recall": {layer: {"ivf", "hisa", "difference", "std_error"}},
+  "config": IVFConfig fields, "queries", "z", "trace": the trace's meta}.
+  """
+  from jaxsparse.ivf.evaluation import evaluate
+  if queries < 2:
+    raise ValueError(f"queries={queries} must be at least 2 (the rule needs a standard error)")
+  if not z >= 0:
+    raise ValueError(f"z={z} must be >= 0")
+  n = trace.k.shape[1]
+  pos = calibration_positions(n, config.seal_window, queries)
+  methods, recall = {}, {}
+  for i, layer in enumerate(np.asarray(trace.layers).tolist()):
+    q, w, k = trace.q[i], trace.w[i], trace.k[i]
+    r = {m: np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos)["recall"],
+                       np.float64) for m in _METHODS}
+    d = r["hisa"] - r["ivf"]
+    se = float(d.std(ddof=1) / np.sqrt(len(d)))
+    methods[int(layer)] = "hisa" if d.mean() > z * se else "ivf"
+    recall[int(layer)] = {"ivf": float(r["ivf"].mean()), "hisa": float(r["hisa"].mean()),
+                          "difference": float(d.mean()), "std_error": se}
+    if progress:
+      progress(f"layer {layer}: IVF {r['ivf'].mean():.4f}, HiSA {r['hisa'].mean():.4f} -> "
+               f"{methods[int(layer)]}")
+  return {"format": FILE_FORMAT, "methods": methods, "recall": recall,
+          "config": dataclasses.asdict(config), "queries": len(pos), "z": z,
+          "trace": dict(getattr(trace, "meta", {}) or {})}
+
+
+def method(plan: dict, layer: int) -> str:
+  """The method ("ivf" or "hisa") a plan gives a model layer; ValueError naming the layer if
+  the plan does not cover it."""
+  m = plan["methods"].get(int(layer))
+  if m is None:
+    raise ValueError(f"layer={layer} is not in the plan (layers {sorted(plan['methods'])})")
+  return m
+
+
+def save(path: str, plan: dict) -> None:
+  """Write a plan as JSON next to `path`, then rename it into place."""
+  _validate(plan, path)
+  d = os.path.dirname(os.path.abspath(path))
+  os.makedirs(d, exist_ok=True)
+  tmp = os.path.join(d, f".{os.path.basename(path)}.tmp")
+  with open(tmp, "w") as f:
+    json.dump({**plan, "methods": {str(k): v for k, v in plan["methods"].items()},
+               "recall": {str(k): v for k, v in plan["recall"].items()}}, f, indent=1)
+  os.replace(tmp, path)
+
+
+def load(path: str) -> dict:
+  """A plan written by `save`, validated (layer keys back to int)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"plan file {path!r} does not exist")
+  try:
+    with open(path) as f:
+      raw = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise PlanFileError(f"{path!r} is not a JSON plan file: {e}") from e
+  if not isinstance(raw, dict) or not isinstance(raw.get("methods"), dict):
+    raise PlanFileError(f"{path!r}: no 'methods' mapping")
+  try:
+    plan = {**raw, "methods": {int(k): v for k, v in raw["methods"].items()},
+            "recall": {int(k): v for k, v in raw.get("recall", {}).items()}}
+  except ValueError as e:
+    raise PlanFileError(f"{path!r}: layer keys must be integers ({e})") from e
+  _validate(plan, path)
+  return plan
+
+
+def _validate(plan, path):
+  if plan.get("format") != FILE_FORMAT:
+    raise PlanFileError(f"{path!r}: format={plan.get('format')!r}, expected {FILE_FORMAT}")
+  if not plan["methods"]:
+    raise PlanFileError(f"{path!r}: the plan holds no layers")
+  bad = {k: v for k, v in plan["methods"].items() if v not in _METHODS}
+  if bad:
+    raise PlanFileError(f"{path!r}: methods {bad} must each be one of {_METHODS}")

@@ -1,0 +1,97 @@
+"""Per-layer partition plans: calibration picks blocks on a layer of positional runs and
+content groups on a clustered layer; plan files round-trip and bad ones are named."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxsparse import ivf, traces
+from jaxsparse.ivf import plan
+
+CFG = ivf.IVFConfig(topk=32, budget=160, seal_window=128, cluster_size=16, refit_interval=512,
+                    sink=4)
+N, H, D = 1024, 2, 16
+
+
+def _runs_layer(rng):
+  """Keys = a slowly turning positional direction + content noise; each query aims at the
+  positional direction of one earlier position, so its reference keys are a contiguous run
+  that block means see through the noise and content clusters split."""
+  t = np.arange(N)[:, None] / 24.0
+  f = np.arange(1, D // 2 + 1)[None, :] / (D / 2)
+  pos = np.concatenate([np.sin(t * f), np.cos(t * f)], 1)
+  k = pos + 0.8 * rng.standard_normal((N, D))
+  target = (rng.uniform(0, 1, N) * np.arange(N)).astype(int)
+  return np.repeat(pos[target][:, None, :], H, 1), k
+
+
+def _content_layer(rng):
+  """Clustered keys at random positions; each query aims at one cluster center."""
+  c = 2.0 * rng.standard_normal((16, D))
+  k = c[rng.integers(0, 16, N)] + 0.3 * rng.standard_normal((N, D))
+  q = np.repeat(c[rng.integers(0, 16, N)][:, None, :], H, 1) + 0.3 * rng.standard_normal(
+      (N, H, D))
+  return q, k
+
+
+def _trace(seed=0):
+  rng = np.random.default_rng(seed)
+  (q0, k0), (q1, k1) = _runs_layer(rng), _content_layer(rng)
+  return traces.PrefillTrace(q=np.stack([q0, q1]).astype(np.float32),
+                             w=np.ones((2, N, H), np.float32),
+                             k=np.stack([k0, k1]).astype(np.float32),
+                             layers=np.array([3, 7]), meta={"source": "synthetic"})
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+  return _trace(), plan.calibrate(_trace(), CFG, queries=64)
+
+
+def test_calibration_gives_blocks_to_runs_and_groups_to_content(calibrated):
+  tr, p = calibrated
+  assert p["methods"] == {3: "hisa", 7: "ivf"}
+  pos = plan.calibration_positions(N, CFG.seal_window, 64)
+  for i, layer in enumerate([3, 7]):  # the recorded recalls are evaluate's, per method
+    for m in ("ivf", "hisa"):
+      r = ivf.evaluate(tr.q[i], tr.w[i], tr.k[i], CFG, method=m, query_positions=pos)
+      assert p["recall"][layer][m] == pytest.approx(float(r["recall"].mean()), abs=1e-12)
+    rec = p["recall"][layer]
+    assert rec["difference"] == pytest.approx(rec["hisa"] - rec["ivf"], abs=1e-12)
+  assert p["recall"][3]["difference"] > 2 * p["recall"][3]["std_error"] > 0
+  assert plan.method(p, 3) == "hisa" and plan.method(p, 7) == "ivf"
+
+
+def test_a_strict_rule_keeps_groups_everywhere():
+  p = plan.calibrate(_trace(), CFG, queries=64, z=1e6)
+  assert set(p["methods"].values()) == {"ivf"}
+
+
+def test_plan_files_round_trip_and_bad_ones_are_named(calibrated, tmp_path):
+  _, p = calibrated
+  path = str(tmp_path / "plan.json")
+  plan.save(path, p)
+  back = plan.load(path)
+  assert back["methods"] == p["methods"] and back["recall"] == p["recall"]
+  with pytest.raises(ValueError, match="layer=5"):
+    plan.method(back, 5)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    plan.load(str(tmp_path / "none.json"))
+  bad = tmp_path / "bad.json"
+  bad.write_text("{not json")
+  with pytest.raises(plan.PlanFileError, match="not a JSON plan"):
+    plan.load(str(bad))
+  raw = json.loads((tmp_path / "plan.json").read_text())
+  for change, msg in [({"format": 99}, "format=99"), ({"methods": {"3": "blocks"}}, "must each be"),
+                      ({"methods": {}}, "no layers"), ({"methods": {"x": "ivf"}}, "integers")]:
+    bad.write_text(json.dumps({**raw, **change}))
+    with pytest.raises(plan.PlanFileError, match=msg):
+      plan.load(str(bad))
+
+
+@pytest.mark.parametrize("kw,msg", [({"queries": 1}, "queries=1"), ({"z": -1.0}, "z=-1")])
+def test_bad_calibration_options_name_the_argument(kw, msg):
+  with pytest.raises(ValueError, match=msg):
+    plan.calibrate(_trace(), CFG, **kw)
