@@ -10,7 +10,8 @@
 #   assets           quality report + shipped traces from $RUN/indexers.npz
 #   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
 #   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces, all layers: 8K and
-#                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores)
+#                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores
+#                    per 32K trace), per-layer plans calibrated on training text (CORPUS)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
 #                    (TOKENS=1048576 REPEATS=1 runs one context into ivf_prefill_1048576.json:
 #                    64K and 256K take ~4.5 min together, 1M alone most of a 10-minute call)
@@ -52,15 +53,22 @@ for what in "$@"; do
     quality)
       python3 -m jaxsparse.model.make_assets --indexers "${INDEXERS:-jaxsparse/data/smollm2_indexers.npz}" \
         --quality-only --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/quality.log" | grep -v window ;;
-    ivf-recall)
+    ivf-recall)  # held-out text, and training text (CORPUS) for the per-layer plans
+      ids=${CORPUS:-.device/train_tokens.npy}
       python3 benchmarks/record_prefill.py --tokens 8192 --out /tmp/prefill_8k.npz
+      python3 benchmarks/record_prefill.py --tokens 8192 --ids "$ids" --offset 3100000 \
+        --out /tmp/train_8k.npz
       python3 benchmarks/bench_ivf_recall.py --trace /tmp/prefill_8k.npz \
-        --out "$OUT/ivf_recall" 2>&1 | tee "$OUT/ivf_recall.log" | tail -4
+        --calibration-trace /tmp/train_8k.npz --out "$OUT/ivf_recall" 2>&1 \
+        | tee "$OUT/ivf_recall.log" | tail -4
       python3 benchmarks/record_prefill.py --tokens 32768 --out /tmp/prefill_32k.npz
+      python3 benchmarks/record_prefill.py --tokens 32768 --ids "$ids" --offset 2000000 \
+        --out /tmp/train_32k.npz
       python3 benchmarks/bench_ivf_recall.py --trace /tmp/prefill_32k.npz --topk 512 \
         --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 --cluster-size 128 \
-        --refit-interval 8192 --queries 256 --corrector '' --out "$OUT/ivf_recall_32k" 2>&1 \
-        | tee "$OUT/ivf_recall_32k.log" | tail -4 ;;
+        --refit-interval 8192 --queries 256 --corrector '' --calibration-trace \
+        /tmp/train_32k.npz --out "$OUT/ivf_recall_32k" 2>&1 | tee "$OUT/ivf_recall_32k.log" \
+        | tail -4 ;;
     ivf-prefill)
       python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens 65536} \
         ${REPEATS:+--repeats $REPEATS} --out "$OUT/ivf_prefill${TOKENS:+_$TOKENS}.json" 2>&1 \

@@ -10,11 +10,12 @@ from jaxsparse.ivf.evaluation import METHODS, evaluate
 from jaxsparse.ivf.prefill import prefill_topk
 from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, member_means,
                                  refit, representatives, seal)
+from jaxsparse.ivf import plan  # per-layer partitions: content groups or position blocks
 
 __all__ = ["IVFConfig", "evaluate", "prefill_topk", "METHODS", "init_state", "seal", "refit",
            "representatives", "member_means", "candidate_mask", "candidate_indices",
            "inverted_lists", "lists_by_rank", "representative_scores", "group_capacity",
-           "index_bytes"]
+           "index_bytes", "plan"]
 
 
 @dataclasses.dataclass(frozen=True)
