@@ -37,9 +37,7 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, progress=
   those rows are left out). plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
   rows (each layer's recall under the method its plan chose; None: left out)."""
   methods = [m for m in METHODS if corrector or not m[4]]
-  n = tr.k.shape[1]
-  start = min(4 * cfg.seal_window, n // 4)
-  pos = np.unique(np.linspace(start, n - 1, queries).astype(np.int64))
+  pos = ivf_plan.calibration_positions(tr.k.shape[1], cfg.seal_window, queries)
   rows = []
   for li in layers:
     q, w, k = tr.q[li], tr.w[li], tr.k[li]
