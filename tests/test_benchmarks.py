@@ -131,3 +131,28 @@ def test_test_parts_cover_the_suite_once():
   assert sorted(sum(parts, [])) == sorted(every) and all(parts)
   bad, _ = ids("4/3")
   assert bad.returncode != 0 and "JAXSPARSE_TEST_PART" in bad.stdout + bad.stderr
+
+
+def test_reference_runs_quick(tmp_path):
+  from jaxsparse import traces
+  tr = clustered_prefill_trace(np.random.default_rng(0), 512, 2, 16, [4, 15])
+  path = str(tmp_path / "p.npz")
+  traces.save(path, tr)
+  _run("ivf_reference_runs.py", "--trace", path, "--quick", "--topk", "32", "--out",
+       str(tmp_path / "r.json"))
+  rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+  assert [r["layer"] for r in rows] == [4, 15]
+  pos = np.linspace(512 // 4, 511, 8).astype(np.int64)
+  for i, r in enumerate(rows):  # a float64 loop: top-32 keys, share with a neighbour within 4
+    q, w, k = (np.asarray(a[i], np.float64) for a in (tr.q, tr.w, tr.k))
+    near = total = 0
+    for p in pos:
+      z = np.maximum(k[:p + 1] @ q[p].T, 0) @ w[p]  # [p + 1] exact causal scores
+      ref = np.sort(np.argsort(-z, kind="stable")[:32])
+      gaps = np.diff(ref)
+      close = np.zeros(len(ref), bool)
+      close[1:] |= gaps <= 4
+      close[:-1] |= gaps <= 4
+      near, total = near + close.sum(), total + len(ref)
+    assert r["in_runs"] == pytest.approx(near / total, abs=1e-12)
+    assert r["within_1024"] == r["within_8192"] == 1.0  # a 512-token trace
