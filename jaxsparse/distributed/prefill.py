@@ -132,8 +132,7 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   order = balanced_order(npad, shards)
   pos = jnp.asarray(order, jnp.int32)
   valid = pos < n
-  src = jnp.minimum(pos, n - 1)
-  qs, ws, ks = q[src], w[src], k[src]
+  qs, ws, ks = (_zigzag(a, npad, shards) for a in (q, w, k))  # zero rows pad the last chunk
   # padded keys sit past every query: never visible; padded queries are dropped below
   kpos = jnp.where(valid, pos, jnp.iinfo(jnp.int32).max)
   scale = None
@@ -144,13 +143,9 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   args = [put(qs), put(ws), put(ks), put(pos), put(kpos)]
   if fp8_keys:
     args.append(put(scale))
-  inverse = np.argsort(order).astype(np.int32)  # position p's row in the gathered keys
-  args.append(jax.device_put(inverse, NamedSharding(mesh, P())))
   v, i = _sharded_fn(mesh, axis, topk, strategy, fp8_keys, block, kernels, len(args))(*args)
   if jax.process_count() == 1:  # back to position order on the devices (no host copy)
-    rep = NamedSharding(mesh, P())  # replicated, then a local gather (any mesh axis type)
-    v, i = jax.device_put((v, i), rep)
-    return _reassemble(mesh)(v, i, jax.device_put(inverse[:n], rep))
+    return _reassemble(mesh, n, shards)(v, i)
   from jax.experimental import multihost_utils  # every process gets the whole result
   v, i = multihost_utils.process_allgather((v, i), tiled=True)
   v, i = np.asarray(v), np.asarray(i)
@@ -164,22 +159,43 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
 @functools.lru_cache(maxsize=64)
 def _sharded_fn(mesh, axis, topk, strategy, fp8, block, kernels, nargs):
   """The jitted shard_map of `_shard_body` for one mesh and setting (built once, so repeated
-  calls neither retrace nor recompile); its last argument is the replicated inverse order."""
+  calls neither retrace nor recompile)."""
   spec = P(axis)
   fn = functools.partial(_shard_body, topk=topk, axis=axis, shards=mesh.shape[axis],
                          strategy=strategy, fp8=fp8, block=block, kernels=kernels)
   # pallas_call outputs carry no varying-axis annotation: the kernel path skips that check
-  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * (nargs - 1) + (P(),),
+  body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * nargs,
                        out_specs=(spec, spec), **({"check_vma": False} if kernels else {}))
   return jax.jit(body)
 
 
-@functools.lru_cache(maxsize=16)
-def _reassemble(mesh):
-  """(v, i, back) -> (v[back], i[back]), all replicated on the mesh: rows back in position
+def _zigzag(x, npad: int, shards: int):
+  """x [n, ...] -> [npad, ...] rows in `balanced_order`, zero rows after the last: static
+  slices of the 2P chunks (device d's rows are chunk d then chunk 2P-1-d), no gather, so the
+  copy costs one pass over x and one device's order is x itself."""
+  if npad > x.shape[0]:
+    x = jnp.pad(x, ((0, npad - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+  if shards == 1:
+    return x
+  c = x.reshape(2 * shards, npad // (2 * shards), *x.shape[1:])
+  return jnp.stack([c[:shards], c[shards:][::-1]], axis=1).reshape(x.shape)
+
+
+def _unzigzag(x, n: int, shards: int):
+  """The inverse of `_zigzag`: rows [npad, ...] in device order -> [n, ...] in position
   order."""
+  if shards > 1:
+    c = x.reshape(shards, 2, x.shape[0] // (2 * shards), *x.shape[1:])
+    x = jnp.concatenate([c[:, 0], c[::-1, 1]]).reshape(x.shape)
+  return x[:n]
+
+
+@functools.lru_cache(maxsize=16)
+def _reassemble(mesh, n: int, shards: int):
+  """(v, i) in device order -> (v, i) [n, K] in position order, replicated on the mesh."""
   rep = NamedSharding(mesh, P())
-  return jax.jit(lambda v, i, back: (v[back], i[back]), out_shardings=(rep, rep))
+  return jax.jit(lambda v, i: (_unzigzag(v, n, shards), _unzigzag(i, n, shards)),
+                 out_shardings=(rep, rep))
 
 
 def _varying(x, axis):
@@ -243,13 +259,13 @@ def _merge_rows(v, i, nv, ni, topk):
 
 def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, fp8, block,
                 kernels=False):
-  *scale, inv = rest  # inv: the replicated inverse order (position p's row in the gather)
-  sc = scale[0] if fp8 else None
+  sc = rest[0] if fp8 else None
   ring = functools.partial(_ring, topk=topk, axis=axis, shards=shards, fp8=fp8,
                            rows=q.shape[0])
   if kernels and strategy == "allgather":
-    kall = lax.all_gather(k, axis, tiled=True)[inv]
-    sall = lax.all_gather(sc, axis, tiled=True)[inv] if fp8 else None
+    back = lambda a: _unzigzag(a, a.shape[0], shards)  # noqa: E731  (position order)
+    kall = back(lax.all_gather(k, axis, tiled=True))
+    sall = back(lax.all_gather(sc, axis, tiled=True)) if fp8 else None
     return _kernel_topk(q, w, kall, sall, qpos, 0, topk)
   if kernels:  # ring: the visiting shard is two contiguous runs of (raw) positions
     c = k.shape[0] // 2
