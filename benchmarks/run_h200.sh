@@ -71,7 +71,7 @@ for what in "$@"; do
         | tail -4 ;;
     ivf-prefill)
       python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens 65536} \
-        ${REPEATS:+--repeats $REPEATS} --out "$OUT/ivf_prefill${TOKENS:+_$TOKENS}.json" 2>&1 \
+        ${REPEATS:+--repeats $REPEATS} --out "$OUT/ivf_prefill${TOKENS:+_${TOKENS//,/_}}.json" 2>&1 \
         | tee "$OUT/ivf_prefill.log" | tail -8 ;;
     prefill-topk)
       python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \
