@@ -5,7 +5,8 @@
 #   gpu-tests        tests/test_gpu.py compiled on the GPU (~15 min: split it over calls with
 #                    JAXSPARSE_TEST_PART=1/2 and 2/2)
 #   indexer | topk   the full scoring / top-K benchmark sweeps
-#   readme-tables    the README's performance rows (decode, prefill, top-K), one file each
+#   readme-tables    the README's performance rows (decode, top-K), one file each; the prefill
+#                    rows come from prefill-topk
 #   train-indexers   long-context lightning indexers (train.indexer, resumes from $RUN)
 #   assets           quality report + shipped traces from $RUN/indexers.npz
 #   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
@@ -37,8 +38,6 @@ for what in "$@"; do
     readme-tables)
       python3 benchmarks/bench_indexer.py --what decode --best-only --key-dtypes 'bfloat16,fp8 q+k' \
         --decode-batches 64,8 --decode-slots 1048576,131072 --out "$OUT/decode_table.json" 2>&1 | tail -12
-      python3 benchmarks/bench_indexer.py --what prefill --best-only --key-dtypes bfloat16 \
-        --prefill-keys 65536 --out "$OUT/prefill_table.json" 2>&1 | tail -6
       for shape in "64 131072 b64" "8 1048576 1m" "1 131072 b1"; do set -- $shape
         python3 benchmarks/bench_topk.py --default-config-only --kernels --no-approx --batches $1 \
           --n $2 --k 2048 --out "$OUT/topk_table_$3.json" 2>&1 | tail -6
