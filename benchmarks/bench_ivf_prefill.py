@@ -3,7 +3,8 @@
 For each context N: `ivf.prefill_topk` (index maintenance, representative ranking, candidate
 gathering and scoring, top-K; Pallas kernels on a GPU/TPU) and HiSA through the same path
 (`method="hisa"`: fixed blocks, no index maintenance) against full DSA's exact top-K for
-every query (`jaxsparse.prefill_topk`, keys streamed in blocks, no [T, N] buffer) and both
+every query (`jaxsparse.causal_prefill_topk`: query segments, each against the keys up to its
+end, through the scoring and top-K kernels; no [N, N] buffer) and both
 methods' recall of full DSA's top-K on sampled queries. Random clustered keys (DeepSeek-V3.2 shapes:
 H 64, D 128 by default); wall-clock seconds of one whole prefill after a warm-up (at the
 smallest N unless --warmup-tokens); each N runs --repeats times and the fastest counts (the
@@ -44,15 +45,11 @@ def case(n, h, d, seed=0):
   return (q, jnp.asarray(w), jnp.asarray(k, jnp.bfloat16))
 
 
-def full_topk(q, w, k, topk, chunk):
-  """Exact top-K of every query, a chunk of queries at a time (no [N, N] buffer)."""
-  n = k.shape[0]
-  out = []
-  for lo in range(0, n, chunk):
-    pos = jnp.arange(lo, min(lo + chunk, n), dtype=jnp.int32)
-    out.append(jaxsparse.prefill_topk(q[lo:lo + chunk], k, w[lo:lo + chunk], topk,
-                                      query_positions=pos)[1])
-  return jax.block_until_ready(jnp.concatenate(out))
+def full_topk(q, w, k, topk, segments):
+  """Full DSA: every query's exact top-K (`jaxsparse.causal_prefill_topk`: the sequence in
+  `segments` query segments, each against the keys up to its end; no [N, N] buffer)."""
+  return jax.block_until_ready(jaxsparse.causal_prefill_topk(q, k, w, topk,
+                                                             segments=segments)[1])
 
 
 def stages(q, w, k, cfg, samples):
@@ -107,14 +104,16 @@ def stages(q, w, k, cfg, samples):
   return t
 
 
-def full_scores(q, w, k, chunk):
-  """Full DSA's scoring alone (the kernels' [chunk, N] scores, no top-K), chunk by chunk: what
-  the top-K adds to `full_topk` on these keys."""
-  n = k.shape[0]
+def full_scores(q, w, k, chunk, segments):
+  """Full DSA's scoring alone (the kernels' [chunk, keys] scores, no top-K) over the same
+  segments as `full_topk`, `chunk` queries a call: what the top-K adds to it."""
+  from jaxsparse.selection import causal_segments
   last = None
-  for lo in range(0, n, chunk):
-    pos = jnp.arange(lo, min(lo + chunk, n), dtype=jnp.int32)
-    last = jaxsparse.indexer_scores(q[lo:lo + chunk], k, w[lo:lo + chunk], query_positions=pos)
+  for s_lo, s_hi in causal_segments(k.shape[0], segments):
+    for lo in range(s_lo, s_hi, chunk):
+      hi = min(lo + chunk, s_hi)
+      last = jaxsparse.indexer_scores(q[lo:hi], k[:s_hi], w[lo:hi],
+                                      query_positions=jnp.arange(lo, hi, dtype=jnp.int32))
   return jax.block_until_ready(last)
 
 
@@ -128,7 +127,10 @@ def main(argv=None):
   p.add_argument("--seal-window", type=int, default=1024)
   p.add_argument("--cluster-size", type=int, default=128)
   p.add_argument("--refit-interval", type=int, default=16384)
-  p.add_argument("--chunk", type=int, default=2048, help="full DSA's queries per call")
+  p.add_argument("--chunk", type=int, default=2048,
+                 help="queries per call of full DSA's scoring-alone timing")
+  p.add_argument("--segments", type=int, default=8,
+                 help="full DSA's causal segments (jaxsparse.causal_prefill_topk)")
   p.add_argument("--recall-queries", type=int, default=64)
   p.add_argument("--repeats", type=int, default=2,
                  help="runs per N; the fastest is reported (the first compiles)")
@@ -150,8 +152,8 @@ def main(argv=None):
   warm = case(a.warmup_tokens or min(tokens), a.heads, a.dim)
   ivf.prefill_topk(*warm, cfg)
   ivf.prefill_topk(*warm, cfg, method="hisa")
-  full_topk(*warm, a.topk, a.chunk)
-  full_scores(*warm, a.chunk)
+  full_topk(*warm, a.topk, a.segments)
+  full_scores(*warm, a.chunk, a.segments)
   for n in tokens:
     q, w, k = case(n, a.heads, a.dim, seed=n)
     t_ivf = t_hisa = t_full = t_scores = float("inf")
@@ -163,10 +165,10 @@ def main(argv=None):
       sel_h, _ = ivf.prefill_topk(q, w, k, cfg, method="hisa")
       t_hisa = min(t_hisa, time.perf_counter() - t0)
       t0 = time.perf_counter()
-      ref = np.asarray(full_topk(q, w, k, a.topk, a.chunk))
+      ref = np.asarray(full_topk(q, w, k, a.topk, a.segments))
       t_full = min(t_full, time.perf_counter() - t0)
       t0 = time.perf_counter()
-      full_scores(q, w, k, a.chunk)
+      full_scores(q, w, k, a.chunk, a.segments)
       t_scores = min(t_scores, time.perf_counter() - t0)
     qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
     rec = float(np.mean([np.isin(ref[t][ref[t] >= 0], sel[t]).mean() for t in qs]))

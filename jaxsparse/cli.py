@@ -421,6 +421,16 @@ def _bench_prefill(args) -> int:
       sec = (time.perf_counter() - t0) / args.reps
       rows.append({"tokens": n, "devices": 1, "strategy": "unsharded", "s": sec,
                    "tokens_per_s": n / sec})
+      st.update(f"timing {n:,} tokens unsharded, causal segments")
+      seg = lambda: jax.block_until_ready(jaxsparse.causal_prefill_topk(  # noqa: E731
+          q, k, w, args.k))
+      seg()  # compile
+      t0 = time.perf_counter()
+      for _ in range(args.reps):
+        seg()
+      sec = (time.perf_counter() - t0) / args.reps
+      rows.append({"tokens": n, "devices": 1, "strategy": "causal_segments", "s": sec,
+                   "tokens_per_s": n / sec})
       for p in counts:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
         for strategy in args.strategies:
@@ -639,7 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
                      description=BENCH_HELP, formatter_class=fmt)
   b.add_argument("what", nargs="?", choices=("kernels", "prefill"), default="kernels",
                  help="kernels (default): the kernel timings; prefill: sharded indexer "
-                 "prefill throughput against context and device count")
+                 "prefill throughput against context and device count, beside one device's "
+                 "prefill_topk over all keys (unsharded) and causal_prefill_topk")
   b.add_argument("--devices", type=_positive("--devices"), default=1,
                  help="prefill: up to this many devices (1, 2, 4, ...; default 1)")
   b.add_argument("--tokens", type=_int_list("--tokens"), default=[4096, 8192],

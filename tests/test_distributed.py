@@ -198,9 +198,9 @@ def test_bench_prefill_command_on_emulated_devices(tmp_path):
                        text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
   rows = json.loads(out.read_text())["rows"]
-  assert {(r["devices"], r["strategy"]) for r in rows} == {(1, "unsharded"), (1, "allgather"),
-                                                           (1, "ring"), (2, "allgather"),
-                                                           (2, "ring")}
+  assert {(r["devices"], r["strategy"]) for r in rows} == {
+      (1, "unsharded"), (1, "causal_segments"), (1, "allgather"), (1, "ring"), (2, "allgather"),
+      (2, "ring")}
   assert all(r["vs_unsharded"] > 0 for r in rows)
   assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 

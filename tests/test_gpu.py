@@ -580,6 +580,17 @@ def test_prefill_topk_gpu(fp8):
   assert_scores_close(v, picked, reduction=64 * 128, dtype_tol=GPU_TOL)
 
 
+def test_causal_prefill_topk_gpu():
+  """causal_prefill_topk compiled: segments of a 3,000-token sequence give exactly
+  prefill_topk's entries over all keys."""
+  rng = np.random.default_rng(7)
+  q, k, w, _, _ = prefill_case(rng, 3000, 64, 128, 3000)
+  v, i = jaxsparse.causal_prefill_topk(q, k, w, 512, segments=5)
+  fv, fi = jaxsparse.prefill_topk(q, k, w, 512, query_positions=jnp.arange(3000))
+  np.testing.assert_array_equal(np.asarray(i), np.asarray(fi))
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(fv))
+
+
 def test_ivf_kernels_gpu():
   """AttentionIndex's kernels compiled (k-means assignment, gathered-candidate, ranked-group
   walk and representative scoring) against float64, and the whole prefill with them against

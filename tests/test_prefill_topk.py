@@ -134,3 +134,53 @@ def test_prefill_topk_bad_input():
     jaxsparse.prefill_topk(q, kk, w, 8, query_positions=pos, sorted="yes")
   with pytest.raises(ValueError):
     jaxsparse.prefill_topk(q, kk[:, :8], w, 8, query_positions=pos)
+
+
+def test_causal_segments_cover_the_sequence_once():
+  for n, s in ((1000, 8), (257, 3), (100, 8), (4096, 1), (70000, 16)):
+    seg = selection.causal_segments(n, s)
+    assert seg[0][0] == 0 and seg[-1][1] == n and len(seg) <= s
+    assert all(a[1] == b[0] for a, b in zip(seg, seg[1:])) and all(lo < hi for lo, hi in seg)
+    assert all(hi % 256 == 0 for _, hi in seg[:-1])
+  # the work counted in (query, key) pairs: about (S + 1) / 2S of the square
+  seg = selection.causal_segments(1 << 16, 8)
+  work = sum((hi - lo) * hi for lo, hi in seg) / (1 << 32)
+  assert abs(work - 9 / 16) < 1e-3
+  with pytest.raises(ValueError, match="segments=0"):
+    selection.causal_segments(10, 0)
+
+
+@pytest.mark.parametrize("impl,fp8,n,k,segments", [("xla", False, 700, 64, 4),
+                                                   ("xla", True, 513, 300, 8),
+                                                   ("tpu", False, 600, 32, 3),
+                                                   ("gpu", True, 300, 48, 2)])
+def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n, k, segments):
+  """Every query of a whole sequence (query n at position n), segments that split it unevenly,
+  K above the early queries' visible keys: the float64 reference's entries, and exactly
+  prefill_topk's over all keys."""
+  if impl != "xla":
+    monkeypatch.setenv("JAXSPARSE_INTERPRET", impl)
+  implementation = "xla" if impl == "xla" else "pallas"
+  rng = np.random.default_rng(n + k)
+  q, kk, w, _, ks = prefill_case(rng, n, 2, 32, n, fp8=fp8)
+  pos = np.arange(n)
+  rv, ri = np_topk(np_indexer.dense(q, kk, w, ks, pos).astype(np.float32), k)
+  v, i = jaxsparse.causal_prefill_topk(q, kk, w, k, k_scale=ks, segments=segments,
+                                       implementation=implementation)
+  assert v.shape == (n, k) and i.shape == (n, k) and i.dtype == jnp.int32
+  _check(v, i, rv, ri)
+  fv, fi = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=jnp.arange(n),
+                                  implementation=implementation)
+  np.testing.assert_array_equal(np.asarray(i), np.asarray(fi))
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(fv))
+
+
+def test_causal_prefill_topk_bad_input():
+  rng = np.random.default_rng(1)
+  q, kk, w, _, _ = prefill_case(rng, 50, 2, 16, 50)
+  with pytest.raises(ValueError, match="same N"):
+    jaxsparse.causal_prefill_topk(q[:40], kk, w[:40], 8)
+  with pytest.raises(ValueError, match="segments=0"):
+    jaxsparse.causal_prefill_topk(q, kk, w, 8, segments=0)
+  with pytest.raises(ValueError, match="topk=0"):
+    jaxsparse.causal_prefill_topk(q, kk, w, 0)
