@@ -2,17 +2,19 @@
 
 For each context N: `ivf.prefill_topk` (index maintenance, representative ranking, candidate
 gathering and scoring, top-K; Pallas kernels on a GPU/TPU) and HiSA through the same path
-(`method="hisa"`: fixed blocks, no index maintenance) against full DSA's exact top-K for
-every query (`jaxsparse.causal_prefill_topk`: query segments, each against the keys up to its
-end, through the scoring and top-K kernels; no [N, N] buffer) and both
-methods' recall of full DSA's top-K on sampled queries. Random clustered keys (DeepSeek-V3.2 shapes:
-H 64, D 128 by default); wall-clock seconds of one whole prefill after a warm-up (at the
+(`method="hisa"`: fixed blocks, no index maintenance) against full DSA's exact top-K for every
+query (`jaxsparse.causal_prefill_topk`: query segments, each against the keys up to its end,
+through the scoring and top-K kernels; no [N, N] buffer), and both methods' recall of the
+exact top-K on sampled queries. Keys: random clustered ones, or with --trace a real prefill
+trace's layers tiled to N as rotated copies (`traces.tile_prefill`), at DeepSeek-V3.2's shapes
+(H 64, D 128 by default). Wall-clock seconds of one whole prefill after a warm-up (at the
 smallest N unless --warmup-tokens); each N runs --repeats times and the fastest counts (the
 first compiles for the new shapes); full_scoring_s is full DSA's scoring without its top-K.
 --stages times each stage apart (index maintenance, inverted lists, group ranking, candidate
 packing, candidate scoring, top-K). Writes JSON.
 
   python benchmarks/bench_ivf_prefill.py --tokens 65536,262144,1048576 --out r.json
+  python benchmarks/bench_ivf_prefill.py --trace prefill_8k.npz --layers 0,1,2 --out r.json
   python benchmarks/bench_ivf_prefill.py --quick --out r.json      (CPU check)
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jaxsparse  # noqa: E402
-from jaxsparse import ivf  # noqa: E402
+from jaxsparse import ivf, traces  # noqa: E402
 from jaxsparse._bench.timing import environment, print_table, write_json  # noqa: E402
 
 
@@ -43,6 +45,22 @@ def case(n, h, d, seed=0):
   q = jax.random.normal(jax.random.key(seed), (n, h, d), jnp.bfloat16)
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
   return (q, jnp.asarray(w), jnp.asarray(k, jnp.bfloat16))
+
+
+def trace_case(tr, layer, n, h, d, seed=0):
+  """Layer `layer` (an index into the trace's layers) of a real prefill trace tiled to n tokens
+  as rotated copies and widened to h heads x d dims (`traces.tile_prefill`: scores inside a
+  copy are the trace's); q and k bf16 on the device."""
+  return traces.tile_prefill(tr.q[layer], tr.w[layer], tr.k[layer], n, heads=h, dim=d,
+                             seed=seed, dtype=jnp.bfloat16)
+
+
+def recall(q, w, k, sel, qs, topk):
+  """Mean over queries qs of the share of their exact top-K (prefill_topk on those queries)
+  that the selections sel [len(qs), topk'] hold."""
+  ref = np.asarray(jaxsparse.prefill_topk(q[qs], k, w[qs], topk,
+                                          query_positions=jnp.asarray(qs, jnp.int32))[1])
+  return float(np.mean([np.isin(r[r >= 0], s_).mean() for r, s_ in zip(ref, sel)]))
 
 
 def full_topk(q, w, k, topk, segments):
@@ -138,6 +156,12 @@ def main(argv=None):
                  help="time each stage apart on this many windows per N (0: off)")
   p.add_argument("--warmup-tokens", type=int, default=0,
                  help="context of the untimed warm-up run (default: the smallest --tokens)")
+  p.add_argument("--trace", default="",
+                 help="a real prefill trace (jaxsparse.traces): its layers tiled to each N "
+                 "instead of random clustered keys")
+  p.add_argument("--layers", default="0",
+                 help="with --trace: indexes of its layers; the first is timed, every one's "
+                 "recall is measured")
   p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU check")
   p.add_argument("--out", required=True)
   a = p.parse_args(argv)
@@ -149,13 +173,24 @@ def main(argv=None):
                       cluster_size=a.cluster_size, refit_interval=a.refit_interval)
   rows = []
   tokens = [int(t) for t in a.tokens.split(",")]
-  warm = case(a.warmup_tokens or min(tokens), a.heads, a.dim)
+  tr = traces.load(a.trace) if a.trace else None
+  layers = [int(x) for x in a.layers.split(",")] if tr is not None else [None]
+  if tr is not None and (tr.kind != "prefill" or not all(0 <= x < len(tr.layers)
+                                                         for x in layers)):
+    p.error(f"--trace must be a prefill trace and --layers {a.layers} indexes into its "
+            f"{len(tr.layers)} layers")
+
+  def make(n, layer, seed):
+    return (case(n, a.heads, a.dim, seed=seed) if tr is None
+            else trace_case(tr, layer, n, a.heads, a.dim, seed=seed))
+
+  warm = make(a.warmup_tokens or min(tokens), layers[0], 0)
   ivf.prefill_topk(*warm, cfg)
   ivf.prefill_topk(*warm, cfg, method="hisa")
   full_topk(*warm, a.topk, a.segments)
   full_scores(*warm, a.chunk, a.segments)
   for n in tokens:
-    q, w, k = case(n, a.heads, a.dim, seed=n)
+    q, w, k = make(n, layers[0], n)
     t_ivf = t_hisa = t_full = t_scores = float("inf")
     for _ in range(a.repeats):  # the first run at a new N compiles for its shapes
       t0 = time.perf_counter()
@@ -165,17 +200,31 @@ def main(argv=None):
       sel_h, _ = ivf.prefill_topk(q, w, k, cfg, method="hisa")
       t_hisa = min(t_hisa, time.perf_counter() - t0)
       t0 = time.perf_counter()
-      ref = np.asarray(full_topk(q, w, k, a.topk, a.segments))
+      full_topk(q, w, k, a.topk, a.segments)
       t_full = min(t_full, time.perf_counter() - t0)
       t0 = time.perf_counter()
       full_scores(q, w, k, a.chunk, a.segments)
       t_scores = min(t_scores, time.perf_counter() - t0)
     qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
-    rec = float(np.mean([np.isin(ref[t][ref[t] >= 0], sel[t]).mean() for t in qs]))
-    rec_h = float(np.mean([np.isin(ref[t][ref[t] >= 0], sel_h[t]).mean() for t in qs]))
+    rec, rec_h = (recall(q, w, k, x[qs], qs, a.topk) for x in (sel, sel_h))
     rows.append(dict(tokens=n, ivf_s=t_ivf, full_s=t_full, speedup=t_full / t_ivf,
                      recall=rec, mean_candidates=float(num.mean()), full_scoring_s=t_scores,
                      hisa_s=t_hisa, hisa_speedup=t_full / t_hisa, hisa_recall=rec_h))
+    if tr is not None:  # every listed layer's recall (the timed one's included)
+      rows[-1]["layer"] = int(tr.layers[layers[0]])
+      by = [dict(layer=int(tr.layers[layers[0]]), recall=rec, hisa_recall=rec_h)]
+      for li in layers[1:]:
+        ql, wl, kl = make(n, li, n)
+        by.append(dict(layer=int(tr.layers[li]),
+                       recall=recall(ql, wl, kl, ivf.prefill_topk(ql, wl, kl, cfg)[0][qs], qs,
+                                     a.topk),
+                       hisa_recall=recall(ql, wl, kl, ivf.prefill_topk(
+                           ql, wl, kl, cfg, method="hisa")[0][qs], qs, a.topk)))
+        del ql, wl, kl
+      rows[-1]["recall_by_layer"] = by
+      print("  recall by layer: " + ", ".join(f"{b_['layer']} {b_['recall']:.3f} (HiSA "
+                                              f"{b_['hisa_recall']:.3f})" for b_ in by),
+            flush=True)
     print(f"{n}: IVF {t_ivf:.2f} s, full DSA {t_full:.2f} s ({t_full / t_ivf:.2f}x; its "
           f"scoring alone {t_scores:.2f} s), recall {rec:.3f}; HiSA {t_hisa:.2f} s "
           f"({t_full / t_hisa:.2f}x), recall {rec_h:.3f}", flush=True)

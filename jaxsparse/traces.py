@@ -33,7 +33,7 @@ from jaxsparse._io import save_npz_atomic
 
 __all__ = [
     "SCHEMA_VERSION", "DecodeTrace", "PrefillTrace", "TraceError", "validate", "save", "load",
-    "default_trace_path"
+    "default_trace_path", "tile_prefill"
 ]
 
 
@@ -161,3 +161,58 @@ def default_trace_path() -> str:
   """The small real decode trace shipped inside the package (the main job's input)."""
   import importlib.resources
   return os.fspath(importlib.resources.files("jaxsparse") / "data" / "smollm2_decode.npz")
+
+
+def _fixing(u, rng):
+  """A random d x d orthogonal matrix that maps the unit vector u to itself (a Haar rotation
+  followed by the Householder reflection that brings u's image back to u)."""
+  d = u.shape[0]
+  g, r = np.linalg.qr(rng.standard_normal((d, d)))
+  g = g * np.sign(np.diag(r))
+  v = g @ u - u
+  if np.linalg.norm(v) > 1e-12:
+    v = v / np.linalg.norm(v)
+    g = g - 2.0 * np.outer(v, v @ g)
+  return g
+
+
+def tile_prefill(q, w, k, n: int, *, heads: int | None = None, dim: int | None = None,
+                 seed: int = 0, dtype=np.float32):
+  """One layer's real prefill trace laid end to end as independent documents, to n tokens,
+  optionally widened to larger indexer shapes: keys and queries with the trace's statistics at
+  a context the model never reached.
+
+  q [T, h, d], w [T, h], k [T, d] (one layer of a PrefillTrace). Copy c of the trace is rotated
+  by its own random orthogonal matrix that keeps the direction of the trace's mean key, applied
+  to its queries and keys alike: inside a copy every score equals the trace's, while a copy's
+  content directions differ from the others' (unrelated documents sharing the model's common
+  key direction). heads (a multiple of h) repeats each head heads / h times with its weight
+  divided as much, and dim (>= d) embeds q and k isometrically in dim dimensions, so the
+  indexer scores are unchanged at the wider shape. Returns jax arrays q [n, heads, dim] and
+  k [n, dim] in dtype and w [n, heads] float32, built on the default device.
+  """
+  import jax.numpy as jnp
+  q, w, k = (np.asarray(a, np.float64) for a in (q, w, k))
+  if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (q.shape[0], q.shape[2]):
+    raise ValueError(f"q {q.shape}, w {w.shape}, k {k.shape} must be [T, h, d], [T, h], [T, d]")
+  t, h, d = q.shape
+  heads, dim = heads or h, dim or d
+  if not isinstance(n, int) or n < 1:
+    raise ValueError(f"n={n!r} must be a positive int")
+  if heads % h:
+    raise ValueError(f"heads={heads} must be a multiple of the trace's {h} heads")
+  if dim < d:
+    raise ValueError(f"dim={dim} must be at least the trace's {d} dimensions")
+  rng = np.random.default_rng(seed)
+  m = k.mean(0)
+  u = m / max(np.linalg.norm(m), 1e-30)
+  embed = np.linalg.qr(rng.standard_normal((dim, d)))[0]  # [dim, d], orthonormal columns
+  qs, ks = [], []
+  for c in range(-(-n // t)):
+    rot = embed @ _fixing(u, rng)  # [dim, d]: x -> embed (R x), an isometry
+    rows = min(t, n - c * t)
+    qs.append(jnp.repeat(jnp.asarray(q[:rows] @ rot.T, dtype), heads // h, axis=1))
+    ks.append(jnp.asarray(k[:rows] @ rot.T, dtype))
+  ww = np.repeat(w, heads // h, axis=1).astype(np.float32) / np.float32(heads // h)
+  ww = np.tile(ww, (-(-n // t), 1))[:n]
+  return jnp.concatenate(qs), jnp.asarray(ww), jnp.concatenate(ks)

@@ -85,6 +85,26 @@ def test_ivf_prefill_benchmark_quick(tmp_path):
   assert all(0 < r["hisa_recall"] <= 1 and r["hisa_s"] > 0 for r in data["rows"])
 
 
+def test_ivf_prefill_benchmark_on_a_tiled_trace(tmp_path):
+  """--trace: two layers of a clustered trace tiled past its length and widened; the first is
+  timed, both get a recall (IVF's above HiSA's on clustered keys with random positions)."""
+  from jaxsparse import traces
+  tr = clustered_prefill_trace(np.random.default_rng(1), 384, 2, 8, [4, 15])
+  path = str(tmp_path / "p.npz")
+  traces.save(path, tr)
+  _run("bench_ivf_prefill.py", "--quick", "--trace", path, "--layers", "1,0", "--out",
+       str(tmp_path / "p.json"))
+  rows = json.loads((tmp_path / "p.json").read_text())["rows"]
+  assert [r["tokens"] for r in rows] == [512, 1024] and all(r["layer"] == 15 for r in rows)
+  for r in rows:
+    assert [b["layer"] for b in r["recall_by_layer"]] == [15, 4]
+    assert r["recall_by_layer"][0]["recall"] == r["recall"]
+    assert all(0 < b["recall"] <= 1 and 0 < b["hisa_recall"] <= 1 for b in r["recall_by_layer"])
+  with pytest.raises(AssertionError, match="--layers"):
+    _run("bench_ivf_prefill.py", "--quick", "--trace", path, "--layers", "2", "--out",
+         str(tmp_path / "q.json"))
+
+
 def test_spin_state_dtype_quick(tmp_path):
   _run("spin_state_dtype.py", "--quick", "--out", str(tmp_path / "d.json"))
   rows = json.loads((tmp_path / "d.json").read_text())["rows"]

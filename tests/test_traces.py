@@ -118,3 +118,45 @@ def test_traces_past_the_trained_context_are_labelled_extrapolated():
   base = types.SimpleNamespace(cfg=types.SimpleNamespace(context=8192))
   assert record._meta(base, "x", np.zeros(9000), {})["extrapolated"]
   assert not record._meta(base, "x", np.zeros(8192), {})["extrapolated"]
+
+
+def _np_scores(q, w, k):
+  """float64 indexer scores of every query against every key (no mask): [T, S]."""
+  q, w, k = (np.asarray(a, np.float64) for a in (q, w, k))
+  return np.einsum("th,tsh->ts", w, np.maximum(np.einsum("thd,sd->tsh", q, k), 0.0))
+
+
+def test_tile_prefill_keeps_scores_inside_each_copy_and_the_mean_key():
+  """Widened to 6 heads x 20 dims and tiled to 130 tokens (a ragged last copy): inside every
+  copy the scores are the trace's (float32 storage: ~1e-6 relative), the mean key direction is
+  kept, and the copies are rotated apart (their keys differ)."""
+  rng = np.random.default_rng(0)
+  t, h, d = 50, 2, 8
+  q, k, w = rng.standard_normal((t, h, d)), rng.standard_normal((t, d)) + 2, rng.uniform(0, 1, (t, h))
+  Q, W, K = (np.asarray(a) for a in traces.tile_prefill(q, w, k, 130, heads=6, dim=20, seed=1))
+  assert Q.shape == (130, 6, 20) and W.shape == (130, 6) and K.shape == (130, 20)
+  assert Q.dtype == K.dtype == W.dtype == np.float32
+  ref = _np_scores(q, w, k)
+  for lo in (0, 50, 100):
+    hi = min(lo + t, 130)
+    got = _np_scores(Q[lo:hi], W[lo:hi], K[lo:hi])
+    np.testing.assert_allclose(got, ref[:hi - lo, :hi - lo], rtol=2e-5,
+                               atol=2e-5 * np.abs(ref).max())
+  np.testing.assert_allclose(K[:50].mean(0), K[50:100].mean(0), atol=1e-5)
+  assert np.abs(K[:50] - K[50:100]).max() > 0.5
+  # the same seed gives the same tiling
+  np.testing.assert_array_equal(K, np.asarray(traces.tile_prefill(q, w, k, 130, heads=6,
+                                                                  dim=20, seed=1)[2]))
+
+
+def test_tile_prefill_bad_input():
+  rng = np.random.default_rng(1)
+  q, k, w = rng.standard_normal((10, 2, 4)), rng.standard_normal((10, 4)), np.ones((10, 2))
+  with pytest.raises(ValueError, match="heads=3"):
+    traces.tile_prefill(q, w, k, 20, heads=3)
+  with pytest.raises(ValueError, match="dim=2"):
+    traces.tile_prefill(q, w, k, 20, dim=2)
+  with pytest.raises(ValueError, match="n=0"):
+    traces.tile_prefill(q, w, k, 0)
+  with pytest.raises(ValueError, match=r"\[T, h, d\]"):
+    traces.tile_prefill(q, w[:5], k, 20)
