@@ -411,39 +411,27 @@ def _bench_prefill(args) -> int:
       q = jax.random.normal(kq, (n, args.heads, args.head_dim), dt)
       w = jax.random.uniform(kw, (n, args.heads), jnp.float32)
       k = jax.random.normal(kk, (n, args.head_dim), dt)
+      def timed(devices, strategy, fn):
+        fn()  # compile
+        t0 = time.perf_counter()
+        for _ in range(args.reps):
+          fn()
+        sec = (time.perf_counter() - t0) / args.reps
+        rows.append({"tokens": n, "devices": devices, "strategy": strategy, "s": sec,
+                     "tokens_per_s": n / sec})
+
       st.update(f"timing {n:,} tokens unsharded")
-      one = lambda: jax.block_until_ready(jaxsparse.prefill_topk(  # noqa: E731
-          q, k, w, args.k, query_positions=jnp.arange(n, dtype=jnp.int32)))
-      one()  # compile
-      t0 = time.perf_counter()
-      for _ in range(args.reps):
-        one()
-      sec = (time.perf_counter() - t0) / args.reps
-      rows.append({"tokens": n, "devices": 1, "strategy": "unsharded", "s": sec,
-                   "tokens_per_s": n / sec})
+      timed(1, "unsharded", lambda: jax.block_until_ready(jaxsparse.prefill_topk(
+          q, k, w, args.k, query_positions=jnp.arange(n, dtype=jnp.int32))))
       st.update(f"timing {n:,} tokens unsharded, causal segments")
-      seg = lambda: jax.block_until_ready(jaxsparse.causal_prefill_topk(  # noqa: E731
-          q, k, w, args.k))
-      seg()  # compile
-      t0 = time.perf_counter()
-      for _ in range(args.reps):
-        seg()
-      sec = (time.perf_counter() - t0) / args.reps
-      rows.append({"tokens": n, "devices": 1, "strategy": "causal_segments", "s": sec,
-                   "tokens_per_s": n / sec})
+      timed(1, "causal_segments",
+            lambda: jax.block_until_ready(jaxsparse.causal_prefill_topk(q, k, w, args.k)))
       for p in counts:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
         for strategy in args.strategies:
           st.update(f"timing {n:,} tokens on {p} device(s), {strategy}")
-          run = lambda: jax.block_until_ready(sharded_prefill_topk(  # noqa: E731
-              q, w, k, args.k, mesh=mesh, strategy=strategy))
-          run()  # compile
-          t0 = time.perf_counter()
-          for _ in range(args.reps):
-            run()
-          sec = (time.perf_counter() - t0) / args.reps
-          rows.append({"tokens": n, "devices": p, "strategy": strategy, "s": sec,
-                       "tokens_per_s": n / sec})
+          timed(p, strategy, lambda: jax.block_until_ready(sharded_prefill_topk(
+              q, w, k, args.k, mesh=mesh, strategy=strategy)))  # noqa: B023
   for r in rows:
     one = next(x for x in rows if x["tokens"] == r["tokens"] and x["devices"] == 1
                and x["strategy"] == r["strategy"])
