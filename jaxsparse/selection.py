@@ -262,31 +262,37 @@ def causal_segments(n: int, segments: int, align: int = 256) -> list[tuple[int, 
   return out
 
 
-def causal_prefill_topk(q, k, w, topk: int, *, k_scale=None, segments: int = 8,
-                        sorted=True, implementation=None, **options):  # noqa: A002
-  """Every query's exact top-K over a whole causal sequence: query n sits at position n and
-  sees keys 0..n. The causal half of the work is skipped by segments, not inside one call.
+def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
+                        segments: int = 8, sorted=True, implementation=None,  # noqa: A002
+                        **options):
+  """Every query's exact top-K for a contiguous run of causal queries (a whole prefill, or a
+  chunk of one): query t sits at position start + t and sees keys 0..start + t. The causal
+  part of the work is skipped by segments, not inside one call.
 
-  q [N, H, D], k [N, D], w [N, H], k_scale [N] or None (as `prefill_topk`). The queries run in
-  `segments` consecutive segments (`causal_segments`); segment [lo, hi) goes through
-  `prefill_topk` against keys [0, hi) only, so the scoring and top-K see about (S + 1) / 2S of
-  the N x N square instead of all of it (S = 8: 56%). Each call's shapes are static: S
-  compilations. Returns (values [N, topk] float32, indices [N, topk] int32): the entries of
-  `prefill_topk(q, k, w, topk, query_positions=arange(N))` (-inf / -1 where fewer than topk
-  keys are visible). options: `prefill_topk`'s block, query_chunk, prefill_config,
-  topk_config.
+  q [T, H, D], k [N, D] with N >= start + T (keys in position order; later keys are never
+  visible), w [T, H], k_scale [N] or None (as `prefill_topk`); start: a static int. The queries
+  run in `segments` consecutive segments (`causal_segments`); segment [lo, hi) goes through
+  `prefill_topk` against keys [0, start + hi) only: for a whole sequence (start 0, T = N) about
+  (S + 1) / 2S of the N x N square instead of all of it (S = 8: 56%). Each call's shapes are
+  static: S compilations. Returns (values [T, topk] float32, indices [T, topk] int32): the
+  entries of `prefill_topk(q, k, w, topk, query_positions=start + arange(T))` (-inf / -1 where
+  fewer than topk keys are visible). options: `prefill_topk`'s block, query_chunk,
+  prefill_config, topk_config.
   """
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
-  if q.ndim != 3 or k.ndim != 2 or q.shape[0] != k.shape[0]:
-    raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [N, H, D] and [N, D] "
-                     f"with the same N (query n at position n)")
-  n = k.shape[0]
+  if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+    raise ValueError(f"start={start!r} must be a non-negative int")
+  if q.ndim != 3 or k.ndim != 2 or k.shape[0] < start + q.shape[0]:
+    raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, H, D] and [N, D] "
+                     f"with N >= start + T = {start + q.shape[0]} (query t at position "
+                     f"start + t)")
   vs, ix = [], []
-  for lo, hi in causal_segments(n, segments):
-    v, i = prefill_topk(q[lo:hi], k[:hi], w[lo:hi], topk,
-                        k_scale=None if k_scale is None else jnp.asarray(k_scale)[:hi],
-                        query_positions=jnp.arange(lo, hi, dtype=jnp.int32), sorted=sorted,
-                        implementation=implementation, **options)
+  for lo, hi in causal_segments(q.shape[0], segments):
+    end = start + hi
+    v, i = prefill_topk(q[lo:hi], k[:end], w[lo:hi], topk,
+                        k_scale=None if k_scale is None else jnp.asarray(k_scale)[:end],
+                        query_positions=jnp.arange(start + lo, end, dtype=jnp.int32),
+                        sorted=sorted, implementation=implementation, **options)
     vs.append(v)
     ix.append(i)
   return jnp.concatenate(vs), jnp.concatenate(ix)

@@ -40,7 +40,7 @@ one = jaxsparse.prefill_topk(jnp.asarray(q), jnp.asarray(k), jnp.asarray(w), K,
                              query_positions=jnp.arange(n), implementation="pallas")
 out["kernel_one"] = {"i": np.asarray(one[1]).tolist(),
                      "v": np.where(np.isfinite(one[0]), one[0], -1e30).tolist()}
-for p in (2, 8):
+for p in (1, 2, 8):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
   for strat in ("allgather", "ring"):
     v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, block=32,
@@ -91,11 +91,11 @@ def test_sharded_equals_one_device_for_1_2_4_8_devices_and_both_exchanges(sharde
 
 
 def test_sharded_kernel_path_equals_one_device_kernels(sharded):
-  """implementation="pallas": on 2 and 8 devices, both exchanges, exactly one device's
-  `prefill_topk` kernel result (indices and values)."""
+  """implementation="pallas": on 1, 2 and 8 devices, both exchanges (the all-gather's chunks in
+  causal segments), exactly one device's `prefill_topk` kernel result (indices and values)."""
   n, out = sharded
   base = out["kernel_one"]
-  assert set(out["kernel"]) == {f"{p}-{s}" for p in (2, 8) for s in ("allgather", "ring")}
+  assert set(out["kernel"]) == {f"{p}-{s}" for p in (1, 2, 8) for s in ("allgather", "ring")}
   for name, r in out["kernel"].items():
     assert r["i"] == base["i"], name
     assert r["v"] == base["v"], name

@@ -150,26 +150,28 @@ def test_causal_segments_cover_the_sequence_once():
     selection.causal_segments(10, 0)
 
 
-@pytest.mark.parametrize("impl,fp8,n,k,segments", [("xla", False, 700, 64, 4),
-                                                   ("xla", True, 513, 300, 8),
-                                                   ("tpu", False, 600, 32, 3),
-                                                   ("gpu", True, 300, 48, 2)])
-def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n, k, segments):
-  """Every query of a whole sequence (query n at position n), segments that split it unevenly,
-  K above the early queries' visible keys: the float64 reference's entries, and exactly
-  prefill_topk's over all keys."""
+@pytest.mark.parametrize("impl,fp8,n,k,segments,start,t", [("xla", False, 700, 64, 4, 0, 700),
+                                                           ("xla", True, 513, 300, 8, 0, 513),
+                                                           ("xla", False, 640, 40, 3, 200, 300),
+                                                           ("tpu", False, 600, 32, 3, 0, 600),
+                                                           ("gpu", True, 300, 48, 2, 100, 150)])
+def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n, k, segments,
+                                                       start, t):
+  """A whole sequence (start 0, T = N) or a chunk of one (queries at start.. with later keys
+  present but hidden), segments that split it unevenly, K above the early queries' visible
+  keys: the float64 reference's entries, and exactly prefill_topk's over all keys."""
   if impl != "xla":
     monkeypatch.setenv("JAXSPARSE_INTERPRET", impl)
   implementation = "xla" if impl == "xla" else "pallas"
   rng = np.random.default_rng(n + k)
-  q, kk, w, _, ks = prefill_case(rng, n, 2, 32, n, fp8=fp8)
-  pos = np.arange(n)
+  q, kk, w, _, ks = prefill_case(rng, t, 2, 32, n, fp8=fp8)
+  pos = np.arange(start, start + t)
   rv, ri = np_topk(np_indexer.dense(q, kk, w, ks, pos).astype(np.float32), k)
-  v, i = jaxsparse.causal_prefill_topk(q, kk, w, k, k_scale=ks, segments=segments,
+  v, i = jaxsparse.causal_prefill_topk(q, kk, w, k, start=start, k_scale=ks, segments=segments,
                                        implementation=implementation)
-  assert v.shape == (n, k) and i.shape == (n, k) and i.dtype == jnp.int32
+  assert v.shape == (t, k) and i.shape == (t, k) and i.dtype == jnp.int32
   _check(v, i, rv, ri)
-  fv, fi = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=jnp.arange(n),
+  fv, fi = jaxsparse.prefill_topk(q, kk, w, k, k_scale=ks, query_positions=jnp.asarray(pos),
                                   implementation=implementation)
   np.testing.assert_array_equal(np.asarray(i), np.asarray(fi))
   np.testing.assert_array_equal(np.asarray(v), np.asarray(fv))
@@ -178,8 +180,10 @@ def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n
 def test_causal_prefill_topk_bad_input():
   rng = np.random.default_rng(1)
   q, kk, w, _, _ = prefill_case(rng, 50, 2, 16, 50)
-  with pytest.raises(ValueError, match="same N"):
-    jaxsparse.causal_prefill_topk(q[:40], kk, w[:40], 8)
+  with pytest.raises(ValueError, match="start \+ T = 60"):
+    jaxsparse.causal_prefill_topk(q[:40], kk, w[:40], 8, start=20)
+  with pytest.raises(ValueError, match="start=-1"):
+    jaxsparse.causal_prefill_topk(q[:40], kk, w[:40], 8, start=-1)
   with pytest.raises(ValueError, match="segments=0"):
     jaxsparse.causal_prefill_topk(q, kk, w, 8, segments=0)
   with pytest.raises(ValueError, match="topk=0"):

@@ -101,9 +101,10 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   tiles, so the result does not depend on the device count). implementation: None (the
   kernels on GPU/TPU, XLA on a CPU), "xla" (tile-by-tile float32 einsums) or "pallas": each
   device runs `jaxsparse.prefill_topk`'s kernel path (chunked scoring and top-K kernels) on its
-  queries: against the all-gathered keys put back in position order, or, in the ring, against
-  each contiguous run of the visiting shard's keys, merged; per-element kernel arithmetic does
-  not depend on the tiling, so the result is one device's kernel result. Returns (values
+  queries: in the all-gather, each of its two chunks against the keys (back in position order)
+  up to the chunk's end, in causal segments (`causal_prefill_topk`); in the ring, against each
+  contiguous run of the visiting shard's keys, merged. Per-element kernel arithmetic does not
+  depend on the tiling, so the result is one device's kernel result. Returns (values
   [N, topk] float32, indices [N, topk] int32, -1 / -inf where fewer keys are visible). N need
   not divide evenly: each of the 2P chunks is padded to a multiple of block and masked. One
   process: jax arrays replicated on the mesh's devices; several processes: numpy arrays in
@@ -220,6 +221,25 @@ def _kernel_topk(q, w, k, scale, qpos, start, topk):
   return v, jnp.where(i >= 0, i + start, -1)
 
 
+CAUSAL_SEGMENTS = 8  # query segments over the whole sequence in the kernels' all-gather
+
+
+def _causal_chunks(q, w, kall, sall, *, device, shards, topk):
+  """Device `device`'s top-K in the kernels' all-gather: its two chunks of c queries sit at
+  positions device * c and (2P - 1 - device) * c (static per device, so `lax.switch` picks the
+  branch); each goes through `causal_prefill_topk` against the keys up to its end, in
+  CAUSAL_SEGMENTS / 2P segments, so no chunk scores keys after it."""
+  from jaxsparse.selection import causal_prefill_topk
+  c = q.shape[0] // 2
+  segments = max(1, CAUSAL_SEGMENTS // (2 * shards))
+  parts = [causal_prefill_topk(q[r * c:(r + 1) * c], kall, w[r * c:(r + 1) * c], topk,
+                               start=chunk * c, k_scale=sall, segments=segments,
+                               implementation="pallas")
+           for r, chunk in ((0, device), (1, 2 * shards - 1 - device))]
+  return (jnp.concatenate([parts[0][0], parts[1][0]]),
+          jnp.concatenate([parts[0][1], parts[1][1]]))
+
+
 def _ring(k, pos, sc, visit, *, topk, axis, shards, fp8, rows):
   """P ring steps: `visit(keys, positions, scales)` gives the top-K pieces [(v, i), ...] of the
   local queries against the visiting key shard; they are merged into the running top-K and
@@ -266,7 +286,11 @@ def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, fp8, b
     back = lambda a: _unzigzag(a, a.shape[0], shards)  # noqa: E731  (position order)
     kall = back(lax.all_gather(k, axis, tiled=True))
     sall = back(lax.all_gather(sc, axis, tiled=True)) if fp8 else None
-    return _kernel_topk(q, w, kall, sall, qpos, 0, topk)
+    branches = [functools.partial(_causal_chunks, device=d, shards=shards, topk=topk)
+                for d in range(shards)]
+    if shards == 1:
+      return branches[0](q, w, kall, sall)
+    return lax.switch(lax.axis_index(axis), branches, q, w, kall, sall)
   if kernels:  # ring: the visiting shard is two contiguous runs of (raw) positions
     c = k.shape[0] // 2
     return ring(k, qpos, sc, lambda kk, pp, ss: [
