@@ -262,6 +262,8 @@ def test_index_memory_is_small_against_the_key_cache():
     (dict(refit_interval=1500), "multiple of seal_window"),
     (dict(topk=0), "topk=0"),
     (dict(sink=-1), "sink=-1"),
+    (dict(query_block=3), "query_block=3 must divide"),
+    (dict(query_block=0), "query_block=0"),
 ])
 def test_bad_configurations_name_the_argument(kw, msg):
   with pytest.raises(ValueError, match=msg):
@@ -343,3 +345,42 @@ def test_prefill_topk_equals_the_evaluation_path_for_every_query():
   for i in range(400):
     assert set(idx[i][idx[i] >= 0]) == set(ref["topk_indices"][i][ref["topk_indices"][i] >= 0])
   assert (idx <= np.arange(400)[:, None]).all()
+
+
+BLOCK_CFG = dataclasses.replace(CFG, query_block=8)
+
+
+def test_shared_blocks_prefill_equals_the_evaluation_path_for_every_query():
+  """query_block = 8: the prefill's dense block scoring gives every query the top-K of
+  `evaluate`'s shared candidates (ranked by the 8 queries ending at the block's first position,
+  the slots of its last), and the same visible-candidate counts."""
+  q, w, k = _trace(n=400)
+  idx, num = ivf.prefill_topk(q, w, k, BLOCK_CFG)
+  ref = ivf.evaluate(q, w, k, BLOCK_CFG, query_positions=np.arange(400))
+  np.testing.assert_array_equal(num, ref["num_candidates"])
+  for i in range(400):
+    assert set(idx[i][idx[i] >= 0]) == set(ref["topk_indices"][i][ref["topk_indices"][i] >= 0])
+  assert (idx <= np.arange(400)[:, None]).all()
+  # a shared block may hand a query more visible candidates than its own ranking, never more
+  # than the budget; and it is a different selection from the per-query one
+  assert num.max() <= BLOCK_CFG.budget
+  own = ivf.evaluate(q, w, k, CFG, query_positions=np.arange(400))["topk_indices"]
+  assert (own != ref["topk_indices"]).any()
+
+
+def test_shared_blocks_never_use_a_later_key_or_query():
+  """Changing every key, query and weight after position n leaves query n's top-K unchanged
+  with shared blocks (n at every place in its block, and blocks that start a window)."""
+  q, w, k = _trace()
+  pos = np.asarray([63, 64, 70, 71, 127, 128, 134, 200, 255, 399])
+  rng = np.random.default_rng(4)
+  base = ivf.evaluate(q, w, k, BLOCK_CFG, query_positions=pos)
+  for j, n in enumerate(pos):
+    q2, w2, k2 = q.copy(), w.copy(), k.copy()
+    k2[n + 1:] = 5 * rng.standard_normal(k2[n + 1:].shape)
+    q2[n + 1:] = 5 * rng.standard_normal(q2[n + 1:].shape)
+    w2[n + 1:] = rng.uniform(0, 3, w2[n + 1:].shape)
+    r = ivf.evaluate(q2, w2, k2, BLOCK_CFG, query_positions=pos[j:j + 1])
+    np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
+    got, _ = ivf.prefill_topk(q2, w2, k2, BLOCK_CFG)
+    assert set(got[n][got[n] >= 0]) == set(base["topk_indices"][j][base["topk_indices"][j] >= 0])

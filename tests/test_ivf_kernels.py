@@ -102,11 +102,14 @@ def test_ivf_kernels_lower(kind, plat):
              S((512, 128), jnp.float32), S((256, 512), jnp.bool_))
 
 
-@pytest.mark.parametrize("kind,method", [("gpu", "ivf"), ("tpu", "ivf"), ("gpu", "hisa")])
-def test_prefill_with_kernels_equals_xla(kind, method, monkeypatch):
+@pytest.mark.parametrize("kind,method,block", [("gpu", "ivf", 1), ("tpu", "ivf", 1),
+                                              ("gpu", "hisa", 1), ("gpu", "ivf", 8),
+                                              ("tpu", "ivf", 16)])
+def test_prefill_with_kernels_equals_xla(kind, method, block, monkeypatch):
   """`ivf.prefill_topk(implementation="pallas")` (seals, refits, representative and candidate
   scoring through the kernels, interpret mode) gives the XLA path's top-K, and its candidate
-  counts, on clustered keys; HiSA's blocks through the same kernels too."""
+  counts, on clustered keys; HiSA's blocks through the same kernels too; shared query blocks
+  through the dense prefill scoring kernel."""
   monkeypatch.setenv("JAXSPARSE_INTERPRET", kind)
   rng = np.random.default_rng(1)
   n, h, d = (400, 2, 16) if kind == "gpu" else (150, 2, 16)  # TPU interpret mode models each DMA
@@ -115,7 +118,7 @@ def test_prefill_with_kernels_equals_xla(kind, method, monkeypatch):
   q = rng.standard_normal((n, h, d)).astype(np.float32)
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
   cfg = ivf.IVFConfig(topk=16, budget=120 if kind == "gpu" else 100, seal_window=64,
-                      cluster_size=16, refit_interval=128, sink=4)
+                      cluster_size=16, refit_interval=128, sink=4, query_block=block)
   want = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="xla")
   got = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])

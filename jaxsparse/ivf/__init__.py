@@ -31,6 +31,12 @@ class IVFConfig:
   compact: store the index in 16 bits (int16 ids and ranks, bfloat16 bounds, centers and
     representatives: ~12 bytes a key with the representatives at the default cluster_size,
     under 10% of an fp8 indexer key cache's 132); False keeps int32 / float32 (~24 bytes).
+  query_block: consecutive queries (positions b * query_block - 1 ...) that share one
+    candidate set (method "ivf"): the block ranks the groups by the maximum of its queries'
+    representative scores, takes `budget` slots for its last query (sinks, ungrouped keys,
+    whole groups) and every query scores them all, keys after it masked. On a GPU/TPU that is
+    one dense [query_block x H, D] x [D, budget] product per block instead of a gather per
+    query, so a larger budget costs less. 1 (default): every query ranks its own groups.
   """
   topk: int = 2048
   budget: int = 24576
@@ -41,11 +47,13 @@ class IVFConfig:
   seal_iters: int = 8
   refit_batch: int = 16384
   compact: bool = True
+  query_block: int = 1
 
   def __post_init__(self):
     if not isinstance(self.compact, bool):
       raise ValueError(f"compact={self.compact!r} must be a bool")
-    for name in ("topk", "budget", "seal_window", "cluster_size", "seal_iters", "refit_batch"):
+    for name in ("topk", "budget", "seal_window", "cluster_size", "seal_iters", "refit_batch",
+                 "query_block"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be positive")
     if self.sink < 0:
@@ -55,6 +63,9 @@ class IVFConfig:
                        f"seal_window={self.seal_window}")
     if self.seal_window % self.cluster_size:
       raise ValueError(f"cluster_size={self.cluster_size} must divide "
+                       f"seal_window={self.seal_window}")
+    if self.seal_window % self.query_block:
+      raise ValueError(f"query_block={self.query_block} must divide "
                        f"seal_window={self.seal_window}")
     if self.sink >= self.seal_window:
       raise ValueError(f"sink={self.sink} must be below seal_window={self.seal_window}")

@@ -56,6 +56,37 @@ def _select(z, ref, q, w, reps, sizes, last, assign, rank, grouped_end, position
   return jnp.where(jnp.isfinite(v), i, -1), num
 
 
+@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink"))
+def _select_blocks(z, qb, wb, bvalid, reps, sizes, last, assign, rank, grouped_end, block_last,
+                   positions, *, topk, budget, sink):
+  """`_select` for queries that share their block's candidates: qb [Q, B, H, D], wb [Q, B, H]
+  the queries that rank each query's block (`query_blocks`), bvalid [Q, B] which exist,
+  block_last [Q] the block's last position. The block ranks groups by their maximum
+  representative score and takes the candidates of its last position; each query keeps those
+  at or before its own position."""
+  nq, b = bvalid.shape
+  valid = (sizes[None, :] > 0) & (last[None, :] < grouped_end[:, None])  # [Q, G]
+  gs = candidates.representative_scores(
+      qb.reshape(nq * b, *qb.shape[2:]), wb.reshape(nq * b, wb.shape[2]), reps,
+      jnp.repeat(valid, b, axis=0)).reshape(nq, b, -1)
+  agg = jnp.max(jnp.where(bvalid[:, :, None], gs, -jnp.inf), axis=1)
+  mask, _ = candidates.candidate_mask(agg, sizes, assign, rank, grouped_end, block_last,
+                                      budget=budget, sink=sink)
+  mask &= jnp.arange(z.shape[1])[None, :] <= positions[:, None]
+  v, i = jax.lax.top_k(jnp.where(mask, z, -jnp.inf), topk)
+  return jnp.where(jnp.isfinite(v), i, -1), mask.sum(1).astype(jnp.int32)
+
+
+def query_blocks(positions, n: int, block: int):
+  """Each query's block (`block` consecutive positions from first = b * block - 1): (rows
+  [Q, B] int: the queries that rank the block's groups, the B ending at its first position,
+  so no query's choice depends on a later one; inside [Q, B] bool: rows at or after 0;
+  last [Q] int: the block's last position in the sequence)."""
+  first = (np.asarray(positions) + 1) // block * block - 1
+  rows = first[:, None] - block + 1 + np.arange(block)[None, :]
+  return np.clip(rows, 0, n - 1), rows >= 0, np.minimum(first + block - 1, n - 1)
+
+
 def _recall(sel, ref):
   hit = (sel[:, :, None] == ref[:, None, :]) & (ref[:, None, :] >= 0)
   want = (ref >= 0).sum(1)
@@ -78,9 +109,10 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
 
   q [N, H, D], w [N, H], k [N, D] float (a prefill trace layer: query n sits at position n and
-  sees keys 0..n); config: IVFConfig; query_positions [Q] int. oracle=True ranks the same
-  groups by their true share of reference keys (ivf and hisa): whether the partition or the
-  representative loses keys. corrector: the learned representative correction added to the
+  sees keys 0..n); config: IVFConfig (`query_block` > 1: blocks of queries share candidates,
+  method "ivf"); query_positions [Q] int. oracle=True ranks the same groups by their true share
+  of reference keys, per query (ivf and hisa): whether the partition or the representative
+  loses keys. corrector: the learned representative correction added to the
   member means: a path to a file from `jaxsparse train corrector` (with `layer`, the model
   layer this trace layer is), a `corrector.Corrector`, or a callable(state, keys, mean) ->
   correction [G, D].
@@ -136,8 +168,16 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
       reps = index.representatives(state, k, corrector)
       gend = jnp.full((len(sel),), state["grouped_end"], jnp.int32)
       sj = jnp.asarray(sel)
-      idx, num = _select(z[sj], ref[sj], q[pj[sj]], w[pj[sj]], reps, state["sizes"],
-                         state["last"], state["assign"], state["rank"], gend, pj[sj], **kw)
+      if config.query_block > 1 and not oracle:
+        rows, inside, blast = query_blocks(positions[sel], n, config.query_block)
+        idx, num = _select_blocks(
+            z[sj], q[jnp.asarray(rows)], w[jnp.asarray(rows)], jnp.asarray(inside), reps,
+            state["sizes"], state["last"], state["assign"], state["rank"], gend,
+            jnp.asarray(blast, jnp.int32), pj[sj], topk=topk, budget=config.budget,
+            sink=config.sink)
+      else:
+        idx, num = _select(z[sj], ref[sj], q[pj[sj]], w[pj[sj]], reps, state["sizes"],
+                           state["last"], state["assign"], state["rank"], gend, pj[sj], **kw)
       out_idx[sel], out_num[sel] = np.asarray(idx), np.asarray(num)
   return {"recall": _recall(out_idx, np.asarray(ref)), "topk_indices": out_idx,
           "num_candidates": out_num, "refit_compared": compared}

@@ -80,13 +80,58 @@ def _score_packed(q, w, k, members, packed, *, budget, sink, platform=None):
           jnp.concatenate([fixed, ig], axis=1))
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform"))
+def _block_scores(qb, wb, kc, platform=None):
+  """[nb, B, S] scores of each block's queries qb [nb, B, H, D] (weights wb [nb, B, H]) against
+  its gathered candidates kc [nb, S, D], every key visible: one dense product per block (the
+  prefill scoring kernel on a GPU/TPU, no causal mask)."""
+  if platform is None:
+    s = jnp.einsum("nbhd,nsd->nbhs", qb.astype(jnp.float32), kc.astype(jnp.float32))
+    return jnp.einsum("nbhs,nbh->nbs", jnp.maximum(s, 0.0), wb.astype(jnp.float32))
+  from pallas_kernels import indexer_prefill
+  cfg = (indexer_prefill.TPU_DEFAULT if platform.kind == "tpu"
+         else indexer_prefill.PrefillConfig())
+  return jax.lax.map(lambda a: indexer_prefill.prefill_scores(
+      a[0], a[2], a[1], config=cfg, platform=platform), (qb, wb, kc))
+
+
+def _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions, *, topk, budget,
+                 sink, window, block, platform=None):
+  """`_chunk_topk` for blocks of `block` queries sharing candidates (IVFConfig.query_block).
+  q, w, gs, positions, grouped_end hold block - 1 rows before the chunk's first query (they
+  rank the first block's groups), then the chunk's. A block's groups are ranked by the
+  maximum score of the `block` queries ending at its first position (so no query's choice
+  depends on a later query), its slots are those of its last position, scored densely, then
+  each query's keys after it masked."""
+  t = q.shape[0] - (block - 1)
+  nb = -(-t // block)  # nb * block <= t + block - 1 rows of gs
+  agg = jnp.max(gs[:nb * block].reshape(nb, block, -1), axis=1)
+  q, w, positions, grouped_end = (a[block - 1:] for a in (q, w, positions, grouped_end))
+  pad = nb * block - t
+  padq = lambda a: jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1))  # noqa: E731
+  pos = jnp.pad(positions, (0, pad), mode="edge").reshape(nb, block)
+  idx, _ = candidates.candidate_indices(agg, sizes, members, offsets, grouped_end[::block],
+                                        pos[:, -1], budget=budget, sink=sink, window=window)
+  kc = k[jnp.maximum(idx, 0)]  # [nb, S, D]: one gather per block
+  z = _block_scores(padq(q).reshape(nb, block, *q.shape[1:]),
+                    padq(w).reshape(nb, block, w.shape[1]), kc, platform)
+  seen = (idx[:, None, :] >= 0) & (idx[:, None, :] <= pos[:, :, None])  # [nb, B, S]
+  z = jnp.where(seen, z, -jnp.inf).reshape(nb * block, -1)
+  sel = _select(z, jnp.repeat(idx, block, axis=0), topk, platform)
+  return sel[:t], seen.sum(2).reshape(-1)[:t].astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform",
+                                             "block"))
 def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, positions, *, topk,
-                budget, sink, window, platform=None):
+                budget, sink, window, platform=None, block=1):
   """One version's queries: rank the groups, gather candidates from the inverted lists
-  (members, offsets), score them and take the top-K. Returns (indices [Q, topk],
-  num_candidates [Q])."""
+  (members, offsets), score them and take the top-K (block > 1: `_shared_topk`). Returns
+  (indices [Q, topk], num_candidates [Q])."""
   gs = _group_scores(q, w, reps, sizes, last, grouped_end, platform)
+  if block > 1:
+    return _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions,
+                        topk=topk, budget=budget, sink=sink, window=window, block=block,
+                        platform=platform)
   packed = _pack(gs, sizes, members, offsets, grouped_end, positions, budget=budget, sink=sink,
                  window=window, platform=platform)
   z, idx = _score_packed(q, w, k, members, packed, budget=budget, sink=sink, platform=platform)
@@ -155,13 +200,15 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     lo, hi = p - 1, min(p - 1 + wnd, n)
     if lo >= hi:
       continue
-    pos = jnp.arange(lo, hi, dtype=jnp.int32)
+    qlo = lo - (config.query_block - 1)  # shared blocks: the queries ranking the first one
+    pos = jnp.arange(qlo, hi, dtype=jnp.int32)
     reps = index.representatives(state, k, corrector)
     members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
-    gend = jnp.full((hi - lo,), state["grouped_end"], jnp.int32)
-    idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, state["sizes"], state["last"],
+    gend = jnp.full((hi - qlo,), state["grouped_end"], jnp.int32)
+    idx, num = _chunk_topk(q[qlo:hi], w[qlo:hi], k, reps, state["sizes"], state["last"],
                            members, offsets, gend, pos, topk=topk, budget=config.budget,
-                           sink=config.sink, window=wnd, platform=plat)
+                           sink=config.sink, window=wnd, platform=plat,
+                           block=config.query_block)
     _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
