@@ -103,10 +103,12 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
     put = lambda x: jax.device_put(x, dev)
     sizes, _, last = index._group_stats(ga, kd, g_cap)
     members, offsets = candidates.inverted_lists(ga, g_cap)
-    res = _chunk_topk(put(q[lo:hi]), put(w[lo:hi]), kd, put(reps.copy()), sizes, last,
-                      members, offsets, put(jnp.full((hi - lo,), p, jnp.int32)),
-                      put(jnp.arange(lo, hi, dtype=jnp.int32)), topk=topk,
-                      budget=config.budget, sink=config.sink, window=wnd)
+    qlo = lo - (config.query_block - 1)  # shared blocks: the queries ranking the first one
+    res = _chunk_topk(put(q[qlo:hi]), put(w[qlo:hi]), kd, put(reps.copy()), sizes, last,
+                      members, offsets, put(jnp.full((hi - qlo,), p, jnp.int32)),
+                      put(jnp.arange(qlo, hi, dtype=jnp.int32)), topk=topk,
+                      budget=config.budget, sink=config.sink, window=wnd,
+                      block=config.query_block)
     pending.append((lo, hi, res))
   for lo, hi, (idx, num) in pending:
     out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
