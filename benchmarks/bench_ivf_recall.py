@@ -32,10 +32,17 @@ METHODS = (("IVF", "ivf", True, False, False), ("IVF seal only", "ivf", False, F
 PLANNED = "IVF planned"  # each layer under the partition a calibration trace chose for it
 
 
-def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, progress=print):
+def shared_name(block: int) -> str:
+  return f"IVF shared {block}, 2x budget"
+
+
+def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_block=0,
+        progress=print):
   """corrector: a file of `jaxsparse train corrector` for the "IVF corrected" rows (None:
   those rows are left out). plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
-  rows (each layer's recall under the method its plan chose; None: left out)."""
+  rows (each layer's recall under the method its plan chose; None: left out). query_block:
+  adds "IVF shared B, 2x budget" rows: blocks of B queries sharing twice the budget
+  (IVFConfig.query_block; 0: left out)."""
   methods = [m for m in METHODS if corrector or not m[4]]
   pos = ivf_plan.calibration_positions(tr.k.shape[1], cfg.seal_window, queries)
   rows = []
@@ -57,6 +64,17 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, progress=
                          refit_compared=r["refit_compared"],
                          seconds=time.perf_counter() - t0))
       nrows = len(methods)
+      if query_block:
+        t0 = time.perf_counter()
+        r = ivf.evaluate(q, w, k, dataclasses.replace(c, budget=2 * b, query_block=query_block),
+                         query_positions=pos)
+        per_query[shared_name(query_block)] = np.asarray(r["recall"], np.float64)
+        rows.append(dict(layer=int(tr.layers[li]), budget=b, method=shared_name(query_block),
+                         recall=float(r["recall"].mean()),
+                         candidates=float(r["num_candidates"].mean()),
+                         refit_compared=r["refit_compared"],
+                         seconds=time.perf_counter() - t0))
+        nrows += 1
       if plans:
         chosen = ivf_plan.method(plans[b], int(tr.layers[li]))
         src = "IVF" if chosen == "ivf" else "HiSA"
@@ -74,7 +92,9 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, progress=
 
 
 def _names(rows):
-  return [m for m in [m[0] for m in METHODS] + [PLANNED] if any(r["method"] == m for r in rows)]
+  extra = sorted({r["method"] for r in rows if r["method"].startswith("IVF shared")})
+  return [m for m in [m[0] for m in METHODS] + [PLANNED] + extra
+          if any(r["method"] == m for r in rows)]
 
 
 def summary(rows, budgets):
@@ -158,6 +178,8 @@ def main(argv=None):
   p.add_argument("--calibration-trace", default="",
                  help="prefill trace of other text: per budget, `ivf.plan.calibrate` picks "
                       "each layer's partition on it for the 'IVF planned' rows")
+  p.add_argument("--query-block", type=int, default=0,
+                 help="add rows for blocks of this many queries sharing twice the budget")
   p.add_argument("--quick", action="store_true", help="two layers, one budget, 32 queries")
   a = p.parse_args(argv)
   tr = load_prefill_trace(p, a.trace)
@@ -184,7 +206,10 @@ def main(argv=None):
                               layers=np.asarray(want))
     plans = {b: ivf_plan.calibrate(cal, dataclasses.replace(cfg, budget=b),
                                    queries=a.queries, progress=print) for b in budgets}
-  pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans)
+  if a.query_block and (a.query_block < 0 or a.seal_window % a.query_block):
+    p.error(f"--query-block={a.query_block} must divide --seal-window={a.seal_window}")
+  pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans,
+                  query_block=a.query_block)
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
          "config": dataclasses.asdict(cfg),
          "corrector": os.path.basename(corr) if corr else None,

@@ -40,11 +40,12 @@ def test_ivf_recall_benchmark_quick(tmp_path):
   traces.save(path, tr)
   _run("bench_ivf_recall.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
        "--seal-window", "128", "--cluster-size", "16", "--refit-interval", "512", "--out",
-       str(tmp_path / "ivf"), "--calibration-trace", path)
+       str(tmp_path / "ivf"), "--calibration-trace", path, "--query-block", "16")
   data = json.loads((tmp_path / "ivf.json").read_text())
   methods = {r["method"] for r in data["rows"]}
   assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF oracle", "HiSA",
-                     "HiSA oracle", "IVF planned"}
+                     "HiSA oracle", "IVF planned", "IVF shared 16, 2x budget"}
+  assert all(r["candidates"] <= 512 for r in data["rows"])  # shared: 2 x 256 per block
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
   for layer, chosen in data["plans"]["256"]["methods"].items():  # the chosen method's recall
     assert rec[(int(layer), "IVF planned")] == rec[(int(layer), {"ivf": "IVF",
