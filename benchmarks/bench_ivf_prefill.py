@@ -145,6 +145,8 @@ def main(argv=None):
   p.add_argument("--seal-window", type=int, default=1024)
   p.add_argument("--cluster-size", type=int, default=128)
   p.add_argument("--refit-interval", type=int, default=16384)
+  p.add_argument("--query-block", type=int, default=1,
+                 help="IVFConfig.query_block: queries sharing one candidate set (1: each its own)")
   p.add_argument("--chunk", type=int, default=2048,
                  help="queries per call of full DSA's scoring-alone timing")
   p.add_argument("--segments", type=int, default=8,
@@ -170,7 +172,8 @@ def main(argv=None):
     a.seal_window, a.cluster_size, a.refit_interval, a.chunk = 64, 16, 256, 256
     a.repeats, a.stages = 1, 2
   cfg = ivf.IVFConfig(topk=a.topk, budget=a.budget, seal_window=a.seal_window,
-                      cluster_size=a.cluster_size, refit_interval=a.refit_interval)
+                      cluster_size=a.cluster_size, refit_interval=a.refit_interval,
+                      query_block=a.query_block)
   rows = []
   tokens = [int(t) for t in a.tokens.split(",")]
   tr = traces.load(a.trace) if a.trace else None

@@ -16,7 +16,8 @@
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
 #                    (TOKENS=1048576 REPEATS=1 runs one context into ivf_prefill_1048576.json:
 #                    64K and 256K take ~4.5 min together, 1M alone most of a 10-minute call;
-#                    TRACE=prefill.npz LAYERS=0,1,2: a real trace's layers tiled to each N)
+#                    TRACE=prefill.npz LAYERS=0,1,2: a real trace's layers tiled to each N;
+#                    QUERY_BLOCK=64 BUDGET=49152: shared query blocks)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   prefill-sharded  the sharded prefill on this one GPU against the unsharded path (its
 #                    overhead; TOKENS, default 262144,1048576)
@@ -71,7 +72,8 @@ for what in "$@"; do
         | tail -4 ;;
     ivf-prefill)
       python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens 65536} \
-        ${REPEATS:+--repeats $REPEATS} ${TRACE:+--trace $TRACE --layers ${LAYERS:-0}} --out "$OUT/ivf_prefill${TOKENS:+_${TOKENS//,/_}}.json" 2>&1 \
+        ${REPEATS:+--repeats $REPEATS} ${TRACE:+--trace $TRACE --layers ${LAYERS:-0}} \
+        ${QUERY_BLOCK:+--query-block $QUERY_BLOCK} ${BUDGET:+--budget $BUDGET} --out "$OUT/ivf_prefill${TOKENS:+_${TOKENS//,/_}}.json" 2>&1 \
         | tee "$OUT/ivf_prefill.log" | tail -8 ;;
     prefill-topk)
       python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \

@@ -87,14 +87,14 @@ def test_ivf_prefill_benchmark_quick(tmp_path):
 
 
 def test_ivf_prefill_benchmark_on_a_tiled_trace(tmp_path):
-  """--trace: two layers of a clustered trace tiled past its length and widened; the first is
-  timed, both get a recall (IVF's above HiSA's on clustered keys with random positions)."""
+  """--trace: two layers of a clustered trace tiled past its length and widened, shared query
+  blocks; the first layer is timed, both get a recall."""
   from jaxsparse import traces
   tr = clustered_prefill_trace(np.random.default_rng(1), 384, 2, 8, [4, 15])
   path = str(tmp_path / "p.npz")
   traces.save(path, tr)
-  _run("bench_ivf_prefill.py", "--quick", "--trace", path, "--layers", "1,0", "--out",
-       str(tmp_path / "p.json"))
+  _run("bench_ivf_prefill.py", "--quick", "--trace", path, "--layers", "1,0", "--query-block",
+       "16", "--out", str(tmp_path / "p.json"))
   rows = json.loads((tmp_path / "p.json").read_text())["rows"]
   assert [r["tokens"] for r in rows] == [512, 1024] and all(r["layer"] == 15 for r in rows)
   for r in rows:
