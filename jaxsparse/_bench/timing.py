@@ -195,15 +195,23 @@ def environment() -> dict:
     info["jaxlib"] = jaxlib.__version__
   except ImportError:
     pass
-  # $JAXSPARSE_GIT: the commit, where the checkout's .git is absent or stale (a copied tree)
-  info["git"] = os.environ.get("JAXSPARSE_GIT", "")
-  if not info["git"]:
-    try:
-      info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                   text=True, check=False).stdout.strip()
-    except OSError:
-      pass
+  info["git"] = _GIT
   return info
+
+
+def _git() -> str:
+  """$JAXSPARSE_GIT (where the checkout's .git is absent or stale: a copied tree), else HEAD."""
+  if os.environ.get("JAXSPARSE_GIT"):
+    return os.environ["JAXSPARSE_GIT"]
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False,
+                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+  except OSError:
+    return ""
+
+
+_GIT = _git()  # read when the run starts: a commit made while it runs is not the code it ran
 
 
 def write_json(path: str, payload: dict) -> None:
