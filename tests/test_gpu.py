@@ -1,6 +1,8 @@
 """Compiled kernels on a real GPU against the float64 reference (skipped without a GPU)."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -615,6 +617,12 @@ def test_ivf_kernels_gpu():
   want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
   got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
   assert (got[0] == want[0]).mean() > 0.999  # float32 sums in another order: rare near-ties
+  # shared query blocks: the dense prefill scoring kernel over each block's gathered keys
+  cfg = dataclasses.replace(cfg, budget=1536, query_block=64)
+  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
+  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  np.testing.assert_array_equal(got[1], want[1])
+  assert (got[0] == want[0]).mean() > 0.999
 
 
 @pytest.mark.parametrize("script,args", [
