@@ -28,6 +28,9 @@
 # INDEXERS (the indexer file `quality` reads, default the shipped one).
 set -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# 1M-token runs hold q (16 GB), full DSA's [N, 2048] results and their segments: on an 80 GB
+# card the default 75% pool is too small
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-.92}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RUN=${RUN:-/root/run}
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
