@@ -168,7 +168,9 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   implementation: None (the kernels on a GPU/TPU, XLA on a CPU), "xla", or
   "pallas" (the k-means assignment, representative scoring and gathered-candidate scoring
   kernels of `pallas_kernels.ivf` and the top-K kernels; interpret mode without an
-  accelerator). Each window's result is copied to the host while later windows run.
+  accelerator). config.query_block > 1 (method "ivf"): blocks of queries share candidates
+  (`IVFConfig`), scored by one dense product per block (the prefill scoring kernel on a
+  GPU/TPU). Each window's result is copied to the host while later windows run.
   Returns (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
