@@ -2,6 +2,9 @@
 # The device driver: one target per argument, logs and JSON in $OUT.
 #   bash benchmarks/run_h200.sh TARGET...
 # Targets:
+#   gguf             collect the SmolLM2 GGUF carried in pieces (.device/g1, g2, g3: `split -n 3`
+#                    of the file, one piece a call while the machine is warm) into $GGUF_DIR;
+#                    once all are there, join them and check the SHA-256
 #   gpu-tests        tests/test_gpu.py compiled on the GPU (~15 min: split it over calls with
 #                    JAXSPARSE_TEST_PART=1/2 and 2/2)
 #   indexer | topk   the full scoring / top-K benchmark sweeps
@@ -31,11 +34,21 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # 1M-token runs hold q (16 GB), full DSA's [N, 2048] results and their segments: on an 80 GB
 # card the default 75% pool is too small
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-.92}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RUN=${RUN:-/root/run}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RUN=${RUN:-/root/run}; GGUF_DIR=${GGUF_DIR:-/root/g}
+if [ -z "$JAXSPARSE_GGUF" ] && [ -f "$GGUF_DIR/smol.gguf" ]; then
+  export JAXSPARSE_GGUF=$GGUF_DIR/smol.gguf
+fi
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 for what in "$@"; do
   case $what in
+    gguf) mkdir -p "$GGUF_DIR"; cp .device/g[123] "$GGUF_DIR/" 2>/dev/null; ls "$GGUF_DIR"
+      if [ -f "$GGUF_DIR/g1" ] && [ -f "$GGUF_DIR/g2" ] && [ -f "$GGUF_DIR/g3" ]; then
+        cat "$GGUF_DIR"/g1 "$GGUF_DIR"/g2 "$GGUF_DIR"/g3 > "$GGUF_DIR/smol.gguf"
+        python3 -c "import sys; from jaxsparse.model import fetch; \
+sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/smol.gguf" \
+          && echo "GGUF ready: $GGUF_DIR/smol.gguf" || { echo "GGUF SHA-256 mismatch"; exit 2; }
+      fi ;;
     gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
       | tee "$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}.log" | tail -15 ;;
     indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;
