@@ -263,8 +263,8 @@ def causal_segments(n: int, segments: int, align: int = 256) -> list[tuple[int, 
 
 
 def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
-                        segments: int = 8, sorted=True, implementation=None,  # noqa: A002
-                        **options):
+                        segments: int = 8, key_align: int = 1, sorted=True,  # noqa: A002
+                        implementation=None, **options):
   """Every query's exact top-K for a contiguous run of causal queries (a whole prefill, or a
   chunk of one): query t sits at position start + t and sees keys 0..start + t. The causal
   part of the work is skipped by segments, not inside one call.
@@ -274,7 +274,9 @@ def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
   run in `segments` consecutive segments (`causal_segments`); segment [lo, hi) goes through
   `prefill_topk` against keys [0, start + hi) only: for a whole sequence (start 0, T = N) about
   (S + 1) / 2S of the N x N square instead of all of it (S = 8: 56%). Each call's shapes are
-  static: S compilations. Returns (values [T, topk] float32, indices [T, topk] int32): the
+  static: S compilations; key_align rounds each segment's key count up to a multiple of it (at
+  most N), so that calls with different starts share shapes and compilations, for a little
+  more masked work. Returns (values [T, topk] float32, indices [T, topk] int32): the
   entries of `prefill_topk(q, k, w, topk, query_positions=start + arange(T))` (-inf / -1 where
   fewer than topk keys are visible). options: `prefill_topk`'s block, query_chunk,
   prefill_config, topk_config.
@@ -282,16 +284,18 @@ def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   if not isinstance(start, int) or isinstance(start, bool) or start < 0:
     raise ValueError(f"start={start!r} must be a non-negative int")
+  if not isinstance(key_align, int) or isinstance(key_align, bool) or key_align < 1:
+    raise ValueError(f"key_align={key_align!r} must be a positive int")
   if q.ndim != 3 or k.ndim != 2 or k.shape[0] < start + q.shape[0]:
     raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, H, D] and [N, D] "
                      f"with N >= start + T = {start + q.shape[0]} (query t at position "
                      f"start + t)")
   vs, ix = [], []
   for lo, hi in causal_segments(q.shape[0], segments):
-    end = start + hi
+    end = min(k.shape[0], -(-(start + hi) // key_align) * key_align)
     v, i = prefill_topk(q[lo:hi], k[:end], w[lo:hi], topk,
                         k_scale=None if k_scale is None else jnp.asarray(k_scale)[:end],
-                        query_positions=jnp.arange(start + lo, end, dtype=jnp.int32),
+                        query_positions=jnp.arange(start + lo, start + hi, dtype=jnp.int32),
                         sorted=sorted, implementation=implementation, **options)
     vs.append(v)
     ix.append(i)

@@ -153,7 +153,7 @@ def test_causal_segments_cover_the_sequence_once():
 @pytest.mark.parametrize("impl,fp8,n,k,segments,start,t", [("xla", False, 700, 64, 4, 0, 700),
                                                            ("xla", True, 513, 300, 8, 0, 513),
                                                            ("xla", False, 640, 40, 3, 200, 300),
-                                                           ("tpu", False, 600, 32, 3, 0, 600),
+                                                           ("tpu", False, 300, 32, 3, 0, 300),
                                                            ("gpu", True, 300, 48, 2, 100, 150)])
 def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n, k, segments,
                                                        start, t):
@@ -168,6 +168,7 @@ def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n
   pos = np.arange(start, start + t)
   rv, ri = np_topk(np_indexer.dense(q, kk, w, ks, pos).astype(np.float32), k)
   v, i = jaxsparse.causal_prefill_topk(q, kk, w, k, start=start, k_scale=ks, segments=segments,
+                                       key_align=100 if start else 1,
                                        implementation=implementation)
   assert v.shape == (t, k) and i.shape == (t, k) and i.dtype == jnp.int32
   _check(v, i, rv, ri)
@@ -180,8 +181,10 @@ def test_causal_prefill_topk_matches_float64_reference(monkeypatch, impl, fp8, n
 def test_causal_prefill_topk_bad_input():
   rng = np.random.default_rng(1)
   q, kk, w, _, _ = prefill_case(rng, 50, 2, 16, 50)
-  with pytest.raises(ValueError, match="start \+ T = 60"):
+  with pytest.raises(ValueError, match=r"start \+ T = 60"):
     jaxsparse.causal_prefill_topk(q[:40], kk, w[:40], 8, start=20)
+  with pytest.raises(ValueError, match="key_align=0"):
+    jaxsparse.causal_prefill_topk(q, kk, w, 8, key_align=0)
   with pytest.raises(ValueError, match="start=-1"):
     jaxsparse.causal_prefill_topk(q[:40], kk, w[:40], 8, start=-1)
   with pytest.raises(ValueError, match="segments=0"):

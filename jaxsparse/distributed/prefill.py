@@ -228,13 +228,14 @@ def _causal_chunks(q, w, kall, sall, *, device, shards, topk):
   """Device `device`'s top-K in the kernels' all-gather: its two chunks of c queries sit at
   positions device * c and (2P - 1 - device) * c (static per device, so `lax.switch` picks the
   branch); each goes through `causal_prefill_topk` against the keys up to its end, in
-  CAUSAL_SEGMENTS / 2P segments, so no chunk scores keys after it."""
+  CAUSAL_SEGMENTS / 2P segments, so no chunk scores keys after it (key counts rounded up to
+  eighths of the sequence: at most 8 shapes to compile whatever P)."""
   from jaxsparse.selection import causal_prefill_topk
   c = q.shape[0] // 2
   segments = max(1, CAUSAL_SEGMENTS // (2 * shards))
   parts = [causal_prefill_topk(q[r * c:(r + 1) * c], kall, w[r * c:(r + 1) * c], topk,
                                start=chunk * c, k_scale=sall, segments=segments,
-                               implementation="pallas")
+                               key_align=max(1, kall.shape[0] // 8), implementation="pallas")
            for r, chunk in ((0, device), (1, 2 * shards - 1 - device))]
   return (jnp.concatenate([parts[0][0], parts[1][0]]),
           jnp.concatenate([parts[0][1], parts[1][1]]))
