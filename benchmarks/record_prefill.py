@@ -36,7 +36,7 @@ def main(argv=None):
   layers = [int(v) for v in a.layers.split(",")] if a.layers else None
   tr = record.record_prefill(llama.load_model(), lightning.load_indexers(), ids, layers=layers,
                              source=source)
-  traces.save(a.out, tr)
+  traces.save(a.out, tr, half=True)
   print(f"wrote {a.out}: layers {tr.layers.tolist()}, {len(ids)} tokens, "
         f"extrapolated={tr.meta['extrapolated']}")
 

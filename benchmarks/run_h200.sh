@@ -2,9 +2,11 @@
 # The device driver: one target per argument, logs and JSON in $OUT.
 #   bash benchmarks/run_h200.sh TARGET...
 # Targets:
-#   gguf             collect the SmolLM2 GGUF carried in pieces (.device/g1, g2, g3: `split -n 3`
-#                    of the file, one piece a call while the machine is warm) into $GGUF_DIR;
-#                    once all are there, join them and check the SHA-256
+#   gguf             collect the SmolLM2 GGUF carried in pieces (.device/g1 .. gN: `split -n N
+#                    --numeric-suffixes=1 -a 1` of the file, one piece a call while the machine is
+#                    warm) into $GGUF_DIR; once all are there, join them and check the SHA-256.
+#                    Installs the `gguf` reader from .device/wheels/ (`pip download --no-deps
+#                    gguf`) when the machine lacks it
 #   gpu-tests        tests/test_gpu.py compiled on the GPU (~15 min: split it over calls with
 #                    JAXSPARSE_TEST_PART=1/2 and 2/2)
 #   indexer | topk   the full scoring / top-K benchmark sweeps
@@ -42,13 +44,17 @@ python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 for what in "$@"; do
   case $what in
-    gguf) mkdir -p "$GGUF_DIR"; cp .device/g[123] "$GGUF_DIR/" 2>/dev/null; ls "$GGUF_DIR"
-      if [ -f "$GGUF_DIR/g1" ] && [ -f "$GGUF_DIR/g2" ] && [ -f "$GGUF_DIR/g3" ]; then
-        cat "$GGUF_DIR"/g1 "$GGUF_DIR"/g2 "$GGUF_DIR"/g3 > "$GGUF_DIR/smol.gguf"
-        python3 -c "import sys; from jaxsparse.model import fetch; \
-sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/smol.gguf" \
-          && echo "GGUF ready: $GGUF_DIR/smol.gguf" || { echo "GGUF SHA-256 mismatch"; exit 2; }
-      fi ;;
+    gguf) mkdir -p "$GGUF_DIR"; cp .device/g[0-9]* "$GGUF_DIR/" 2>/dev/null; ls "$GGUF_DIR"
+      # join the pieces in order once they are all there (the SHA-256 says when)
+      ls "$GGUF_DIR"/g[0-9]* | sort -V | xargs cat > "$GGUF_DIR/joined"
+      if python3 -c "import sys; from jaxsparse.model import fetch; \
+sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; then
+        mv "$GGUF_DIR/joined" "$GGUF_DIR/smol.gguf"; echo "GGUF ready: $GGUF_DIR/smol.gguf"
+      else echo "GGUF pieces so far do not join to the file yet"; fi
+      python3 -c "import gguf" 2>/dev/null || python3 -m pip install -q --no-deps \
+        .device/wheels/gguf-*.whl 2>&1 | grep -v WARNING
+      python3 -c "import gguf" 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$(ls $PWD/.device/wheels/gguf-*.whl)
+      python3 -c "import gguf" && echo "gguf reader ready" ;;
     gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
       | tee "$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}.log" | tail -15 ;;
     indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;

@@ -16,6 +16,8 @@ Format (schema_version 1), one `.npz` (numpy, no pickled objects: load with allo
     accepted      [S] int32 in [0, R - 1]: draft tokens accepted at step s (0 when R = 1)
   prefill:
     q [L, T, H, D] float32, w [L, T, H] float32, k [L, T, D] float32; query t sees keys <= t.
+  q, w and k may be stored as float16 (`save(..., half=True)`, half the bytes); `load` always
+  returns float32.
 
 Importing from another engine: dump per layer the indexer's post-RoPE (and post-Hadamard) q,
 the head weights after all scaling (q-scale folded in), and dequantised keys in slot order; for
@@ -114,12 +116,20 @@ def validate(tr) -> None:
     _need(tr.k.shape == (nl, t, d), f"k.shape={tr.k.shape} must be {(nl, t, d)}")
 
 
-def save(path: str, tr) -> None:
-  """Validate, then write atomically (a crash never leaves a half-written trace)."""
+def save(path: str, tr, *, half: bool = False) -> None:
+  """Validate, then write atomically (a crash never leaves a half-written trace).
+
+  half: store q, w and k as float16 (values beyond float16's range are refused).
+  """
   validate(tr)
+  qwk = {"q": tr.q, "w": tr.w, "k": tr.k}
+  if half:
+    for name, a in qwk.items():
+      _need(np.abs(a).max(initial=0) < np.finfo(np.float16).max,
+            f"{name} exceeds float16's range: save it with half=False")
+    qwk = {name: a.astype(np.float16) for name, a in qwk.items()}
   arrays = {"schema_version": np.int64(SCHEMA_VERSION), "kind": np.str_(tr.kind),
-            "meta": np.str_(json.dumps(tr.meta)), "layers": tr.layers, "q": tr.q, "w": tr.w,
-            "k": tr.k}
+            "meta": np.str_(json.dumps(tr.meta)), "layers": tr.layers, **qwk}
   if tr.kind == "decode":
     arrays.update(lengths=tr.lengths, accepted=tr.accepted)
   save_npz_atomic(path, arrays, compressed=True)
@@ -150,7 +160,9 @@ def load(path: str):
       meta = json.loads(str(z["meta"]))
     except json.JSONDecodeError as e:
       raise TraceError(f"{path!r}: meta is not JSON: {e}") from e
-    common = dict(q=z["q"], w=z["w"], k=z["k"], layers=z["layers"], meta=meta)
+    qwk = {name: z[name] for name in ("q", "w", "k")}
+    qwk = {name: a.astype(np.float32) if a.dtype == np.float16 else a for name, a in qwk.items()}
+    common = dict(layers=z["layers"], meta=meta, **qwk)
     tr = (DecodeTrace(lengths=z["lengths"], accepted=z["accepted"], **common)
           if kind == "decode" else PrefillTrace(**common))
   validate(tr)

@@ -35,6 +35,24 @@ def test_roundtrip(tmp_path):
   assert traces.load(p).kind == "prefill"
 
 
+def test_half_traces_store_float16_and_load_float32(tmp_path):
+  tr = _tiny_decode()
+  p = str(tmp_path / "h.npz")
+  traces.save(p, tr, half=True)
+  with np.load(p) as z:
+    assert z["q"].dtype == z["w"].dtype == z["k"].dtype == np.float16
+  back = traces.load(p)
+  for f in ("q", "w", "k"):
+    got, want = getattr(back, f), getattr(tr, f).astype(np.float64)
+    assert got.dtype == np.float32
+    # float16 keeps 11 significant bits: relative error <= 2^-11 (normal range)
+    assert (np.abs(got - want) <= np.abs(want) * 2.0 ** -11 + 2.0 ** -24).all()
+    assert not np.array_equal(got, getattr(tr, f))  # really rounded
+  tr.k[0, 0, 0] = 1e5
+  with pytest.raises(traces.TraceError, match="k exceeds float16's range"):
+    traces.save(p, tr, half=True)
+
+
 @pytest.mark.parametrize("mutate,match", [
     (lambda t: setattr(t, "lengths", t.lengths[::-1].copy()), "non-decreasing"),
     (lambda t: setattr(t, "lengths", t.lengths + 100), "exceeds"),
@@ -111,6 +129,7 @@ def test_shipped_trace_is_valid():
   assert tr.kind == "decode" and tr.meta["model"].startswith("SmolLM2")
   assert not tr.meta["extrapolated"]
   assert tr.lengths[0] >= 3585 and tr.lengths[-1] == 4096  # long context: 4K slots
+  assert tr.q.shape[-2:] == (16, 64)  # recorded with the shipped 16-head indexers
 
 
 def test_traces_past_the_trained_context_are_labelled_extrapolated():

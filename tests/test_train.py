@@ -3,6 +3,7 @@
 trace and quality commands load."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -168,8 +169,70 @@ def test_trace_cli_records_from_the_exported_file_and_eval_replays(trained, tmp_
 
 def test_shipped_indexers_load_and_are_long_context():
   m = lightning.load_indexers(layers=30, width=576)
-  meta = json.loads(str(np.load(lightning.default_indexers_path())["meta"]))
-  assert meta["schedule"].endswith("8192:1300") and meta["steps_done"] == 1800
-  assert m.cfg.heads == 8 and m.cfg.head_dim == 32
+  with np.load(lightning.default_indexers_path()) as z:
+    meta = json.loads(str(z["meta"]))
+    assert int(z["format"]) == 2 and z["wq"].dtype == np.int8
+  assert meta["schedule"].endswith("8192:700") and meta["steps_done"] == 1049
+  assert m.cfg.heads == 16 and m.cfg.head_dim == 64
   with pytest.raises(lightning.IndexerFileError, match="holds 30 layers"):
     lightning.load_indexers(layers=12)
+
+
+def _tiny_file_arrays(rng, fmt):
+  cfg = lightning.IndexerConfig(layers=2, width=576, heads=2, head_dim=16, rope_dims=8)
+  params = {n: rng.standard_normal(s).astype(np.float32) * 0.05
+            for n, s in lightning.param_shapes(cfg).items()}
+  params["wq"][1, :, 3] = 0.0  # an all-zero column keeps a usable scale
+  arrays = {"format": np.int64(fmt), "config": np.str_(json.dumps(dataclasses.asdict(cfg))),
+            "meta": np.str_("{}")}
+  return cfg, params, arrays
+
+
+def test_int8_file_format_round_trip_within_half_a_step(tmp_path):
+  """Format 2 keeps each weight within half a quantisation step (per layer and column) plus
+  float16 rounding, checked in float64; format-1 float16 files still load."""
+  rng = np.random.default_rng(0)
+  cfg, params, arrays = _tiny_file_arrays(rng, 1)
+  path = str(tmp_path / "i2.npz")
+  lightning.save_indexers(path, cfg, params)
+  got = lightning.load_indexers(path).params_tree()
+  for name, a in params.items():
+    a64 = a.astype(np.float64)
+    step = np.abs(a64).max(axis=1, keepdims=True) / 127
+    bound = step / 2 + np.abs(a64) * 2.0 ** -11 + 1e-12
+    err = np.abs(np.asarray(got[name], np.float64) - a64)
+    assert (err <= bound).all(), name
+    assert err.max() > 0.2 * step.max()  # 8-bit steps, not float16 rounding
+  assert not np.asarray(got["wq"])[1, :, 3].any()
+  old = str(tmp_path / "i1.npz")
+  np.savez(old, **arrays, **{n: a.astype(np.float16) for n, a in params.items()})
+  got1 = lightning.load_indexers(old).params_tree()
+  np.testing.assert_array_equal(np.asarray(got1["wk"]), params["wk"].astype(np.float16))
+
+
+@pytest.mark.parametrize("breakage,msg", [
+    ("scale_dtype", "wk_int8_scale must be float32"),
+    ("scale_shape", "wk_int8_scale must be float32"),
+    ("no_scale", "needs int8 wk and wk_int8_scale"),
+    ("float_codes", "needs int8 wk and wk_int8_scale"),
+    ("format", "not an indexer file of format 1 or 2"),
+])
+def test_int8_file_format_refuses_broken_files(tmp_path, breakage, msg):
+  rng = np.random.default_rng(1)
+  cfg, params, _ = _tiny_file_arrays(rng, 2)
+  path = str(tmp_path / "i.npz")
+  lightning.save_indexers(path, cfg, params)
+  z = dict(np.load(path, allow_pickle=False))
+  if breakage == "scale_dtype":
+    z["wk_int8_scale"] = z["wk_int8_scale"].astype(np.float16)
+  elif breakage == "scale_shape":
+    z["wk_int8_scale"] = z["wk_int8_scale"][:, :, :8]
+  elif breakage == "no_scale":
+    del z["wk_int8_scale"]
+  elif breakage == "float_codes":
+    z["wk"] = z["wk"].astype(np.float32)
+  else:
+    z["format"] = np.int64(3)
+  np.savez(path, **z)
+  with pytest.raises(lightning.IndexerFileError, match=msg):
+    lightning.load_indexers(path)

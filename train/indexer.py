@@ -11,7 +11,8 @@ to the model's full 8,192-token context. Training text is long documents (standa
 modules, the Linux documentation; `--corpus` takes pre-tokenised ids) and never the
 evaluation text (`jaxsparse.model.text.held_out_text`).
 
-  python -m train.indexer --out runs/indexer --schedule 2048:300,4096:200,8192:300
+  python -m train.indexer --out runs/indexer --schedule 2048:300,4096:200,8192:700 \
+      --max-seconds 420    (the shipped indexers: 16 heads x 64 dims, step 1,049 on one H100)
   jaxsparse train-indexer --out runs/indexer --window 256 --steps 20    (a CPU-sized run)
 
 Checkpoints (Orbax, atomic, the latest two kept) hold parameters, optimizer state and step; a
@@ -61,8 +62,8 @@ def parse_schedule(schedule: str) -> tuple[tuple[int, int], ...]:
 class TrainConfig:
   out: str
   schedule: str = "2048:300,4096:200,8192:300"
-  heads: int = 8
-  head_dim: int = 32
+  heads: int = 16
+  head_dim: int = 64
   rope_dims: int = 16
   lr: float = 3e-3
   leak: float = 0.1

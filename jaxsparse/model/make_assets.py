@@ -2,16 +2,17 @@
 
   python -m jaxsparse.model.make_assets --indexers runs/indexer/indexers.npz
 
-Writes into --data-dir: smollm2_indexers.npz (a copy of --indexers), smollm2_decode.npz (R = 1,
-4,096 slots) and smollm2_mtp.npz (R = 4), recorded on the end of the held-out text; and
+Writes into --data-dir: smollm2_indexers.npz (--indexers in the current file format),
+smollm2_decode.npz (R = 1, 4,096 slots) and smollm2_mtp.npz (R = 4), recorded on the end of the
+held-out text (float16 on disk); and
 --report (benchmarks/results/dsa_quality.json): dense vs DSA perplexity and per-layer recall at
 4,096 and 8,192 tokens on held-out windows.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import shutil
 
 import numpy as np
 
@@ -41,32 +42,37 @@ def main(argv=None):
   p.add_argument("--report", default="benchmarks/results/dsa_quality.json")
   p.add_argument("--windows", type=int, default=4, help="held-out windows per length")
   p.add_argument("--lengths", default="4096,8192")
-  p.add_argument("--quality-only", action="store_true", help="write the report, not the traces")
+  only = p.add_mutually_exclusive_group()
+  only.add_argument("--quality-only", action="store_true", help="write the report, not the traces")
+  only.add_argument("--traces-only", action="store_true",
+                    help="write the traces and the indexer copy, not the report")
   a = p.parse_args(argv)
   base = llama.load_model()
   idx = lightning.load_indexers(a.indexers, layers=base.cfg.layers, width=base.cfg.width)
   ids = held_out_ids()
   rep = {"environment": environment(), "indexers": os.path.basename(a.indexers),
          "held_out": SOURCE, "quality": {}}
-  for t in (int(v) for v in a.lengths.split(",")):
+  for t in ([] if a.traces_only else (int(v) for v in a.lengths.split(","))):
     wins = [ids[i * t:(i + 1) * t] for i in range(min(a.windows, len(ids) // t))]
     rep["quality"][str(t)] = quality.measure(base, idx, wins, ks=(64, 256), progress=print,
                                                 oracle=True)
     q = rep["quality"][str(t)]
     print(t, q["perplexity"], "min recall256", min(q["recall_top256"]))
-  write_json(a.report, rep)
+  if not a.traces_only:
+    write_json(a.report, rep)
   if a.quality_only:
     return
   tail = ids[-(PROMPT + STEPS + 3):]
   dec = record.record_decode(base, idx, tail, prompt_len=PROMPT, steps=STEPS, rows=1,
                              layers=TRACE_LAYERS, source=SOURCE)
-  traces.save(os.path.join(a.data_dir, "smollm2_decode.npz"), dec)
+  traces.save(os.path.join(a.data_dir, "smollm2_decode.npz"), dec, half=True)
   mtp = record.record_decode(base, idx, tail, prompt_len=PROMPT, steps=MTP_STEPS, rows=4,
                              layers=MTP_LAYERS, source=SOURCE)
-  traces.save(os.path.join(a.data_dir, "smollm2_mtp.npz"), mtp)
+  traces.save(os.path.join(a.data_dir, "smollm2_mtp.npz"), mtp, half=True)
   dest = os.path.join(a.data_dir, "smollm2_indexers.npz")
-  if os.path.abspath(a.indexers) != os.path.abspath(dest):
-    shutil.copyfile(a.indexers, dest)
+  if os.path.abspath(a.indexers) != os.path.abspath(dest):  # rewritten in the current format
+    raw = np.load(a.indexers, allow_pickle=False)
+    lightning.save_indexers(dest, idx.cfg, idx.params_tree(), json.loads(str(raw["meta"])))
 
 
 if __name__ == "__main__":
