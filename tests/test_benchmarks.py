@@ -35,7 +35,7 @@ def test_kernel_benchmarks_quick(script, tmp_path):
 def test_ivf_recall_benchmark_quick(tmp_path):
   from jaxsparse import traces
   # d and layers fit the shipped corrector (layer 4 corrected, 15 plain)
-  tr = clustered_prefill_trace(np.random.default_rng(0), 1024, 2, 32, [4, 15])
+  tr = clustered_prefill_trace(np.random.default_rng(0), 1024, 2, 64, [4, 15])
   path = str(tmp_path / "p.npz")
   traces.save(path, tr)
   _run("bench_ivf_recall.py", "--trace", path, "--quick", "--topk", "32", "--budgets", "256",
