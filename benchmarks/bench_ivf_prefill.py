@@ -73,7 +73,8 @@ def full_topk(q, w, k, topk, segments):
 def stages(q, w, k, cfg, samples):
   """Seconds per stage of one prefill: seal and refit summed over every window (each synced);
   the query stages timed on `samples` evenly spaced windows (a second, compiled call) and
-  scaled to every window."""
+  scaled to every window. With cfg.query_block > 1 "pack" is the blocks' candidate sets and
+  "score" their gather and dense scoring (the shared path)."""
   from jaxsparse import backend
   from jaxsparse.ivf import candidates, index
   from jaxsparse.ivf import prefill as pf
@@ -87,6 +88,10 @@ def stages(q, w, k, cfg, samples):
                                    platform=plat))
   score = jax.jit(functools.partial(pf._score_packed, budget=cfg.budget, sink=cfg.sink,
                                     platform=plat))
+  blk = cfg.query_block  # > 1: the shared path's candidate sets ("pack") and block scoring
+  shared_pack = jax.jit(functools.partial(pf._shared_candidates, budget=cfg.budget,
+                                          sink=cfg.sink, window=wnd, block=blk))
+  shared_score = jax.jit(functools.partial(pf._shared_scores, block=blk, platform=plat))
   t = dict(seal=0.0, refit=0.0, lists=0.0, rank=0.0, pack=0.0, score=0.0, topk=0.0)
 
   def timed(name, f, scale):
@@ -110,14 +115,21 @@ def stages(q, w, k, cfg, samples):
     if v not in sample or lo >= hi:
       continue
     sc = nw / len(sample)
-    pos = jnp.arange(lo, hi, dtype=jnp.int32)
-    gend = jnp.full((hi - lo,), state["grouped_end"], jnp.int32)
+    qlo = lo - (blk - 1)  # shared blocks: the queries ranking the first block
+    pos = jnp.arange(qlo, hi, dtype=jnp.int32)
+    gend = jnp.full((hi - qlo,), state["grouped_end"], jnp.int32)
     members, offsets = timed("lists", lambda: candidates.lists_by_rank(
         state["assign"], state["rank"], state["sizes"]), sc)
-    gs = timed("rank", lambda: rank(q[lo:hi], w[lo:hi], state["centers"], state["sizes"],
+    gs = timed("rank", lambda: rank(q[qlo:hi], w[qlo:hi], state["centers"], state["sizes"],
                                     state["last"], gend, platform=plat), sc)
-    packed = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos), sc)
-    z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, members, packed), sc)
+    if blk > 1:
+      idx, bpos = timed("pack", lambda: shared_pack(gs, state["sizes"], members, offsets, gend,
+                                                    pos), sc)
+      z, _ = timed("score", lambda: shared_score(q[qlo:hi], w[qlo:hi], k, idx, bpos), sc)
+      idx = jnp.repeat(idx, blk, axis=0)
+    else:
+      packed = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos), sc)
+      z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, members, packed), sc)
     timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat), sc)
   return t
 

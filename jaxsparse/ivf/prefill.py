@@ -94,6 +94,37 @@ def _block_scores(qb, wb, kc, platform=None):
       a[0], a[2], a[1], config=cfg, platform=platform), (qb, wb, kc))
 
 
+def _shared_candidates(gs, sizes, members, offsets, grouped_end, positions, *, budget, sink,
+                       window, block):
+  """The candidate sets of `_shared_topk`'s blocks: (idx [nb, S] key ids, -1 where empty;
+  pos [nb, block] each block's query positions, the last block padded by repeating its last).
+  gs, grouped_end and positions hold block - 1 rows before the chunk's first query."""
+  t = gs.shape[0] - (block - 1)
+  nb = -(-t // block)  # nb * block <= t + block - 1 rows of gs
+  agg = jnp.max(gs[:nb * block].reshape(nb, block, -1), axis=1)
+  pos = jnp.pad(positions[block - 1:], (0, nb * block - t), mode="edge").reshape(nb, block)
+  idx, _ = candidates.candidate_indices(agg, sizes, members, offsets,
+                                        grouped_end[block - 1:][::block], pos[:, -1],
+                                        budget=budget, sink=sink, window=window)
+  return idx, pos
+
+
+def _shared_scores(q, w, k, idx, pos, *, block, platform=None):
+  """Each block's queries against its candidates, densely: (z [nb * block, S] float32, -inf
+  where a candidate is empty or after the query; seen [nb * block] candidates each query may
+  use). q, w hold block - 1 rows before the chunk's first query, as in `_shared_candidates`."""
+  q, w = q[block - 1:], w[block - 1:]
+  nb = idx.shape[0]
+  pad = nb * block - q.shape[0]
+  padq = lambda a: jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1))  # noqa: E731
+  kc = k[jnp.maximum(idx, 0)]  # [nb, S, D]: one gather per block
+  z = _block_scores(padq(q).reshape(nb, block, *q.shape[1:]),
+                    padq(w).reshape(nb, block, w.shape[1]), kc, platform)
+  seen = (idx[:, None, :] >= 0) & (idx[:, None, :] <= pos[:, :, None])  # [nb, B, S]
+  return (jnp.where(seen, z, -jnp.inf).reshape(nb * block, -1),
+          seen.sum(2).reshape(-1).astype(jnp.int32))
+
+
 def _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions, *, topk, budget,
                  sink, window, block, platform=None):
   """`_chunk_topk` for blocks of `block` queries sharing candidates (IVFConfig.query_block).
@@ -103,21 +134,11 @@ def _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions, *
   depends on a later query), its slots are those of its last position, scored densely, then
   each query's keys after it masked."""
   t = q.shape[0] - (block - 1)
-  nb = -(-t // block)  # nb * block <= t + block - 1 rows of gs
-  agg = jnp.max(gs[:nb * block].reshape(nb, block, -1), axis=1)
-  q, w, positions, grouped_end = (a[block - 1:] for a in (q, w, positions, grouped_end))
-  pad = nb * block - t
-  padq = lambda a: jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1))  # noqa: E731
-  pos = jnp.pad(positions, (0, pad), mode="edge").reshape(nb, block)
-  idx, _ = candidates.candidate_indices(agg, sizes, members, offsets, grouped_end[::block],
-                                        pos[:, -1], budget=budget, sink=sink, window=window)
-  kc = k[jnp.maximum(idx, 0)]  # [nb, S, D]: one gather per block
-  z = _block_scores(padq(q).reshape(nb, block, *q.shape[1:]),
-                    padq(w).reshape(nb, block, w.shape[1]), kc, platform)
-  seen = (idx[:, None, :] >= 0) & (idx[:, None, :] <= pos[:, :, None])  # [nb, B, S]
-  z = jnp.where(seen, z, -jnp.inf).reshape(nb * block, -1)
+  idx, pos = _shared_candidates(gs, sizes, members, offsets, grouped_end, positions,
+                                budget=budget, sink=sink, window=window, block=block)
+  z, num = _shared_scores(q, w, k, idx, pos, block=block, platform=platform)
   sel = _select(z, jnp.repeat(idx, block, axis=0), topk, platform)
-  return sel[:t], seen.sum(2).reshape(-1)[:t].astype(jnp.int32)
+  return sel[:t], num[:t]
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform",
