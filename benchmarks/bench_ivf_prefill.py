@@ -11,15 +11,19 @@ trace's layers tiled to N as rotated copies (`traces.tile_prefill`), at DeepSeek
 smallest N unless --warmup-tokens); each N runs --repeats times and the fastest counts (the
 first compiles for the new shapes); full_scoring_s is full DSA's scoring without its top-K.
 --stages times each stage apart (index maintenance, inverted lists, group ranking, candidate
-packing, candidate scoring, top-K). Writes JSON.
+packing, candidate scoring, top-K). --recall-only measures recall alone (`ivf.evaluate`, the
+trace's shapes in float32): contexts up to 1M on a CPU. Writes JSON.
 
   python benchmarks/bench_ivf_prefill.py --tokens 65536,262144,1048576 --out r.json
   python benchmarks/bench_ivf_prefill.py --trace prefill_8k.npz --layers 0,1,2 --out r.json
+  python benchmarks/bench_ivf_prefill.py --trace prefill_8k.npz --layers 3,15,27 --tokens 262144 \
+      --query-block 64 --budget 49152 --recall-only --out r.json
   python benchmarks/bench_ivf_prefill.py --quick --out r.json      (CPU check)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -147,6 +151,30 @@ def full_scores(q, w, k, chunk, segments):
   return jax.block_until_ready(last)
 
 
+def recall_only(a, cfg, tr, tokens, layers):
+  """Recall of AttentionIndex (cfg; per query beside shared blocks) and HiSA at the benchmark's
+  recall queries, each listed trace layer tiled to each N (float32, the trace's shapes)."""
+  rows = []
+  for n in tokens:
+    qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
+    for li in layers:
+      q, w, k = traces.tile_prefill(tr.q[li], tr.w[li], tr.k[li], n, seed=n)
+      rec = lambda c, m="ivf": float(ivf.evaluate(q, w, k, c, method=m,  # noqa: E731
+                                                  query_positions=qs)["recall"].mean())
+      row = dict(tokens=n, layer=int(tr.layers[li]), recall=rec(cfg),
+                 hisa_recall=rec(cfg, "hisa"))
+      if cfg.query_block > 1:
+        row["per_query_recall"] = rec(dataclasses.replace(cfg, query_block=1))
+      rows.append(row)
+      print(f"{n} layer {row['layer']}: " + ", ".join(f"{k_} {v:.4f}" for k_, v in row.items()
+                                                       if k_.endswith("recall")), flush=True)
+      write_json(a.out, {"environment": {**environment(), "command": " ".join(sys.argv)},
+                         "config": vars(a), "rows": rows})
+  print_table(rows, [c for c in ("tokens", "layer", "recall", "per_query_recall",
+                               "hisa_recall") if c in rows[0]])
+  return rows
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--tokens", default="65536,262144,1048576")
@@ -176,6 +204,10 @@ def main(argv=None):
   p.add_argument("--layers", default="0",
                  help="with --trace: indexes of its layers; the first is timed, every one's "
                  "recall is measured")
+  p.add_argument("--recall-only", action="store_true",
+                 help="with --trace: recall alone (ivf.evaluate at the recall queries, the "
+                 "trace's own shapes in float32; per-query IVF beside shared blocks), no timing: "
+                 "long contexts on a CPU")
   p.add_argument("--quick", action="store_true", help="tiny shapes for a CPU check")
   p.add_argument("--out", required=True)
   a = p.parse_args(argv)
@@ -194,6 +226,11 @@ def main(argv=None):
                                                          for x in layers)):
     p.error(f"--trace must be a prefill trace and --layers {a.layers} indexes into its "
             f"{len(tr.layers)} layers")
+
+  if a.recall_only:
+    if tr is None:
+      p.error("--recall-only needs --trace")
+    return recall_only(a, cfg, tr, tokens, layers)
 
   def make(n, layer, seed):
     return (case(n, a.heads, a.dim, seed=seed) if tr is None

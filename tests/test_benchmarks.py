@@ -104,6 +104,11 @@ def test_ivf_prefill_benchmark_on_a_tiled_trace(tmp_path):
   with pytest.raises(AssertionError, match="--layers"):
     _run("bench_ivf_prefill.py", "--quick", "--trace", path, "--layers", "2", "--out",
          str(tmp_path / "q.json"))
+  _run("bench_ivf_prefill.py", "--quick", "--trace", path, "--layers", "1,0", "--query-block",
+       "16", "--recall-only", "--out", str(tmp_path / "r.json"))
+  rec = json.loads((tmp_path / "r.json").read_text())["rows"]
+  assert [(r["tokens"], r["layer"]) for r in rec] == [(512, 15), (512, 4), (1024, 15), (1024, 4)]
+  assert all(0 < r[c] <= 1 for r in rec for c in ("recall", "hisa_recall", "per_query_recall"))
 
 
 def test_spin_state_dtype_quick(tmp_path):
