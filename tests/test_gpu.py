@@ -213,6 +213,27 @@ def test_topk_gpu_gather(n, k, lengths, compact):
   np.testing.assert_array_equal(np.asarray(v), rv)
 
 
+@pytest.mark.parametrize("n,k", [(50000, 2048), (131072, 2048), (16384, 64)])
+def test_topk_gpu_refined_threshold(n, k):
+  """256 rows (the refined threshold's call size): random walks, whose group maxima admit
+  several times k entries, beside the hard rows (ties, NaN, -0.0, -inf, ragged, empty), with
+  lengths; compiled, against numpy."""
+  from pallas_kernels.topk import TopkConfig
+  hard, lens8 = _hard_rows(n, k, True)
+  rng = np.random.default_rng(n)
+  x = np.cumsum(rng.standard_normal((256, n)), axis=1).astype(np.float32)
+  x[:8] = hard
+  lens = np.full(256, n, np.int32)
+  lens[:8] = lens8
+  lens[8::3] = rng.integers(0, n + 1, lens[8::3].shape)
+  assert TopkConfig().refines(256, True)
+  v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
+                        config=TopkConfig(gather=True))
+  rv, ri = np_topk(x, k, lens)
+  np.testing.assert_array_equal(np.asarray(i), ri)
+  np.testing.assert_array_equal(np.asarray(v), rv)
+
+
 @pytest.mark.parametrize("block_i,block_j,warps", [(32, 256, 4), (64, 64, 4), (16, 256, 2),
                                                   (16, 512, 4), (16, 1024, 4)])
 @pytest.mark.parametrize("n,k,lengths", [(32768, 2048, True), (1 << 20, 2048, False),

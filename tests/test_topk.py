@@ -397,6 +397,54 @@ def test_gather_compaction_lists_groups_and_overflows():
   with pytest.raises(ValueError, match="gather_min_entries"):
     ktopk.TopkConfig(gather_min_entries=0)
 
+def test_refined_threshold_keeps_correlated_rows_in_the_buffer():
+  """Rows whose neighbouring scores rise together (a smooth random walk, as real score rows
+  near a relevant stretch of keys): the group-maxima threshold admits more entries than the
+  buffer holds; `count_groups` counts the listed groups' entries per edge exactly as numpy
+  does, the refined threshold keeps between k and the capacity, and topk_rows with refining
+  matches numpy (GPU kernels in interpret mode)."""
+  from pallas_kernels.topk import gpu as kg
+  rng = np.random.default_rng(5)
+  n, k, rows = 16384, 64, 4
+  cfg = ktopk.TopkConfig(gather=True, refine_min_rows=1)
+  g = ktopk.group_size(n, k, cfg, "gpu", rows=rows)
+  cap = 2 * k
+  x = np.cumsum(rng.standard_normal((rows, n)), axis=1).astype(np.float32)
+  x[2, ::7] = np.nan
+  lens = np.array([n, n, n - 333, 3 * k])
+  xj, lj = jnp.asarray(x), jnp.asarray(lens, jnp.int32)
+  gm = kg.group_max(xj, lj, chunk=2048, group=g, num_warps=4, interpret=True)
+  thr, ctr, glist, nl = kg.threshold(gm, k, iters=14, num_warps=8, interpret=True,
+                                     slack=cfg.slack_for(g), counter=jnp.int32, list_width=cap)
+  valid = np.where((np.arange(n)[None] < lens[:, None]) & ~np.isnan(x), x, -np.inf)
+  edges = np.asarray(thr)[:, None] + np.linspace(0, 1, 8, endpoint=False)[None] * 3.0
+  got = np.asarray(kg.count_groups(xj, lj, jnp.asarray(edges, jnp.float32), glist, nl,
+                                   group=g, list_width=cap, lanes=256, num_warps=4,
+                                   interpret=True))
+  gl, nl_ = np.asarray(glist), np.asarray(nl)
+  for r in range(rows):
+    member = np.zeros(n, bool)
+    for gid in gl[r, :min(nl_[r], cap)]:
+      member[gid * g:(gid + 1) * g] = True
+    want = [(member & (valid[r] >= e) & (valid[r] > -np.inf)).sum() for e in edges[r]]
+    np.testing.assert_array_equal(got[r], want)
+  before = ((valid >= np.asarray(thr)[:, None]) & (valid > -np.inf)).sum(1)
+  refined = np.asarray(kg.refine_threshold(thr, gm, lambda e: kg.count_groups(
+      xj, lj, e, glist, nl, group=g, list_width=cap, lanes=256, num_warps=4, interpret=True),
+                                           k, 16))
+  after = ((valid >= refined[:, None]) & (valid > -np.inf)).sum(1)
+  assert (before[:3] > cap).all()  # the maxima's threshold overflows every long row
+  assert ((after[:3] >= k) & (after[:3] <= cap)).all(), (before, after)
+  assert after[3] >= k and np.all(refined >= np.asarray(thr))
+  _check(_rows(x, lens, k, KernelPlatform("gpu", True), cfg), x, k, lens)
+  assert cfg.refines(256, True) and not cfg.refines(256, False)
+  assert not ktopk.TopkConfig().refines(64, True) and ktopk.TopkConfig().refines(256, True)
+  with pytest.raises(ValueError, match="refine_edges"):
+    ktopk.TopkConfig(refine_edges=3)
+  with pytest.raises(ValueError, match="edges"):
+    kg.count_groups(xj, lj, jnp.zeros((rows, 3)), glist, nl, group=g, list_width=cap,
+                    lanes=256, num_warps=4, interpret=True)
+
 
 @pytest.mark.parametrize("platform", PLATFORMS, ids=IDS)
 @pytest.mark.parametrize("ordered", [True, False])

@@ -230,6 +230,10 @@ def _gpu_candidates(xp, lengths, k, g, chunk, capacity, config, interp, gmax, *,
       *glist, pivot = glist
   else:
     thr = lax.top_k(gmax, k)[0][:, k - 1]
+  if config.refines(r, gather):
+    thr = _gpu.refine_threshold(thr, gmax, lambda e: _gpu.count_groups(
+        xp, lengths, e, *glist, group=g, list_width=capacity, lanes=min(gather_lanes, 512),
+        num_warps=config.num_warps, interpret=interp), k, config.refine_edges)
   if gather:
     cv, ci, total = _gpu.compact_groups(xp, lengths, thr, *glist, ctr, group=g,
                                         capacity=capacity, lanes=gather_lanes,

@@ -51,6 +51,14 @@ class TopkConfig:
     gather, gather_min_entries: True, the threshold kernel also lists the groups whose maximum
       reaches the threshold and the compaction reads only those (about k * group entries a
       row instead of N); "auto": for calls of at least gather_min_entries scores.
+    refine_edges, refine_min_rows: with gather, calls of at least refine_min_rows rows raise
+      each row's threshold before the compaction (`gpu.refine_threshold`): two passes over
+      the listed groups count the entries reaching refine_edges values between the threshold
+      and the row maximum, and the highest value that k entries reach becomes the threshold.
+      Group maxima admit up to group * k entries where neighbouring scores rise together, as
+      in real score rows (keys near each other in the sequence or in one cluster): the
+      buffer overflows and the row takes the exact repair (one program reading the row 34
+      times). Refined, such rows keep about k. 0 edges: off.
   Finish (candidates -> sorted top-k; the order-free ones let the compaction be one pass)
     finish: "bitonic" (a sorting network: programs sort runs, then merges), "rank" (sorting by
       counting: each candidate's place is the number before it; O(candidates^2) compares but
@@ -95,6 +103,8 @@ class TopkConfig:
   lane_min_ratio: int = 256
   gather: bool | str = "auto"
   gather_min_entries: int = 1 << 23
+  refine_edges: int = 16
+  refine_min_rows: int = 256
   finish: str = "auto"
   rank_max_rows: int = 1
   rank_min_k: int = 512
@@ -168,6 +178,10 @@ class TopkConfig:
       return max(self.small_chunk, self.bucket_chunk)
     return self.small_chunk
 
+  def refines(self, rows: int, gather: bool) -> bool:
+    """Whether a call of `rows` rows raises its thresholds by counting (`refine_edges`)."""
+    return gather and self.refine_edges > 0 and rows >= self.refine_min_rows
+
   def gathers(self, rows: int, n: int) -> bool:
     """Whether the compaction of rows x n scores gathers listed groups ("auto" resolved)."""
     if self.gather == "auto":
@@ -213,7 +227,7 @@ class TopkConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or not is_pow2(v) or v < low:
         raise ValueError(f"{name}={v!r} must be a power of two >= {low}")
-    for name in ("bitonic_run", "bitonic_mid"):
+    for name in ("bitonic_run", "bitonic_mid", "refine_edges"):
       v = getattr(self, name)
       if not isinstance(v, int) or (v and (not is_pow2(v) or v < 2)):
         raise ValueError(f"{name}={v!r} must be 0 or a power of two >= 2")
@@ -225,7 +239,7 @@ class TopkConfig:
                  "rank_min_k", "rank_buckets_min_k", "bitonic_warps", "bitonic_run_warps",
                  "lane_min_rows", "lane_min_ratio", "gather_min_entries", "rank_warps",
                  "threshold_warps", "falsi_slack", "max_group_rows", "rank_merge_warps",
-                 "rank_merge_min_k", "rank_merge_run_warps"):
+                 "rank_merge_min_k", "rank_merge_run_warps", "refine_min_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int")
