@@ -79,6 +79,15 @@ def test_gathered_and_representative_scores_match_numpy(platform, dtype):
   # 1.9e-4 here), enough to rank groups; interpreted they are exact float32
   tf32 = platform.kind == "gpu" and not platform.interpret
   assert_scores_close(got, want, reduction=h * d, dtype_tol=2e-3 if tf32 else None)
+  # bf16 queries: the representatives are rounded to bf16, products then exact
+  qb = jnp.asarray(q, jnp.bfloat16)
+  rb = np.asarray(jnp.asarray(reps, jnp.bfloat16).astype(jnp.float32), np.float64)
+  want = np.einsum("qh,qhg->qg", w.astype(np.float64), np.maximum(
+      np.einsum("qhd,gd->qhg", np.asarray(qb.astype(jnp.float32), np.float64), rb), 0))
+  want[~valid] = -np.inf
+  got = kivf.representative_scores(qb, jnp.asarray(w), jnp.asarray(reps), jnp.asarray(valid),
+                                   platform=platform)
+  assert_scores_close(got, want, reduction=h * d)
 
 
 @pytest.mark.parametrize("kind,plat", [("gpu", "cuda"), ("tpu", "tpu")])

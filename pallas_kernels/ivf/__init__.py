@@ -109,11 +109,11 @@ def ranked_scores(q, w, k, members, start, take, slot, used, *, slots: int,
 def representative_scores(q, w, reps, valid, *, platform: KernelPlatform):
   """Indexer scores of group representatives: q [Q, H, D], w [Q, H], reps [G, D], valid
   [Q, G] -> [Q, G] float32 (-inf where not valid): the dense indexer kernel, non-causal,
-  with the representatives as keys."""
+  with the representatives as keys (rounded to bfloat16 when q is bfloat16)."""
   from pallas_kernels import indexer_prefill
-  # bf16 q and representatives (the compact index) go in as they are: exact products; other
-  # dtypes as float32 (TF32 dots on a GPU)
-  dt = jnp.bfloat16 if q.dtype == reps.dtype == jnp.bfloat16 else jnp.float32
+  # bf16 queries rank against representatives rounded to bf16 (2^-9 relative: enough to rank
+  # groups, and the MMA's bf16 rate); float32 queries as float32 (TF32 dots on a GPU)
+  dt = jnp.bfloat16 if q.dtype == jnp.bfloat16 else jnp.float32
   z = indexer_prefill.prefill_scores(q.astype(dt), reps.astype(dt), w.astype(jnp.float32),
                                      platform=platform)
   return jnp.where(valid, z, -jnp.inf)
