@@ -78,7 +78,9 @@ def stages(q, w, k, cfg, samples):
   """Seconds per stage of one prefill: seal and refit summed over every window (each synced);
   the query stages timed on `samples` evenly spaced windows (a second, compiled call) and
   scaled to every window. With cfg.query_block > 1 "pack" is the blocks' candidate sets and
-  "score" their gather and dense scoring (the shared path)."""
+  "score" their gather and dense scoring (the shared path). Returns (seconds per stage, and on
+  a GPU for the last sampled window each stage's wall and kernel seconds (device trace) with
+  its four longest kernels: launch-bound stages show wall far above kernel time)."""
   from jaxsparse import backend
   from jaxsparse.ivf import candidates, index
   from jaxsparse.ivf import prefill as pf
@@ -97,12 +99,20 @@ def stages(q, w, k, cfg, samples):
                                           sink=cfg.sink, window=wnd, block=blk))
   shared_score = jax.jit(functools.partial(pf._shared_scores, block=blk, platform=plat))
   t = dict(seal=0.0, refit=0.0, lists=0.0, rank=0.0, pack=0.0, score=0.0, topk=0.0)
+  kernels = {}  # GPU: the last sampled window's kernel seconds per stage, and its top kernels
 
   def timed(name, f, scale):
     f()  # compiled (and warm) first
     t0 = time.perf_counter()
     out = jax.block_until_ready(f())
-    t[name] += (time.perf_counter() - t0) * scale
+    dt = time.perf_counter() - t0
+    t[name] += dt * scale
+    if plat is not None and plat.kind == "gpu" and not plat.interpret:
+      from jaxsparse._bench.timing import kernel_time
+      total, per = kernel_time(f, (), calls=3, warmup=1)
+      top = sorted(per.items(), key=lambda kv: -kv[1])[:4]
+      kernels[name] = dict(wall_s=dt, kernel_s=total, kernel_names=len(per),
+                           top={k_[:60]: v for k_, v in top})
     return out
 
   state = index.init_state(n, k.shape[1], cfg)
@@ -135,7 +145,7 @@ def stages(q, w, k, cfg, samples):
       packed = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos), sc)
       z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, members, packed), sc)
     timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat), sc)
-  return t
+  return t, kernels
 
 
 def full_scores(q, w, k, chunk, segments):
@@ -281,7 +291,13 @@ def main(argv=None):
           f"scoring alone {t_scores:.2f} s), recall {rec:.3f}; HiSA {t_hisa:.2f} s "
           f"({t_full / t_hisa:.2f}x), recall {rec_h:.3f}", flush=True)
     if a.stages:
-      rows[-1]["stages_s"] = stages(q, w, k, cfg, a.stages)
+      rows[-1]["stages_s"], kern = stages(q, w, k, cfg, a.stages)
+      if kern:  # GPU: one window's kernel time per stage against its wall time
+        rows[-1]["window_kernels"] = kern
+        for s_, v in kern.items():
+          print(f"  {s_}: wall {v['wall_s'] * 1e3:.2f} ms, kernels {v['kernel_s'] * 1e3:.2f} ms "
+                f"({v['kernel_names']} names): " + ", ".join(
+                    f"{n_} {t_ * 1e3:.2f}" for n_, t_ in v["top"].items()), flush=True)
       print("  stages (s): " + ", ".join(f"{s_} {v:.3f}" for s_, v in
                                          rows[-1]["stages_s"].items()), flush=True)
     write_json(a.out, {"environment": {**environment(), "command": " ".join(sys.argv)},
