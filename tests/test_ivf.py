@@ -161,6 +161,34 @@ def test_seal_appends_groups_and_leaves_old_ones_untouched(compact):
     assert (up[a:b] >= srt[:, 0] - tol).all() and (lo[a:b] <= srt[:, 1] + tol).all()
 
 
+
+@pytest.mark.parametrize("kernel", [None, "gpu", "tpu"], ids=["xla", "gpu-interpret",
+                                                               "tpu-interpret"])
+def test_batched_window_clusters_give_the_same_seals(kernel):
+  """cluster_windows runs every window's k-means at once (vmapped; on GPU/TPU the assignment
+  kernel batched); sealing from it gives the sequential seals' groups, and centers equal to
+  float32 rounding. Also lowers for GPU and TPU."""
+  from jaxsparse.backend import KernelPlatform
+  from tests.conftest import export_for
+  _, _, k = _trace()
+  kj = jnp.asarray(k)
+  plat = KernelPlatform(kernel, True) if kernel else None
+  cl = index.cluster_windows(kj, CFG, platform=plat)
+  assert cl[0].shape == (400 // 64, 64) and cl[1].shape == (400 // 64, 4, 16)
+  a, b = index.init_state(400, 16, CFG), index.init_state(400, 16, CFG)
+  for p in range(64, 401, 64):
+    a = index.seal(a, kj, p, config=CFG, platform=plat)
+    b = index.seal(b, kj, p, config=CFG, platform=plat, clusters=cl)
+  for name in ("assign", "rank", "sizes", "last", "groups", "grouped_end"):
+    np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+  for name in ("centers", "upper", "lower"):
+    np.testing.assert_allclose(np.asarray(a[name], np.float32), np.asarray(b[name], np.float32),
+                               rtol=1e-5, atol=1e-5, err_msg=name)
+  import jax
+  for kind, target in (("gpu", "cuda"), ("tpu", "tpu")):
+    export_for(lambda x, p_=KernelPlatform(kind, False): index.cluster_windows(
+        x, CFG, platform=p_), target, jax.ShapeDtypeStruct((4096, 128), jnp.bfloat16))
+
 def test_incremental_seal_bookkeeping_equals_a_full_recount():
   """Seals count sizes, newest members and member ranks from the window alone; after every
   seal and refit they equal a recount over all keys (ranks of grouped keys, saturated as

@@ -28,6 +28,9 @@ assign is int32 whenever G > 32767 and rank whenever budget > 32767. Compact, th
 Maintenance (paper, "How is the index built during computation?"):
   seal(state, k, p)   groups the window [p - W, p) into W / cluster_size new groups (a few
                       Lloyd steps on those keys alone) and appends them; old groups untouched.
+                      Windows cluster independently, so `cluster_windows(k, config)` runs
+                      every window's k-means in one batched call and `seal(..., clusters=)`
+                      only appends its window's result.
   refit(state, k, p)  regroups the whole prefix [sink, p): warm start from every current
                       center (the last refit's and those the seals since added from recent
                       keys), one assign-and-update pass where only keys whose bounds do not
@@ -45,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_state", "seal", "refit", "group_capacity", "representatives", "member_means",
+__all__ = ["init_state", "seal", "cluster_windows", "refit", "group_capacity", "representatives", "member_means",
            "index_bytes", "state_dtypes"]
 
 
@@ -143,12 +146,13 @@ def _nearest(x, centers, used, platform):
   return a, d1, d2
 
 
-def _seal(state, keys, p, config, sink=None, platform=None):
+def _cluster_window(win, start, config, sink, platform):
+  """k-means of one seal window: win [W, D] float32 keys at positions start..start + W - 1
+  (those before `sink` take no part) -> (a [W] int32 local group ids, centers [W / cs, D]
+  float32 (the final members' means), d1 [W] squared distance to the own center, d2 [W] to
+  the nearest other)."""
   w, cs = config.seal_window, config.cluster_size
-  sink = config.sink if sink is None else sink
   gw = w // cs
-  start = p - w
-  win = jax.lax.dynamic_slice_in_dim(keys, start, w).astype(jnp.float32)  # [W, D]
   pos = start + jnp.arange(w)
   valid = pos >= sink
   # init: gw keys evenly spaced over the window's valid part
@@ -165,12 +169,54 @@ def _seal(state, keys, p, config, sink=None, platform=None):
     return jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], c)
 
   centers = jax.lax.fori_loop(0, config.seal_iters, lloyd, centers)
-  # a last assignment, then the centers become exactly its members' means (rounded as stored:
-  # the centers double as the representatives), and the bounds are the distances to them
+  # a last assignment, then the centers become exactly its members' means, and the bounds are
+  # the distances to them (as stored: see _seal)
   a = _nearest(win, centers, every, platform)[0]
   oh = jax.nn.one_hot(a, gw, dtype=jnp.float32) * valid[:, None]
   cnt = oh.sum(0)
   centers = jnp.where(cnt[:, None] > 0, (oh.T @ win) / jnp.maximum(cnt, 1)[:, None], centers)
+  return a, centers
+
+
+def _window_clusters(keys, config, sink, platform, num_windows):
+  """`_cluster_window` of windows 0 .. num_windows - 1 at once (their k-means are independent
+  of each other and of the index): (a [V, W], centers [V, W / cs, D])."""
+  w = config.seal_window
+  wins = keys[:num_windows * w].astype(jnp.float32).reshape(num_windows, w, keys.shape[1])
+  starts = jnp.arange(num_windows) * w
+  one = lambda x, s: _cluster_window(x, s, config, sink, platform)  # noqa: E731
+  if platform is not None and platform.kind == "tpu":
+    # a loop inside one program: a TPU has no launches to save (and Pallas's TPU interpreter
+    # cannot batch the kernel)
+    return jax.lax.map(lambda xs: one(*xs), (wins, starts))
+  return jax.vmap(one)(wins, starts)
+
+
+def cluster_windows(keys, config, platform=None, sink=None):
+  """The k-means of every complete seal window of keys [N, D] in one batched computation, for
+  `seal(..., clusters=)`: on a GPU, one launch per Lloyd step for all windows instead of per
+  window. Returns a pytree of [N // seal_window, ...] arrays."""
+  sink = config.sink if sink is None else sink
+  return _cluster_windows(keys, config=config, sink=sink, platform=platform,
+                          num_windows=keys.shape[0] // config.seal_window)
+
+
+_cluster_windows = jax.jit(_window_clusters, static_argnames=("config", "sink", "platform",
+                                                              "num_windows"))
+
+
+def _seal(state, keys, p, config, sink=None, platform=None, clusters=None):
+  w, cs = config.seal_window, config.cluster_size
+  sink = config.sink if sink is None else sink
+  gw = w // cs
+  start = p - w
+  win = jax.lax.dynamic_slice_in_dim(keys, start, w).astype(jnp.float32)  # [W, D]
+  pos = start + jnp.arange(w)
+  valid = pos >= sink
+  if clusters is None:
+    a, centers = _cluster_window(win, start, config, sink, platform)
+  else:  # precomputed by cluster_windows: window p / W - 1
+    a, centers = (x[p // w - 1] for x in clusters)
   centers = centers.astype(state["centers"].dtype)
   dist = jnp.sum((win[:, None, :] - centers.astype(jnp.float32)[None]) ** 2, -1)  # [W, gw]
   mine = jnp.arange(gw)[None, :] == a[:, None]

@@ -214,10 +214,11 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   topk, wnd = min(config.topk, n), config.seal_window
   out_idx, out_num = exact_before_first_seal(q, w, k, config)
   state = index.init_state(n, k.shape[1], config)
+  clusters = index.cluster_windows(k, config, platform=plat)  # every window's k-means at once
   pending = []
   for v in range(1, n // wnd + 1):
     p = v * wnd
-    state = index.seal(state, k, p, config=config, platform=plat)
+    state = index.seal(state, k, p, config=config, platform=plat, clusters=clusters)
     if config.refit_interval and p % config.refit_interval == 0:
       state = index.refit(state, k, p, config=config, platform=plat)
     lo, hi = p - 1, min(p - 1 + wnd, n)
