@@ -76,18 +76,22 @@ def full_topk(q, w, k, topk, segments):
 
 def stages(q, w, k, cfg, samples):
   """Seconds per stage of one prefill: seal and refit summed over every window (each synced);
-  the query stages timed on `samples` evenly spaced windows (a second, compiled call) and
-  scaled to every window. With cfg.query_block > 1 "pack" is the blocks' candidate sets and
-  "score" their gather and dense scoring (the shared path). Returns (seconds per stage, and on
-  a GPU for the last sampled window each stage's wall and kernel seconds (device trace) with
-  its four longest kernels: launch-bound stages show wall far above kernel time)."""
+  the query stages timed on `samples` evenly spaced whole query windows (a second, compiled
+  call) and scaled to all of them. With cfg.query_block > 1 "pack" is the blocks' candidate
+  sets and "score" their gather and dense scoring (the shared path). Returns (seconds per
+  stage, and on a GPU for the last sampled window each stage's wall and kernel seconds (device
+  trace) with its four longest kernels: launch-bound stages show wall far above kernel
+  time)."""
   from jaxsparse import backend
   from jaxsparse.ivf import candidates, index
   from jaxsparse.ivf import prefill as pf
   plat = backend.kernel_platform() if backend.resolve(None) == "pallas" else None
   n, wnd = k.shape[0], cfg.seal_window
   nw = n // wnd
-  sample = set(np.linspace(1, nw, samples).astype(int).tolist())
+  # windows with a whole window of queries (the last seal's window holds the last query alone
+  # when N is a multiple of W): the sampled ones stand for all of them
+  full = max(nw - 1 if n % wnd == 0 else nw, 1)
+  sample = set(np.linspace(1, full, samples).astype(int).tolist())
   rank = jax.jit(pf._group_scores, static_argnames="platform")
   select = jax.jit(pf._select, static_argnames=("topk", "platform"))
   pack = jax.jit(functools.partial(pf._pack, budget=cfg.budget, sink=cfg.sink, window=wnd,
@@ -132,7 +136,7 @@ def stages(q, w, k, cfg, samples):
     lo, hi = p - 1, min(p - 1 + wnd, n)
     if v not in sample or lo >= hi:
       continue
-    sc = nw / len(sample)
+    sc = full / len(sample)
     qlo = lo - (blk - 1)  # shared blocks: the queries ranking the first block
     pos = jnp.arange(qlo, hi, dtype=jnp.int32)
     gend = jnp.full((hi - qlo,), state["grouped_end"], jnp.int32)
