@@ -368,14 +368,26 @@ def test_hisa_prefill_equals_the_evaluation_path_for_every_query():
 BLOCK_CFG = dataclasses.replace(CFG, query_block=8)
 
 
-@pytest.mark.parametrize("cfg", [CFG, BLOCK_CFG], ids=["per-query", "shared-blocks"])
-def test_prefill_topk_equals_the_evaluation_path_for_every_query(cfg):
+def _shift_corrector(state, keys, mean):
+  """A stand-in correction that changes the ranking: every representative moved along a
+  fixed direction, scaled by its group's size."""
+  d = jnp.linspace(-1.0, 1.0, mean.shape[1])
+  return 0.5 * jnp.log1p(state["sizes"].astype(jnp.float32))[:, None] * d[None, :]
+
+
+@pytest.mark.parametrize("cfg,corr", [(CFG, None), (BLOCK_CFG, None), (CFG, _shift_corrector)],
+                         ids=["per-query", "shared-blocks", "corrected"])
+def test_prefill_topk_equals_the_evaluation_path_for_every_query(cfg, corr):
   """The chunked prefill gives every query the top-K and candidate count of `evaluate`'s
   candidates; with query_block = 8 those are the block's shared ones (ranked by the 8 queries
-  ending at its first position, the slots of its last), scored densely."""
+  ending at its first position, the slots of its last), scored densely; with a corrector both
+  rank the corrected representatives (and differ from the plain means)."""
   q, w, k = _trace(n=400)
-  idx, num = ivf.prefill_topk(q, w, k, cfg)
-  ref = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(400))
+  idx, num = ivf.prefill_topk(q, w, k, cfg, corrector=corr)
+  ref = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(400), corrector=corr)
+  if corr is not None:
+    plain = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(400))["topk_indices"]
+    assert (plain != ref["topk_indices"]).any()
   np.testing.assert_array_equal(num, ref["num_candidates"])
   for i in range(400):
     assert set(idx[i][idx[i] >= 0]) == set(ref["topk_indices"][i][ref["topk_indices"][i] >= 0])

@@ -141,10 +141,8 @@ def _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions, *
   return sel[:t], num[:t]
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "window", "platform",
-                                             "block"))
-def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, positions, *, topk,
-                budget, sink, window, platform=None, block=1):
+def _chunk_topk_impl(q, w, k, reps, sizes, last, members, offsets, grouped_end, positions, *,
+                     topk, budget, sink, window, platform=None, block=1):
   """One version's queries: rank the groups, gather candidates from the inverted lists
   (members, offsets), score them and take the top-K (block > 1: `_shared_topk`). Returns
   (indices [Q, topk], num_candidates [Q])."""
@@ -157,6 +155,47 @@ def _chunk_topk(q, w, k, reps, sizes, last, members, offsets, grouped_end, posit
                  window=window, platform=platform)
   z, idx = _score_packed(q, w, k, members, packed, budget=budget, sink=sink, platform=platform)
   return _select(z, idx, topk, platform), (idx >= 0).sum(1).astype(jnp.int32)
+
+
+_chunk_topk = jax.jit(_chunk_topk_impl, static_argnames=("topk", "budget", "sink", "window",
+                                                         "platform", "block"))
+
+
+def _maintain(state, k, clusters, p, *, config, refit, platform=None):
+  """The version for the queries from p - 1 on: seal the window ending at p (its k-means from
+  `index.cluster_windows`), then refit when `refit`."""
+  state = index._seal(state, k, p, config, platform=platform, clusters=clusters)
+  return index._refit(state, k, p, config, platform=platform) if refit else state
+
+
+def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None):
+  """`_chunk_topk` for the `size` queries from position p - 1 on, under `state`'s version
+  (their q, w sliced here, with the query_block - 1 before them that rank the first shared
+  block; the inverted lists from the stored ranks). Returns (indices [size, topk],
+  num_candidates [size])."""
+  blk = config.query_block
+  rows = size + blk - 1
+  qlo = p - blk  # = (p - 1) - (blk - 1)
+  members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
+  return _chunk_topk_impl(
+      jax.lax.dynamic_slice_in_dim(q, qlo, rows), jax.lax.dynamic_slice_in_dim(w, qlo, rows), k,
+      reps, state["sizes"], state["last"], members, offsets,
+      jnp.full((rows,), state["grouped_end"], jnp.int32),
+      qlo + jnp.arange(rows, dtype=jnp.int32), topk=topk, budget=config.budget,
+      sink=config.sink, window=config.seal_window, platform=platform, block=blk)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "refit", "size", "topk", "platform"))
+def _window(state, q, w, k, clusters, p, *, config, refit, size, topk, platform=None):
+  """One window in one dispatch: `_maintain`, then `_queries` ranking the stored centers.
+  Returns (state, indices, num_candidates)."""
+  state = _maintain(state, k, clusters, p, config=config, refit=refit, platform=platform)
+  return (state,) + _queries(state, state["centers"], q, w, k, p, config=config, size=size,
+                             topk=topk, platform=platform)
+
+
+_maintain_jit = jax.jit(_maintain, static_argnames=("config", "refit", "platform"))
+_queries_jit = jax.jit(_queries, static_argnames=("config", "size", "topk", "platform"))
 
 
 def exact_before_first_seal(q, w, k, config):
@@ -218,21 +257,18 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   pending = []
   for v in range(1, n // wnd + 1):
     p = v * wnd
-    state = index.seal(state, k, p, config=config, platform=plat, clusters=clusters)
-    if config.refit_interval and p % config.refit_interval == 0:
-      state = index.refit(state, k, p, config=config, platform=plat)
+    refit = bool(config.refit_interval and p % config.refit_interval == 0)
     lo, hi = p - 1, min(p - 1 + wnd, n)
-    if lo >= hi:
+    if lo >= hi:  # no query left: the last version serves none
       continue
-    qlo = lo - (config.query_block - 1)  # shared blocks: the queries ranking the first one
-    pos = jnp.arange(qlo, hi, dtype=jnp.int32)
-    reps = index.representatives(state, k, corrector)
-    members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
-    gend = jnp.full((hi - qlo,), state["grouped_end"], jnp.int32)
-    idx, num = _chunk_topk(q[qlo:hi], w[qlo:hi], k, reps, state["sizes"], state["last"],
-                           members, offsets, gend, pos, topk=topk, budget=config.budget,
-                           sink=config.sink, window=wnd, platform=plat,
-                           block=config.query_block)
+    kw = dict(config=config, platform=plat)
+    if corrector is None:  # one dispatch a window
+      state, idx, num = _window(state, q, w, k, clusters, p, refit=refit, size=hi - lo,
+                                topk=topk, **kw)
+    else:  # the corrected representatives come from the sealed state, outside the kernels
+      state = _maintain_jit(state, k, clusters, p, refit=refit, **kw)
+      idx, num = _queries_jit(state, index.representatives(state, k, corrector), q, w, k, p,
+                              size=hi - lo, topk=topk, **kw)
     _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
