@@ -235,6 +235,32 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   return v, i, total
 
 
+def _listed_entries(x_ref, len_ref, gl_ref, j, listed, group: int):
+  """Program j's slice of the row's group list (gl_ref [per] group ids, the first `listed` of
+  the row's list valid): the entries of its groups as candidates see them (-inf for unlisted
+  slots) and their row positions, [per * group] each. (j is read outside any `pl.when`.)"""
+  per = gl_ref.shape[0]
+  live = j * per + lax.broadcasted_iota(jnp.int32, (per,), 0) < listed
+  gid = plgpu.load(gl_ref, mask=live, other=0)
+  lanes = per * group
+  idx = (gid[:, None] * group + lax.broadcasted_iota(jnp.int32, (per, group), 1)).reshape(lanes)
+  ok = jnp.broadcast_to(live[:, None], (per, group)).reshape(lanes)
+  return _as_candidates(plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF), idx, len_ref), idx
+
+
+def _check_group_list(n: int, group: int, lanes: int, glist, nlisted, r: int, width: int,
+                      what: str) -> int:
+  """Validate a gathering call's shapes; -> groups per program (lanes / group)."""
+  if not is_pow2(group) or n % group or not is_pow2(lanes) or lanes < group:
+    raise ValueError(f"group={group} and lanes={lanes} must be powers of two, lanes >= group, "
+                     f"group dividing the row length {n}")
+  per = lanes // group
+  if width % per or glist.shape[1] < width or nlisted.shape != (r,):
+    raise ValueError(f"group list {glist.shape} / counts {nlisted.shape} do not fit {what} "
+                     f"{width} in slices of {per} groups")
+  return per
+
+
 def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, v_ref, i_ref,
                            *, group: int, capacity: int, list_width: int, placement: str,
                            interpret: bool = False):
@@ -248,13 +274,7 @@ def _compact_groups_kernel(x_ref, len_ref, thr_ref, gl_ref, ng_ref, _, ctr_ref, 
 
   @pl.when(j * per < listed)
   def _():
-    live = j * per + lax.broadcasted_iota(jnp.int32, (per,), 0) < listed
-    gid = plgpu.load(gl_ref, mask=live, other=0)
-    lanes = per * group
-    idx = (gid[:, None] * group
-           + lax.broadcasted_iota(jnp.int32, (per, group), 1)).reshape(lanes)
-    ok = jnp.broadcast_to(live[:, None], (per, group)).reshape(lanes)
-    x = _as_candidates(plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF), idx, len_ref)
+    x, idx = _listed_entries(x_ref, len_ref, gl_ref, j, listed, group)
     _place(x, idx, (x >= thr_ref[0]) & (x > NEG_INF), ctr_ref, v_ref, i_ref, capacity=capacity,
            placement=placement, zero=zero, interpret=interpret)
 
@@ -274,13 +294,7 @@ def compact_groups(x, lengths, thr, glist, nlisted, counter, *, group: int, capa
   r, n = x.shape
   if placement not in PLACEMENTS:
     raise ValueError(f"placement={placement!r} must be one of {PLACEMENTS}")
-  if not is_pow2(group) or n % group or not is_pow2(lanes) or lanes < group:
-    raise ValueError(f"group={group} and lanes={lanes} must be powers of two, lanes >= group, "
-                     f"group dividing the row length {n}")
-  per = lanes // group
-  if capacity % per or glist.shape[1] < capacity or nlisted.shape != (r,):
-    raise ValueError(f"group list {glist.shape} / counts {nlisted.shape} do not fit capacity "
-                     f"{capacity} in slices of {per} groups")
+  per = _check_group_list(n, group, lanes, glist, nlisted, r, capacity, "capacity")
   dtype = counter_dtype(placement)
   if counter.shape != (r, COUNTER_STRIDE) or counter.dtype != dtype:
     raise ValueError(f"counter {counter.shape} {counter.dtype} must be ({r}, {COUNTER_STRIDE}) "
@@ -311,15 +325,8 @@ def _count_groups_kernel(x_ref, len_ref, e_ref, gl_ref, ng_ref, o_ref, *, group:
                          list_width: int):
   """One (row, slice of the row's group list): how many of the listed groups' entries reach
   each of the row's edges e_ref [E] (o_ref [E]; programs past the listed count write 0)."""
-  per = gl_ref.shape[0]
-  j = pl.program_id(1)
-  listed = jnp.minimum(ng_ref[0], list_width)
-  live = j * per + lax.broadcasted_iota(jnp.int32, (per,), 0) < listed
-  gid = plgpu.load(gl_ref, mask=live, other=0)
-  lanes = per * group
-  idx = (gid[:, None] * group + lax.broadcasted_iota(jnp.int32, (per, group), 1)).reshape(lanes)
-  ok = jnp.broadcast_to(live[:, None], (per, group)).reshape(lanes)
-  x = _as_candidates(plgpu.load(x_ref.at[idx], mask=ok, other=NEG_INF), idx, len_ref)
+  x, _ = _listed_entries(x_ref, len_ref, gl_ref, pl.program_id(1),
+                         jnp.minimum(ng_ref[0], list_width), group)
   e = e_ref[...]
   hit = (x[:, None] >= e[None, :]) & (x[:, None] > NEG_INF)
   o_ref[...] = jnp.sum(hit.astype(jnp.int32), axis=0)
@@ -335,13 +342,7 @@ def count_groups(x, lengths, edges, glist, nlisted, *, group: int, list_width: i
   e = edges.shape[1]
   if edges.shape[0] != r or not is_pow2(e):
     raise ValueError(f"edges {edges.shape} must be [{r}, E], E a power of two")
-  if not is_pow2(group) or n % group or not is_pow2(lanes) or lanes < group:
-    raise ValueError(f"group={group} and lanes={lanes} must be powers of two, lanes >= group, "
-                     f"group dividing the row length {n}")
-  per = lanes // group
-  if list_width % per or glist.shape[1] < list_width or nlisted.shape != (r,):
-    raise ValueError(f"group list {glist.shape} / counts {nlisted.shape} do not fit "
-                     f"list_width {list_width} in slices of {per} groups")
+  per = _check_group_list(n, group, lanes, glist, nlisted, r, list_width, "list_width")
   kernel, len_in, len_spec = _lengths_in(functools.partial(
       _count_groups_kernel, group=group, list_width=list_width), lengths, _PER_ROW)
   counts = pl.pallas_call(
