@@ -353,6 +353,28 @@ def test_compactions_and_finishes(run):
                             jnp.ones((1,), jnp.int32), 4, 8, run=8, interpret=True)
 
 
+
+@pytest.mark.parametrize("k", [1, 100])
+def test_repair_finds_the_kth_key_digit_by_digit(k):
+  """Rows that all overflow a one-k buffer (random walks: runs of near-equal scores; integer
+  ties; all negative; a few ulps apart, so the last digit decides; one finite entry past the
+  k-th) go through the exact repair, whose search takes the k-th key four bits a sweep: every
+  row matches numpy."""
+  rng = np.random.default_rng(k)
+  n = 8192
+  x = np.cumsum(rng.standard_normal((6, n)), axis=1).astype(np.float32)
+  x[1] = np.round(x[1])
+  x[2] = -np.abs(x[2]) - 1e-3
+  x[3, :] = -np.inf
+  x[3, : k + 5] = rng.standard_normal(k + 5)
+  # values a few ulps apart: the k-th key differs from its neighbours in the last bits only
+  x[4] = (np.float32(1.5).view(np.int32) + rng.integers(0, 37, n)).astype(np.int32).view(
+      np.float32)
+  lens = np.array([n, n, n - 7, n, n, k + 1])
+  for gather in (False, True):
+    cfg = ktopk.TopkConfig(capacity_factor=1, gather=gather, refine_edges=0)
+    _check(_rows(x, lens, k, KernelPlatform("gpu", True), cfg), x, k, lens)
+
 def test_gather_compaction_lists_groups_and_overflows():
   """TopkConfig(gather=True), GPU kernels in interpret mode: the threshold kernel lists, in
   ascending order, exactly the groups whose maximum reaches the threshold; a row listing more
@@ -723,6 +745,7 @@ def test_topk_lowers_for_tpu_and_gpu():
                        (ktopk.TopkConfig(gather=True), True),
                        (ktopk.TopkConfig(gather=True, compact="lane"), True),
                        (ktopk.TopkConfig(gather=True, bitonic_mid=2048), True),
+                       (ktopk.TopkConfig(gather=True, refine_min_rows=1), True),
                        (ktopk.TopkConfig(finish="rank", rank_block_i=16), True),
                        (ktopk.TopkConfig(finish="rank", rank_buckets=False), True),
                        (ktopk.TopkConfig(bitonic_rank_merge=256), True),

@@ -665,14 +665,14 @@ def _exact_set(x_ref, length, v_ref, i_ref, *, n: int, chunk: int, k: int):
   """One program: the exact top-k set of the row x_ref [n] (entries at or past `length`,
   NaN and -inf never chosen; ties to the lower index) written in index order into the first
   slots of v_ref / i_ref [W] (W a multiple of chunk, >= k), the other slots -inf / -1. The
-  k-th largest key is found bit by bit (32 counting sweeps), then entries above it and the
-  first ties up to k are compacted with a running offset."""
+  k-th largest key is found four bits a sweep (8 counting sweeps, each counting the entries
+  at or above the 15 candidates for the next hex digit), then entries above it and the first
+  ties up to k are compacted with a running offset."""
   nchunks = n // chunk
-  iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
 
-  def load(c):
-    x = x_ref[pl.ds(c * chunk, chunk)].astype(jnp.float32)
-    idx = c * chunk + iota
+  def load(c, size=chunk):
+    x = x_ref[pl.ds(c * size, size)].astype(jnp.float32)
+    idx = c * size + lax.broadcasted_iota(jnp.int32, (size,), 0)
     ok = (idx < length) & (x == x) & (x > NEG_INF)
     x = jnp.where(x == 0, 0.0, x)
     return x, idx, ok, jnp.where(ok, _ordered_key(x), jnp.uint32(0))
@@ -683,11 +683,24 @@ def _exact_set(x_ref, length, v_ref, i_ref, *, n: int, chunk: int, k: int):
       return acc + jnp.sum((ok & (key >= cand)).astype(jnp.int32))
     return lax.fori_loop(0, nchunks, body, jnp.int32(0))
 
-  def bit(i, t):
-    cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
-    return jnp.where(count_ge(cand) >= k, cand, t)
+  dchunk = min(chunk, 256)  # the digit sweeps hold [dchunk, 16] compares
+  digits = lax.broadcasted_iota(jnp.int32, (16,), 0).astype(jnp.uint32)
 
-  t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
+  def digit(i, t):
+    shift = (28 - 4 * i).astype(jnp.uint32)
+    cands = t | (digits << shift)  # [16]; digit 0 is t itself (k or more reach it)
+
+    def body(c, acc):
+      _, _, ok, key = load(c, dchunk)
+      hit = ok[:, None] & (key[:, None] >= cands[None, :])
+      return acc + jnp.sum(hit.astype(jnp.int32), axis=0)
+
+    counts = lax.fori_loop(0, n // dchunk, body, jnp.zeros((16,), jnp.int32))
+    # counts fall with the digit: the largest digit that k entries reach is how many do, less 1
+    d = jnp.maximum(jnp.sum((counts >= k).astype(jnp.int32)) - 1, 0).astype(jnp.uint32)
+    return t | (d << shift)
+
+  t = lax.fori_loop(0, 8, digit, jnp.uint32(0))
   n_gt = count_ge(t + jnp.uint32(1))
   quota = k - n_gt
   width = v_ref.shape[0]
