@@ -24,8 +24,8 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      bitonic finish are Mosaic kernels (`tpu.py`).
      When the caller asks for the top-k as a set
      (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
-     then compacts in index order, and a GPU kernel finds the exact k-th candidate bit by bit
-     and compacts the k best in index order: no sort at all.
+     then compacts in index order, and a GPU kernel finds the exact k-th candidate (four bits a
+     sweep) and compacts the k best in index order: no sort at all.
 If any row has more than C candidates (adversarial ties or long runs of near-equal scores): on
 GPU a repair kernel recomputes that row's exact top-k set into the buffer (one program per
 row, a no-op for every other row, so the call has no branch); on TPU the call falls back to

@@ -57,7 +57,7 @@ class TopkConfig:
       and the row maximum, and the highest value that k entries reach becomes the threshold.
       Group maxima admit up to group * k entries where neighbouring scores rise together, as
       in real score rows (keys near each other in the sequence or in one cluster): the
-      buffer overflows and the row takes the exact repair (one program reading the row 34
+      buffer overflows and the row takes the exact repair (one program reading the row 10
       times). Refined, such rows keep about k. 0 edges: off.
   Finish (candidates -> sorted top-k; the order-free ones let the compaction be one pass)
     finish: "bitonic" (a sorting network: programs sort runs, then merges), "rank" (sorting by

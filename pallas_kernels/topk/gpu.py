@@ -646,9 +646,10 @@ def _repair_kernel(x_ref, len_ref, tot_ref, v_in, i_in, v_ref, i_ref, live_ref, 
                    chunk: int, capacity: int, k: int):
   """Rows whose candidates overflowed the buffer (tot > capacity) get their exact top-k set
   written into it instead, in index order (`_exact_set`); every other row returns at once.
-  Slow (the row is read 34 times by one program) but only runs for adversarial rows (long
-  runs of near-equal scores), and it keeps the whole call branch-free: no device-to-host
-  predicate, which on GPU costs more than all the filter passes together.
+  Slow (the row is read 10 times by one program) but only runs for rows the threshold does
+  not bound (real rows, whose neighbours rise together, in calls too small for the refined
+  threshold; long runs of equal scores), and it keeps the whole call branch-free: no
+  device-to-host predicate, which on GPU costs more than all the filter passes together.
   """
   del v_in, i_in
   # live slots of the row for the finish: the count, or k for a repaired row
