@@ -11,7 +11,8 @@ trace's layers tiled to N as rotated copies (`traces.tile_prefill`), at DeepSeek
 smallest N unless --warmup-tokens); each N runs --repeats times and the fastest counts (the
 first compiles for the new shapes); full_scoring_s is full DSA's scoring without its top-K.
 --stages times each stage apart (index maintenance, inverted lists, group ranking, candidate
-packing, candidate scoring, top-K). --recall-only measures recall alone (`ivf.evaluate`, the
+packing, candidate scoring, top-K); --profile adds the kernel seconds of one whole run of each
+method (what the wall-clock time holds beyond kernels is host dispatch and launch gaps). --recall-only measures recall alone (`ivf.evaluate`, the
 trace's shapes in float32): contexts up to 1M on a CPU. Writes JSON.
 
   python benchmarks/bench_ivf_prefill.py --tokens 65536,262144,1048576 --out r.json
@@ -214,6 +215,9 @@ def main(argv=None):
                  help="runs per N; the fastest is reported (the first compiles)")
   p.add_argument("--stages", type=int, default=8, metavar="WINDOWS",
                  help="time each stage apart on this many windows per N (0: off)")
+  p.add_argument("--profile", action="store_true",
+                 help="GPU: also record the kernel seconds of one whole IVF and full DSA run "
+                 "(device trace) and their longest kernels")
   p.add_argument("--warmup-tokens", type=int, default=0,
                  help="context of the untimed warm-up run (default: the smallest --tokens)")
   p.add_argument("--trace", default="",
@@ -255,8 +259,8 @@ def main(argv=None):
             else trace_case(tr, layer, n, a.heads, a.dim, seed=seed))
 
   warm = make(a.warmup_tokens or min(tokens), layers[0], 0)
-  ivf.prefill_topk(*warm, cfg)
-  ivf.prefill_topk(*warm, cfg, method="hisa")
+  jax.block_until_ready(ivf.prefill_topk(*warm, cfg))
+  jax.block_until_ready(ivf.prefill_topk(*warm, cfg, method="hisa"))
   full_topk(*warm, a.topk, a.segments)
   full_scores(*warm, a.chunk, a.segments)
   for n in tokens:
@@ -264,10 +268,10 @@ def main(argv=None):
     t_ivf = t_hisa = t_full = t_scores = float("inf")
     for _ in range(a.repeats):  # the first run at a new N compiles for its shapes
       t0 = time.perf_counter()
-      sel, num = ivf.prefill_topk(q, w, k, cfg)
+      sel, num = jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg))
       t_ivf = min(t_ivf, time.perf_counter() - t0)
       t0 = time.perf_counter()
-      sel_h, _ = ivf.prefill_topk(q, w, k, cfg, method="hisa")
+      sel_h, _ = jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg, method="hisa"))
       t_hisa = min(t_hisa, time.perf_counter() - t0)
       t0 = time.perf_counter()
       full_topk(q, w, k, a.topk, a.segments)
@@ -298,6 +302,16 @@ def main(argv=None):
     print(f"{n}: IVF {t_ivf:.2f} s, full DSA {t_full:.2f} s ({t_full / t_ivf:.2f}x; its "
           f"scoring alone {t_scores:.2f} s), recall {rec:.3f}; HiSA {t_hisa:.2f} s "
           f"({t_full / t_hisa:.2f}x), recall {rec_h:.3f}", flush=True)
+    if a.profile and jax.default_backend() == "gpu":  # kernel seconds of one whole run
+      from jaxsparse._bench.timing import kernel_time
+      for name, f in (("ivf", lambda: jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg))),
+                      ("full", lambda: full_topk(q, w, k, a.topk, a.segments))):
+        tot, per = kernel_time(f, (), calls=1, warmup=0)
+        top = sorted(per.items(), key=lambda kv: -kv[1])[:8]
+        rows[-1][f"{name}_kernels"] = dict(kernel_s=tot, kernel_names=len(per),
+                                           top={k_[:60]: v for k_, v in top})
+        print(f"  {name}: kernels {tot:.3f} s of a run: " + ", ".join(
+            f"{k_[:40]} {v:.3f}" for k_, v in top), flush=True)
     if a.stages:
       rows[-1]["stages_s"], kern = stages(q, w, k, cfg, a.stages)
       if kern:  # GPU: one window's kernel time per stage against its wall time

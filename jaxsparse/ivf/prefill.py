@@ -198,6 +198,50 @@ _maintain_jit = jax.jit(_maintain, static_argnames=("config", "refit", "platform
 _queries_jit = jax.jit(_queries, static_argnames=("config", "size", "topk", "platform"))
 
 
+@functools.partial(jax.jit, static_argnames=("config", "windows", "topk", "platform"),
+                   donate_argnames=("out_idx", "out_num"))
+def _full_windows(state, q, w, k, clusters, out_idx, out_num, *, config, windows, topk,
+                  platform=None):
+  """Windows 1 .. `windows` (each serving a whole seal window of queries) in one program: a
+  scan whose step is `_window` (a refit under `lax.cond` where p is a multiple of the refit
+  interval), each window's results written in place into out_idx [N, topk] and out_num [N]
+  (donated) at rows p - 1 ... Returns (state, out_idx, out_num)."""
+  wnd, every = config.seal_window, config.refit_interval
+
+  def step(carry, v):
+    state, oi, on = carry
+    p = v * wnd
+    state = _maintain(state, k, clusters, p, config=config, refit=False, platform=platform)
+    if every:
+      state = jax.lax.cond(p % every == 0, lambda s: index._refit(s, k, p, config,
+                                                                  platform=platform),
+                           lambda s: s, state)
+    idx, num = _queries(state, state["centers"], q, w, k, p, config=config, size=wnd,
+                        topk=topk, platform=platform)
+    return (state, jax.lax.dynamic_update_slice_in_dim(oi, idx, p - 1, 0),
+            jax.lax.dynamic_update_slice_in_dim(on, num, p - 1, 0)), None
+
+  (state, out_idx, out_num), _ = jax.lax.scan(
+      step, (state, out_idx, out_num), jnp.arange(1, windows + 1, dtype=jnp.int32))
+  return state, out_idx, out_num
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "first"))
+def _exact_head(q, w, k, *, topk, first):
+  """The output buffers (indices [N, topk] int32, num_candidates [N] int32) with the `first`
+  queries (before the first seal) scoring every key they see ([first, first] scores) and the
+  other rows -1 / 0."""
+  from jaxsparse.ivf.evaluation import _exact
+  n = k.shape[0]
+  out_idx = jnp.full((n, topk), -1, jnp.int32)
+  out_num = jnp.zeros((n,), jnp.int32)
+  if not first:
+    return out_idx, out_num
+  pos = jnp.arange(first, dtype=jnp.int32)
+  head = _exact(q[:first], w[:first], k[:first], pos, min(topk, first))[1].astype(jnp.int32)
+  return (out_idx.at[:first, :head.shape[1]].set(head), out_num.at[:first].set(pos + 1))
+
+
 def exact_before_first_seal(q, w, k, config):
   """The output arrays of a prefill (indices [N, topk] int32 -1, num_candidates [N] int32)
   with the queries before the first seal (positions < seal_window - 1) filled: they score
@@ -230,8 +274,9 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   kernels of `pallas_kernels.ivf` and the top-K kernels; interpret mode without an
   accelerator). config.query_block > 1 (method "ivf"): blocks of queries share candidates
   (`IVFConfig`), scored by one dense product per block (the prefill scoring kernel on a
-  GPU/TPU). Each window's result is copied to the host while later windows run.
-  Returns (indices [N, topk] int32, -1 where fewer keys are visible;
+  GPU/TPU). Without a corrector the whole sequence is one jitted program (a scan over the seal
+  windows; HiSA's a scan over query chunks), so the host dispatches a few calls, not one per
+  window. Returns jax arrays (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
@@ -251,9 +296,32 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     return _hisa_prefill(q, w, k, config, plat)
   corrector = _resolve_corrector(corrector, layer)
   topk, wnd = min(config.topk, n), config.seal_window
-  out_idx, out_num = exact_before_first_seal(q, w, k, config)
   state = index.init_state(n, k.shape[1], config)
   clusters = index.cluster_windows(k, config, platform=plat)  # every window's k-means at once
+  if corrector is not None:  # corrected representatives come from each sealed state
+    return _corrected_prefill(q, w, k, config, corrector, state, clusters, plat)
+  out_idx, out_num = _exact_head(q, w, k, topk=topk, first=min(wnd - 1, n))
+  full = max((n + 1) // wnd - 1, 0)  # windows whose queries [p - 1, p - 1 + W) all exist
+  if full:
+    state, out_idx, out_num = _full_windows(state, q, w, k, clusters, out_idx, out_num,
+                                            config=config, windows=full, topk=topk,
+                                            platform=plat)
+  for v in range(full + 1, n // wnd + 1):  # at most one window, serving fewer queries
+    p = v * wnd
+    refit = bool(config.refit_interval and p % config.refit_interval == 0)
+    lo, hi = p - 1, min(p - 1 + wnd, n)
+    state, idx, num = _window(state, q, w, k, clusters, p, config=config, refit=refit,
+                              size=hi - lo, topk=topk, platform=plat)
+    out_idx, out_num = out_idx.at[lo:hi].set(idx), out_num.at[lo:hi].set(num)
+  return out_idx, out_num
+
+
+def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat):
+  """`prefill_topk` with a corrector: a window at a time, the corrected representatives of
+  each sealed state computed between its maintenance and its queries."""
+  n, wnd = k.shape[0], config.seal_window
+  topk = min(config.topk, n)
+  out_idx, out_num = exact_before_first_seal(q, w, k, config)
   pending = []
   for v in range(1, n // wnd + 1):
     p = v * wnd
@@ -262,44 +330,52 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     if lo >= hi:  # no query left: the last version serves none
       continue
     kw = dict(config=config, platform=plat)
-    if corrector is None:  # one dispatch a window
-      state, idx, num = _window(state, q, w, k, clusters, p, refit=refit, size=hi - lo,
-                                topk=topk, **kw)
-    else:  # the corrected representatives come from the sealed state, outside the kernels
-      state = _maintain_jit(state, k, clusters, p, refit=refit, **kw)
-      idx, num = _queries_jit(state, index.representatives(state, k, corrector), q, w, k, p,
-                              size=hi - lo, topk=topk, **kw)
+    state = _maintain_jit(state, k, clusters, p, refit=refit, **kw)
+    idx, num = _queries_jit(state, index.representatives(state, k, corrector), q, w, k, p,
+                            size=hi - lo, topk=topk, **kw)
     _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
-  return out_idx, out_num
+  return jnp.asarray(out_idx), jnp.asarray(out_num)
 
 
 def _hisa_prefill(q, w, k, config, plat):
   """HiSA's prefill: a fixed block partition (block g holds keys sink + g * cs ..., its mean
   the representative), each query using the blocks complete at its position, in chunks of
-  `seal_window` queries through `_chunk_topk` (ungrouped area: at most cs - 1 keys)."""
+  `seal_window` queries through `_chunk_topk` (ungrouped area: at most cs - 1 keys): the whole
+  chunks in one scan, then the rest."""
   from jaxsparse.ivf.evaluation import _block_means, _hisa_structure
   n = k.shape[0]
-  topk, cs, sink = min(config.topk, n), config.cluster_size, config.sink
-  chunk = config.seal_window
+  topk, chunk = min(config.topk, n), config.seal_window
   assign, rank, sizes, last = (jnp.asarray(a) for a in _hisa_structure(n, config))
   reps = _block_means(k, assign, sizes.shape[0])
   members, offsets = candidates.lists_by_rank(assign, rank, sizes)
-  out_idx = np.full((n, topk), -1, np.int32)
-  out_num = np.zeros(n, np.int32)
-  pending = []
-  for lo in range(0, n, chunk):
-    hi = min(lo + chunk, n)
-    pos = jnp.arange(lo, hi, dtype=jnp.int32)
+  return _hisa_chunks(q, w, k, reps, sizes, last, members, offsets, config=config, topk=topk,
+                      platform=plat)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "topk", "platform"))
+def _hisa_chunks(q, w, k, reps, sizes, last, members, offsets, *, config, topk, platform=None):
+  """`_hisa_prefill`'s chunks: (indices [N, topk] int32, num_candidates [N] int32)."""
+  n = k.shape[0]
+  cs, sink, chunk = config.cluster_size, config.sink, config.seal_window
+
+  def run(lo, size):
+    pos = lo + jnp.arange(size, dtype=jnp.int32)
     gend = jnp.maximum(sink + ((pos + 1 - sink) // cs) * cs, sink).astype(jnp.int32)
-    idx, num = _chunk_topk(q[lo:hi], w[lo:hi], k, reps, sizes, last, members, offsets, gend,
-                           pos, topk=topk, budget=config.budget, sink=sink, window=cs,
-                           platform=plat)
-    _queue(pending, (lo, hi, idx, num), out_idx, out_num)
-  for item in pending:
-    _drain(item, out_idx, out_num)
-  return out_idx, out_num
+    sl = lambda a: jax.lax.dynamic_slice_in_dim(a, lo, size)  # noqa: E731
+    return _chunk_topk_impl(sl(q), sl(w), k, reps, sizes, last, members, offsets, gend, pos,
+                            topk=topk, budget=config.budget, sink=sink, window=cs,
+                            platform=platform)
+
+  whole = n // chunk
+  idx, num = jax.lax.map(lambda c: run(c * chunk, chunk),
+                         jnp.arange(whole, dtype=jnp.int32))
+  idx, num = idx.reshape(whole * chunk, topk), num.reshape(whole * chunk)
+  if n % chunk:
+    ti, tn = run(whole * chunk, n % chunk)
+    idx, num = jnp.concatenate([idx, ti]), jnp.concatenate([num, tn])
+  return idx, num
 
 
 def _queue(pending, item, out_idx, out_num):
