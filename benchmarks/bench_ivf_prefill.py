@@ -94,7 +94,7 @@ def stages(q, w, k, cfg, samples):
   full = max(nw - 1 if n % wnd == 0 else nw, 1)
   sample = set(np.linspace(1, full, samples).astype(int).tolist())
   rank = jax.jit(pf._group_scores, static_argnames="platform")
-  select = jax.jit(pf._select, static_argnames=("topk", "platform"))
+  select = jax.jit(pf._select, static_argnames=("topk", "platform", "block"))
   pack = jax.jit(functools.partial(pf._pack, budget=cfg.budget, sink=cfg.sink, window=wnd,
                                    platform=plat))
   score = jax.jit(functools.partial(pf._score_packed, budget=cfg.budget, sink=cfg.sink,
@@ -149,11 +149,11 @@ def stages(q, w, k, cfg, samples):
       idx, bpos = timed("pack", lambda: shared_pack(gs, state["sizes"], members, offsets, gend,
                                                     pos), sc)
       z, _ = timed("score", lambda: shared_score(q[qlo:hi], w[qlo:hi], k, idx, bpos), sc)
-      idx = jnp.repeat(idx, blk, axis=0)
     else:
       packed = timed("pack", lambda: pack(gs, state["sizes"], members, offsets, gend, pos), sc)
       z, idx = timed("score", lambda: score(q[lo:hi], w[lo:hi], k, members, packed), sc)
-    timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat), sc)
+    timed("topk", lambda: select(z, idx, min(cfg.topk, n), platform=plat,
+                                 block=blk if blk > 1 else 1), sc)
   return t, kernels
 
 

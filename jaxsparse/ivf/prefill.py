@@ -41,14 +41,16 @@ def _candidate_scores(q, w, k, idx, platform=None):
   return kivf.gathered_scores(q, w, k, idx, platform=platform)
 
 
-def _select(z, idx, topk, platform=None):
-  """The top-K candidates' key indices [Q, topk] (-1 where fewer are finite)."""
+def _select(z, idx, topk, platform=None, block=1):
+  """The top-K candidates' key indices [Q, topk] (-1 where fewer are finite) of scores z
+  [Q, S]; idx [Q / block, S]: the key index of each column, shared by `block` rows."""
   if platform is None:
     v, j = jax.lax.top_k(z, topk)
   else:  # the top-K kernels: the same entries (ties to the lower column, -inf never chosen)
     from pallas_kernels import topk as ktopk
     v, j = ktopk.topk_rows(z, None, topk, ktopk.TopkConfig(), platform)
-  picked = jnp.take_along_axis(idx, jnp.maximum(j, 0), 1)
+  nb = idx.shape[0]
+  picked = jnp.take_along_axis(idx, jnp.maximum(j, 0).reshape(nb, -1), 1).reshape(j.shape)
   return jnp.where(jnp.isfinite(v) & (j >= 0), picked, -1)
 
 
@@ -137,7 +139,7 @@ def _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions, *
   idx, pos = _shared_candidates(gs, sizes, members, offsets, grouped_end, positions,
                                 budget=budget, sink=sink, window=window, block=block)
   z, num = _shared_scores(q, w, k, idx, pos, block=block, platform=platform)
-  sel = _select(z, jnp.repeat(idx, block, axis=0), topk, platform)
+  sel = _select(z, idx, topk, platform, block)
   return sel[:t], num[:t]
 
 
