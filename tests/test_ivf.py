@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -413,3 +414,17 @@ def test_shared_blocks_never_use_a_later_key_or_query():
     np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
     got = np.asarray(ivf.prefill_topk(q2, w2, k2, BLOCK_CFG)[0])
     assert set(got[n][got[n] >= 0]) == set(base["topk_indices"][j][base["topk_indices"][j] >= 0])
+
+
+def test_prefill_topk_runs_under_jit():
+  """A user may jit the whole prefill (config and method static): the same indices and counts
+  as the eager call, with refits and a last window of fewer queries (600 = 9 x 64 + 24)."""
+  q, w, k = _trace(n=600)
+  cfg = dataclasses.replace(CFG, refit_interval=4 * CFG.seal_window)
+  f = jax.jit(ivf.prefill_topk, static_argnames=("config", "method"))
+  for method in ("ivf", "hisa"):
+    want = ivf.prefill_topk(q, w, k, cfg, method=method)
+    got = f(q, w, k, cfg, method=method)
+    for a, b in zip(want, got):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (np.asarray(got[0]) >= 0).sum(1).min() > 0
