@@ -23,7 +23,8 @@
 #                    64K and 256K take ~4.5 min together, 1M alone most of a 10-minute call;
 #                    TRACE=prefill.npz LAYERS=0,1,2: a real trace's layers tiled to each N;
 #                    QUERY_BLOCK=64 BUDGET=49152: shared query blocks; STAGES=N stage times
-#                    on N windows, 0 off; PROFILE=1 kernel seconds of whole runs)
+#                    on N windows, 0 off; PROFILE=1 kernel seconds of whole runs; WARMUP=N
+#                    the untimed first run's context, default 65536)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   prefill-sharded  the sharded prefill on this one GPU against the unsharded path (its
 #                    overhead; TOKENS, default 262144,1048576)
@@ -94,7 +95,7 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
         /tmp/train_32k.npz --out "$OUT/ivf_recall_32k" 2>&1 | tee "$OUT/ivf_recall_32k.log" \
         | tail -4 ;;
     ivf-prefill)
-      python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens 65536} \
+      python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens ${WARMUP:-65536}} \
         ${REPEATS:+--repeats $REPEATS} ${TRACE:+--trace $TRACE --layers ${LAYERS:-0}} \
         ${QUERY_BLOCK:+--query-block $QUERY_BLOCK} ${BUDGET:+--budget $BUDGET} \
         ${STAGES:+--stages $STAGES} ${PROFILE:+--profile} --out "$OUT/ivf_prefill${TOKENS:+_${TOKENS//,/_}}.json" 2>&1 \
