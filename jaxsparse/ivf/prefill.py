@@ -245,22 +245,12 @@ def _exact_head(q, w, k, *, topk, first):
 
 
 def exact_before_first_seal(q, w, k, config):
-  """The output arrays of a prefill (indices [N, topk] int32 -1, num_candidates [N] int32)
-  with the queries before the first seal (positions < seal_window - 1) filled: they score
-  every visible key."""
-  from jaxsparse.ivf.evaluation import _exact
+  """`_exact_head` as writable numpy arrays (indices [N, topk] int32 -1, num_candidates [N]
+  int32), for drivers that fill the later rows on the host."""
   n = k.shape[0]
-  topk = min(config.topk, n)
-  out_idx = np.full((n, topk), -1, np.int32)
-  out_num = np.zeros(n, np.int32)
-  first = min(config.seal_window - 1, n)
-  if first:
-    pos = jnp.arange(first, dtype=jnp.int32)
-    # only the keys they can see: [first, first] scores, never [first, N]
-    out_idx[:first, :min(topk, first)] = np.asarray(
-        _exact(q[:first], w[:first], k[:first], pos, min(topk, first))[1])
-    out_num[:first] = np.arange(1, first + 1)
-  return out_idx, out_num
+  head = _exact_head(jnp.asarray(q), jnp.asarray(w), jnp.asarray(k), topk=min(config.topk, n),
+                     first=min(config.seal_window - 1, n))
+  return tuple(np.array(a) for a in head)
 
 
 def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=None,
