@@ -205,8 +205,8 @@ _queries_jit = jax.jit(_queries, static_argnames=("config", "size", "topk", "pla
 def _full_windows(state, q, w, k, clusters, out_idx, out_num, *, config, windows, topk,
                   platform=None):
   """Windows 1 .. `windows` (each serving a whole seal window of queries) in one program: a
-  scan whose step is `_window` (a refit under `lax.cond` where p is a multiple of the refit
-  interval), each window's results written in place into out_idx [N, topk] and out_num [N]
+  scan whose step does `_window`'s work (`_maintain`, its refit under `lax.cond` where p is a
+  multiple of the refit interval, then `_queries`), each window's results written in place into out_idx [N, topk] and out_num [N]
   (donated) at rows p - 1 ... Returns (state, out_idx, out_num)."""
   wnd, every = config.seal_window, config.refit_interval
 
@@ -334,11 +334,11 @@ def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat):
 def _hisa_prefill(q, w, k, config, plat):
   """HiSA's prefill: a fixed block partition (block g holds keys sink + g * cs ..., its mean
   the representative), each query using the blocks complete at its position, in chunks of
-  `seal_window` queries through `_chunk_topk` (ungrouped area: at most cs - 1 keys): the whole
-  chunks in one scan, then the rest."""
+  `seal_window` queries through `_chunk_topk`'s computation (ungrouped area: at most cs - 1
+  keys) in `_hisa_chunks`."""
   from jaxsparse.ivf.evaluation import _block_means, _hisa_structure
   n = k.shape[0]
-  topk, chunk = min(config.topk, n), config.seal_window
+  topk = min(config.topk, n)
   assign, rank, sizes, last = (jnp.asarray(a) for a in _hisa_structure(n, config))
   reps = _block_means(k, assign, sizes.shape[0])
   members, offsets = candidates.lists_by_rank(assign, rank, sizes)
