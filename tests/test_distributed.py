@@ -269,7 +269,7 @@ import numpy as np, jax
 from jaxsparse import ivf
 from jaxsparse.distributed import sharded_ivf_prefill_topk
 rng = np.random.default_rng(0)
-n, h, d = 900, 2, 16  # ragged: not whole windows, chunks or shards
+n, h, d = 600, 2, 16  # ragged: not whole windows, chunks or shards
 k = (rng.standard_normal((8, d))[rng.integers(0, 8, n)] + 0.3 * rng.standard_normal((n, d)))
 k, q = k.astype(np.float32), rng.standard_normal((n, h, d)).astype(np.float32)
 w = rng.uniform(0, 1, (n, h)).astype(np.float32)
@@ -283,7 +283,7 @@ for refit in (0, 256):
                       refit_interval=refit, sink=4)
   want, wnum = ivf.prefill_topk(q, w, k, cfg)
   out[f"single-{refit}"] = recall(want)
-  for p in (1, 2, 4, 8):
+  for p in (1, 2, 8):
     got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:p])
     out[f"{p}-{refit}"] = {"same": bool(np.array_equal(got, want)),
                           "num_same": bool(np.array_equal(num, wnum)), "recall": recall(got),
@@ -299,7 +299,7 @@ print(json.dumps(out))
 
 
 def test_sharded_attention_index(tmp_path):
-  """AttentionIndex with one index per shard, on 1, 2, 4 and 8 emulated devices, a ragged
+  """AttentionIndex with one index per shard, on 1, 2 and 8 emulated devices, a ragged
   sequence: seal only, every device count gives exactly one device's top-K and candidate
   counts (a window is sealed by the same k-means wherever it lives); with refits, one shard
   is exactly one device, and more shards (each refitting its own keys) keep recall within
@@ -311,7 +311,7 @@ def test_sharded_attention_index(tmp_path):
                        text=True, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]
   out = json.loads(res.stdout.strip().splitlines()[-1])
-  for p in (1, 2, 4, 8):
+  for p in (1, 2, 8):
     assert out[f"{p}-0"]["same"] and out[f"{p}-0"]["num_same"], p
     assert out[f"{p}-256"]["budget"] <= 160
   assert out["1-256"]["same"]
