@@ -19,8 +19,8 @@
 #                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores
 #                    per 32K trace), per-layer plans calibrated on training text (CORPUS)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
-#                    (TOKENS=1048576 REPEATS=1 runs one context into ivf_prefill_1048576.json:
-#                    64K and 256K take ~4.5 min together, 1M alone most of a 10-minute call;
+#                    (TOKENS=262144 runs one context into ivf_prefill_262144.json, ~5 min with
+#                    PROFILE=1; 1M: TOKENS=1048576 WARMUP=1048576 REPEATS=1, most of a call;
 #                    TRACE=prefill.npz LAYERS=0,1,2: a real trace's layers tiled to each N;
 #                    QUERY_BLOCK=64 BUDGET=49152: shared query blocks; STAGES=N stage times
 #                    on N windows, 0 off; PROFILE=1 kernel seconds of whole runs; WARMUP=N
