@@ -206,8 +206,9 @@ def _full_windows(state, q, w, k, clusters, out_idx, out_num, *, config, windows
                   platform=None):
   """Windows 1 .. `windows` (each serving a whole seal window of queries) in one program: a
   scan whose step does `_window`'s work (`_maintain`, its refit under `lax.cond` where p is a
-  multiple of the refit interval, then `_queries`), each window's results written in place into out_idx [N, topk] and out_num [N]
-  (donated) at rows p - 1 ... Returns (state, out_idx, out_num)."""
+  multiple of the refit interval, then `_queries`), each window's results written in place
+  into out_idx [N, topk] and out_num [N] (donated) at rows p - 1 ... Returns (state, out_idx,
+  out_num)."""
   wnd, every = config.seal_window, config.refit_interval
 
   def step(carry, v):
