@@ -466,6 +466,40 @@ def test_kernels_never_import_the_library_above_them():
   assert not bad, bad
 
 
+def test_no_kernel_module_changes_the_jit_cache_key_after_import():
+  """Importing any kernel module, or the Pallas backends they use, after `import jaxsparse`
+  leaves jax's trace context (part of every jit cache key) as it was, so a compiled program is
+  not compiled again: jax 0.11's `jax.experimental.pallas.tpu` adds a trace-context option,
+  and a lazy import of it recompiled everything once (a fresh interpreter: this process has
+  imported them all already)."""
+  import subprocess
+  import sys
+  code = """
+import importlib, pathlib, jax, jax.numpy as jnp
+from jax._src import config
+import jaxsparse, pallas_kernels
+f = jax.jit(lambda x: x * 2)
+f(jnp.ones(3))
+before = config.trace_context()
+root = pathlib.Path(pallas_kernels.__file__).parent
+for p in sorted(root.rglob("*.py")):
+  parts = p.relative_to(root.parent).with_suffix("").parts
+  importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+for m in ("jax.experimental.pallas", "jax.experimental.pallas.tpu",
+          "jax.experimental.pallas.triton", "jax.experimental.pallas.mosaic_gpu",
+          "jax.experimental.checkify"):
+  importlib.import_module(m)
+f(jnp.ones(3))
+print(len(before), len(config.trace_context()), f._cache_size())
+"""
+  root = __import__("pathlib").Path(__file__).resolve().parents[1]
+  out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  n_before, n_after, compiled = map(int, out.stdout.split()[-3:])
+  assert n_after == n_before and compiled == 1, out.stdout
+
+
 @pytest.mark.parametrize("implementation", ["xla", "pallas"])
 def test_traced_out_of_range_inputs_follow_the_documented_rule(implementation):
   """Under jit, lengths clamp to the table's capacity and a request that reads a page outside
