@@ -178,6 +178,9 @@ def main(argv=None):
   p.add_argument("--calibration-trace", default="",
                  help="prefill trace of other text: per budget, `ivf.plan.calibrate` picks "
                       "each layer's partition on it for the 'IVF planned' rows")
+  p.add_argument("--plan-prefer", default="hisa", choices=("hisa", "ivf"),
+                 help="the partition a calibrated layer keeps unless the other wins by over 2 "
+                      "standard errors (`ivf.plan.calibrate(prefer=)`)")
   p.add_argument("--query-block", type=int, default=0,
                  help="add rows for blocks of this many queries sharing twice the budget")
   p.add_argument("--quick", action="store_true", help="two layers, one budget, 32 queries")
@@ -205,7 +208,8 @@ def main(argv=None):
     cal = dataclasses.replace(cal, q=cal.q[keep], w=cal.w[keep], k=cal.k[keep],
                               layers=np.asarray(want))
     plans = {b: ivf_plan.calibrate(cal, dataclasses.replace(cfg, budget=b),
-                                   queries=a.queries, progress=print) for b in budgets}
+                                   queries=a.queries, prefer=a.plan_prefer, progress=print)
+             for b in budgets}
   if a.query_block and (a.query_block < 0 or a.seal_window % a.query_block):
     p.error(f"--query-block={a.query_block} must divide --seal-window={a.seal_window}")
   pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans,
@@ -214,7 +218,8 @@ def main(argv=None):
          "config": dataclasses.asdict(cfg),
          "corrector": os.path.basename(corr) if corr else None,
          "calibration_trace": os.path.basename(a.calibration_trace) or None,
-         "plans": {b: {"methods": pl["methods"], "recall": pl["recall"]}
+         "plans": {b: {"methods": pl["methods"], "recall": pl["recall"], "z": pl["z"],
+                       "prefer": pl["prefer"]}
                    for b, pl in (plans or {}).items()},
          "budgets": budgets, "query_positions": pos.tolist(),
          "summary": summary(rows, budgets), "rows": rows}

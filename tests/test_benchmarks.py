@@ -47,6 +47,7 @@ def test_ivf_recall_benchmark_quick(tmp_path):
                      "HiSA oracle", "IVF planned", "IVF shared 16, 2x budget"}
   assert all(r["candidates"] <= 512 for r in data["rows"])  # shared: 2 x 256 per block
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
+  assert data["plans"]["256"]["prefer"] == "hisa" and data["plans"]["256"]["z"] == 2.0
   for layer, chosen in data["plans"]["256"]["methods"].items():  # the chosen method's recall
     assert rec[(int(layer), "IVF planned")] == rec[(int(layer), {"ivf": "IVF",
                                                                   "hisa": "HiSA"}[chosen])]

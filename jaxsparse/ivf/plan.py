@@ -4,8 +4,10 @@ On some layers a query's reference keys come in short runs spread over the whole
 have another reference key within a few positions, few are recent. Contiguous blocks keep such
 a run together while content clusters split it, so blocks recover more there, even against the
 oracle ranking of the groups. `calibrate` measures both partitions on a prefill trace of text
-that is not the evaluation text, at the budget a deployment uses, and gives a layer blocks only
-where they win by more than `z` standard errors of the paired per-query difference. The plan is
+that is not the evaluation text, at the budget a deployment uses. A layer keeps the preferred
+partition unless the other wins by more than `z` standard errors of the paired per-query
+difference; blocks are preferred by default, since they need no index maintenance and a layer
+where the two are within noise on one text can go either way on another. The plan is
 a small JSON file (`save` / `load`, validated); `method(plan, layer)` is what `evaluate` and
 `prefill_topk` take for that layer.
 """
@@ -17,8 +19,8 @@ import os
 
 import numpy as np
 
-__all__ = ["calibrate", "calibration_positions", "method", "save", "load", "PlanFileError",
-           "FILE_FORMAT"]
+__all__ = ["calibrate", "calibration_positions", "choose", "method", "save", "load",
+           "PlanFileError", "FILE_FORMAT"]
 
 FILE_FORMAT = 1
 _METHODS = ("ivf", "hisa")
@@ -34,21 +36,25 @@ def calibration_positions(n: int, seal_window: int, queries: int) -> np.ndarray:
   return np.unique(np.linspace(start, n - 1, queries).astype(np.int64))
 
 
-def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, progress=None) -> dict:
+def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str = "hisa",
+              progress=None) -> dict:
   """Choose each layer's partition on a prefill trace.
 
   trace: a `traces.PrefillTrace` (q [L, N, H, D], w [L, N, H], k [L, N, D], layers [L]);
   config: IVFConfig (its budget is the one calibrated); queries: positions evaluated per
-  layer; z: blocks win a layer only if HiSA's mean recall exceeds IVF's by more than z
-  standard errors of the paired per-query difference. Returns the plan: {"format", "methods":
-  {layer: "ivf" | "hisa"}, "recall": {layer: {"ivf", "hisa", "difference", "std_error"}},
-  "config": IVFConfig fields, "queries", "z", "trace": the trace's meta}.
+  layer; prefer: "hisa" (position blocks) or "ivf" (content groups), the partition a layer
+  keeps unless the other's mean recall exceeds it by more than z standard errors of the
+  paired per-query difference. Returns the plan: {"format", "methods": {layer: "ivf" |
+  "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error"}},
+  "config": IVFConfig fields, "queries", "z", "prefer", "trace": the trace's meta}.
   """
   from jaxsparse.ivf.evaluation import evaluate
   if queries < 2:
     raise ValueError(f"queries={queries} must be at least 2 (the rule needs a standard error)")
   if not z >= 0:
     raise ValueError(f"z={z} must be >= 0")
+  if prefer not in _METHODS:
+    raise ValueError(f"prefer={prefer!r} must be one of {_METHODS}")
   n = trace.k.shape[1]
   pos = calibration_positions(n, config.seal_window, queries)
   methods, recall = {}, {}
@@ -58,15 +64,25 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, progress=Non
                        np.float64) for m in _METHODS}
     d = r["hisa"] - r["ivf"]
     se = float(d.std(ddof=1) / np.sqrt(len(d)))
-    methods[int(layer)] = "hisa" if d.mean() > z * se else "ivf"
+    methods[int(layer)] = choose(d, z=z, prefer=prefer)
     recall[int(layer)] = {"ivf": float(r["ivf"].mean()), "hisa": float(r["hisa"].mean()),
                           "difference": float(d.mean()), "std_error": se}
     if progress:
       progress(f"layer {layer}: IVF {r['ivf'].mean():.4f}, HiSA {r['hisa'].mean():.4f} -> "
                f"{methods[int(layer)]}")
   return {"format": FILE_FORMAT, "methods": methods, "recall": recall,
-          "config": dataclasses.asdict(config), "queries": len(pos), "z": z,
+          "config": dataclasses.asdict(config), "queries": len(pos), "z": z, "prefer": prefer,
           "trace": dict(getattr(trace, "meta", {}) or {})}
+
+
+def choose(difference, *, z: float = 2.0, prefer: str = "hisa") -> str:
+  """The partition for one layer from paired per-query recall differences (HiSA minus IVF,
+  [Q] float, Q >= 2): `prefer` unless the other's mean lead exceeds z standard errors."""
+  d = np.asarray(difference, np.float64)
+  se = d.std(ddof=1) / np.sqrt(len(d))
+  lead = d.mean() if prefer == "ivf" else -d.mean()  # the other partition's mean lead
+  other = "hisa" if prefer == "ivf" else "ivf"
+  return other if lead > z * se else prefer
 
 
 def method(plan: dict, layer: int) -> str:
@@ -115,6 +131,8 @@ def _validate(plan, path):
     raise PlanFileError(f"{path!r}: format={plan.get('format')!r}, expected {FILE_FORMAT}")
   if not plan["methods"]:
     raise PlanFileError(f"{path!r}: the plan holds no layers")
+  if plan.get("prefer", "hisa") not in _METHODS:
+    raise PlanFileError(f"{path!r}: prefer={plan['prefer']!r} must be one of {_METHODS}")
   bad = {k: v for k, v in plan["methods"].items() if v not in _METHODS}
   if bad:
     raise PlanFileError(f"{path!r}: methods {bad} must each be one of {_METHODS}")
