@@ -17,7 +17,11 @@
 #   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
 #   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces, all layers: 8K and
 #                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores
-#                    per 32K trace), per-layer plans calibrated on training text (CORPUS)
+#                    per 32K trace), per-layer plans calibrated on training text (CORPUS).
+#                    CONTEXTS="8192 32768" picks contexts; traces are kept in TRACES (default
+#                    /tmp) and recorded only when missing
+#   cpu-tables       the README figures measured on a CPU (also runs here): replay, SPIN
+#                    studies, TPU estimates, AttentionIndex recall at 256K / 1M (TRACES)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
 #                    (TOKENS=262144 runs one context into ivf_prefill_262144.json, ~5 min with
 #                    PROFILE=1; 1M: TOKENS=1048576 WARMUP=1048576 REPEATS=1, most of a call;
@@ -27,7 +31,7 @@
 #                    the untimed first run's context, default 65536)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   prefill-sharded  the sharded prefill on this one GPU against the unsharded path (its
-#                    overhead; TOKENS, default 262144,1048576)
+#                    overhead; TOKENS, default 262144,524288: 1M does not fit 80 GB beside it)
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
 # CORPUS (pre-tokenised training ids, .npy), RUN (training directory, default /root/run),
 # TRAIN_SECONDS (checkpoint and stop after this long; a rerun resumes), INDEXER_ARGS (more
@@ -43,7 +47,7 @@ if [ -z "$JAXSPARSE_GGUF" ] && [ -f "$GGUF_DIR/smol.gguf" ]; then
   export JAXSPARSE_GGUF=$GGUF_DIR/smol.gguf
 fi
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 for what in "$@"; do
   case $what in
     gguf) mkdir -p "$GGUF_DIR"; cp .device/g[0-9]* "$GGUF_DIR/" 2>/dev/null; ls "$GGUF_DIR"
@@ -79,21 +83,23 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
       python3 -m jaxsparse.model.make_assets --indexers "${INDEXERS:-jaxsparse/data/smollm2_indexers.npz}" \
         --quality-only --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/quality.log" | grep -v window ;;
     ivf-recall)  # held-out text, and training text (CORPUS) for the per-layer plans
-      ids=${CORPUS:-.device/train_tokens.npy}
-      python3 benchmarks/record_prefill.py --tokens 8192 --out /tmp/prefill_8k.npz
-      python3 benchmarks/record_prefill.py --tokens 8192 --ids "$ids" --offset 3100000 \
-        --out /tmp/train_8k.npz
-      python3 benchmarks/bench_ivf_recall.py --trace /tmp/prefill_8k.npz \
-        --calibration-trace /tmp/train_8k.npz --out "$OUT/ivf_recall" 2>&1 \
-        | tee "$OUT/ivf_recall.log" | tail -4
-      python3 benchmarks/record_prefill.py --tokens 32768 --out /tmp/prefill_32k.npz
-      python3 benchmarks/record_prefill.py --tokens 32768 --ids "$ids" --offset 2000000 \
-        --out /tmp/train_32k.npz
-      python3 benchmarks/bench_ivf_recall.py --trace /tmp/prefill_32k.npz --topk 512 \
-        --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 --cluster-size 128 \
-        --refit-interval 8192 --queries 256 --corrector '' --calibration-trace \
-        /tmp/train_32k.npz --out "$OUT/ivf_recall_32k" 2>&1 | tee "$OUT/ivf_recall_32k.log" \
-        | tail -4 ;;
+      ids=${CORPUS:-.device/train_tokens.npy}; tr=${TRACES:-/tmp}; mkdir -p "$tr"
+      for n in ${CONTEXTS:-8192 32768}; do
+        if [ "$n" = 8192 ]; then off=3100000; name=8k
+          flags="--query-block 64"  # the paper's settings scaled to 8K; corrector: the shipped one
+        else off=2000000; name=$((n / 1024))k
+          flags="--topk 512 --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 \
+--cluster-size 128 --refit-interval 8192 --queries 256 --corrector ''"
+        fi
+        [ -f "$tr/prefill_$name.npz" ] || python3 benchmarks/record_prefill.py --tokens $n \
+          --out "$tr/prefill_$name.npz"
+        [ -f "$tr/train_${name}_$off.npz" ] || python3 benchmarks/record_prefill.py --tokens $n \
+          --ids "$ids" --offset $off --out "$tr/train_${name}_$off.npz"
+        suffix=$([ "$n" = 8192 ] || echo _$name)
+        eval python3 benchmarks/bench_ivf_recall.py --trace "$tr/prefill_$name.npz" $flags \
+          --calibration-trace "$tr/train_${name}_$off.npz" --out "$OUT/ivf_recall$suffix" 2>&1 \
+          | tee "$OUT/ivf_recall$suffix.log" | tail -4
+      done ;;
     ivf-prefill)
       python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens ${WARMUP:-65536}} \
         ${REPEATS:+--repeats $REPEATS} ${TRACE:+--trace $TRACE --layers ${LAYERS:-0}} \
@@ -104,9 +110,21 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
       python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \
         | tee "$OUT/prefill_topk.log" | tail -8 ;;
     prefill-sharded)
-      python3 -m jaxsparse.cli bench prefill --devices 1 --tokens "${TOKENS:-262144,1048576}" \
+      python3 -m jaxsparse.cli bench prefill --devices 1 --tokens "${TOKENS:-262144,524288}" \
         --k 2048 --heads 64 --head-dim 128 --out "$OUT/prefill_sharded.json" 2>&1 \
         | tee "$OUT/prefill_sharded.log" | tail -8 ;;
+    cpu-tables)  # the README figures measured on a CPU: replay, SPIN studies, TPU estimates,
+      # AttentionIndex recall at 256K and 1M on held-out layers tiled (TRACES/prefill_8k.npz)
+      tr=${TRACES:-/tmp}
+      jaxsparse eval --out "$OUT/eval_shipped_trace.json" | tail -3
+      python3 benchmarks/spin_studies.py --out "$OUT/spin_studies" 2>&1 | tail -3
+      python3 benchmarks/tpu_estimates.py --out "$OUT/tpu_estimates.json" | tail -3
+      python3 benchmarks/bench_ivf_prefill.py --trace "$tr/prefill_8k.npz" --layers 3,15,27 \
+        --tokens 262144 --query-block 64 --budget 24576 --recall-only \
+        --out "$OUT/ivf_prefill_recall_b24576_cpu.json" 2>&1 | tail -4
+      python3 benchmarks/bench_ivf_prefill.py --trace "$tr/prefill_8k.npz" --layers 3 \
+        --tokens 1048576 --query-block 64 --budget 24576 --recall-only \
+        --out "$OUT/ivf_prefill_recall_1m_cpu.json" 2>&1 | tail -4 ;;
     *) echo "unknown target $what"; exit 2 ;;
   esac
 done
