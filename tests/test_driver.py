@@ -1,0 +1,86 @@
+"""The device driver (benchmarks/run_h200.sh): every target the README names exists, and each
+target runs the commands that regenerate its files (checked with stand-in executables)."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+DRIVER = os.path.join(ROOT, "benchmarks", "run_h200.sh")
+
+
+def _targets():
+  body = open(DRIVER).read()
+  return set(re.findall(r"^    ([a-z0-9-]+)\)", body, flags=re.M))
+
+
+def _dry_run(tmp_path, *targets, **env):
+  """Runs the driver with python3 / jaxsparse / nvidia-smi replaced by scripts that log argv."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir(exist_ok=True)
+  log = tmp_path / "calls.log"
+  for name in ("python3", "jaxsparse"):
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+  full_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+              "HOME": str(tmp_path), **env}
+  res = subprocess.run(["bash", DRIVER, *targets], cwd=ROOT, env=full_env, capture_output=True,
+                       text=True, timeout=60)
+  calls = log.read_text().splitlines() if log.exists() else []
+  return res.returncode, [c for c in calls if not c.startswith("python3 -c")], res.stdout
+
+
+def test_every_readme_target_exists():
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  named = set()
+  for m in re.finditer(r"run_h200\.sh((?: [a-z0-9-]+)+)", readme):
+    named.update(m.group(1).split())
+  assert named, "the README names no driver target"
+  missing = named - _targets()
+  assert not missing, f"README names driver targets that do not exist: {sorted(missing)}"
+
+
+def test_unknown_target_fails(tmp_path):
+  rc, calls, out = _dry_run(tmp_path, "no-such-target")
+  assert rc == 2 and "unknown target" in out
+
+
+def test_ivf_recall_records_only_missing_traces(tmp_path):
+  traces = tmp_path / "traces"
+  traces.mkdir()
+  rc, calls, _ = _dry_run(tmp_path, "ivf-recall", CONTEXTS="8192", TRACES=str(traces))
+  assert rc == 0
+  records = [c for c in calls if "record_prefill.py" in c]
+  assert len(records) == 2 and "--offset 3100000" in records[1]
+  bench = [c for c in calls if "bench_ivf_recall.py" in c]
+  assert len(bench) == 1 and "--query-block 64" in bench[0]
+  assert f"--calibration-trace {traces}/train_8k_3100000.npz" in bench[0]
+  # with both traces present nothing is recorded again; 32K takes the paper's settings
+  for name in ("prefill_32k.npz", "train_32k_2000000.npz"):
+    (traces / name).write_bytes(b"")
+  (tmp_path / "calls.log").unlink()
+  rc, calls, _ = _dry_run(tmp_path, "ivf-recall", CONTEXTS="32768", TRACES=str(traces))
+  assert rc == 0 and not [c for c in calls if "record_prefill.py" in c]
+  (bench,) = [c for c in calls if "bench_ivf_recall.py" in c]
+  assert "--seal-window 1024 --cluster-size 128 --refit-interval 8192" in bench
+  assert bench.endswith("ivf_recall_32k")
+
+
+@pytest.mark.parametrize("target, scripts", [
+    ("cpu-tables", ["jaxsparse eval", "spin_studies.py", "tpu_estimates.py",
+                    "ivf_prefill_recall_b24576_cpu.json", "ivf_prefill_recall_1m_cpu.json"]),
+    ("readme-tables", ["decode_table.json", "topk_table_b64.json", "topk_table_1m.json",
+                       "topk_table_b1.json"]),
+    ("prefill-sharded", ["--tokens 262144,524288"]),
+])
+def test_targets_run_their_commands(tmp_path, target, scripts):
+  rc, calls, _ = _dry_run(tmp_path, target)
+  assert rc == 0
+  joined = "\n".join(calls)
+  for s in scripts:
+    assert s in joined, f"{target} does not run {s}"
