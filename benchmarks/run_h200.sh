@@ -6,7 +6,7 @@
 #                    --numeric-suffixes=1 -a 1` of the file, one piece a call while the machine is
 #                    warm) into $GGUF_DIR; once all are there, join them and check the SHA-256.
 #                    Installs the `gguf` reader from .device/wheels/ (`pip download --no-deps
-#                    gguf`) when the machine lacks it
+#                    gguf`; carry it with the last piece) when the machine lacks it
 #   gpu-tests        tests/test_gpu.py compiled on the GPU (~15 min: split it over calls with
 #                    JAXSPARSE_TEST_PART=1/2 and 2/2)
 #   indexer | topk   the full scoring / top-K benchmark sweeps
@@ -56,6 +56,7 @@ for what in "$@"; do
       if python3 -c "import sys; from jaxsparse.model import fetch; \
 sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; then
         mv "$GGUF_DIR/joined" "$GGUF_DIR/smol.gguf"; echo "GGUF ready: $GGUF_DIR/smol.gguf"
+        export JAXSPARSE_GGUF=${JAXSPARSE_GGUF:-$GGUF_DIR/smol.gguf}  # for later targets of this run
       else echo "GGUF pieces so far do not join to the file yet"; fi
       python3 -c "import gguf" 2>/dev/null || python3 -m pip install -q --no-deps \
         .device/wheels/gguf-*.whl 2>&1 | grep -v WARNING
