@@ -79,6 +79,10 @@ def test_choose_keeps_the_preferred_partition_unless_the_other_wins_clearly():
   assert plan.choose(-tie, z=1.0, prefer="hisa") == "ivf"
   assert plan.choose(tie, z=1.0, prefer="hisa") == "hisa"
   assert plan.choose(np.zeros(5), z=0.0, prefer="ivf") == "ivf"  # no lead at all
+  with pytest.raises(ValueError, match="prefer='groups'"):
+    plan.choose(tie, prefer="groups")
+  with pytest.raises(ValueError, match="difference"):
+    plan.choose(tie[:1])
 
 
 def test_plan_files_round_trip_and_bad_ones_are_named(calibrated, tmp_path):

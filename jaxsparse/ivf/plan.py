@@ -78,7 +78,11 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
 def choose(difference, *, z: float = 2.0, prefer: str = "hisa") -> str:
   """The partition for one layer from paired per-query recall differences (HiSA minus IVF,
   [Q] float, Q >= 2): `prefer` unless the other's mean lead exceeds z standard errors."""
+  if prefer not in _METHODS:
+    raise ValueError(f"prefer={prefer!r} must be one of {_METHODS}")
   d = np.asarray(difference, np.float64)
+  if d.ndim != 1 or len(d) < 2:
+    raise ValueError(f"difference: need [Q] with Q >= 2 paired differences, got shape {d.shape}")
   se = d.std(ddof=1) / np.sqrt(len(d))
   lead = d.mean() if prefer == "ivf" else -d.mean()  # the other partition's mean lead
   other = "hisa" if prefer == "ivf" else "ivf"
