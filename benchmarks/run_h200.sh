@@ -7,8 +7,9 @@
 #                    warm) into $GGUF_DIR; once all are there, join them and check the SHA-256.
 #                    Installs the `gguf` reader from .device/wheels/ (`pip download --no-deps
 #                    gguf`; carry it with the last piece) when the machine lacks it
-#   gpu-tests        tests/test_gpu.py compiled on the GPU (~15 min: split it over calls with
-#                    JAXSPARSE_TEST_PART=1/2 and 2/2)
+#   gpu-tests        tests/test_gpu.py compiled on the GPU (~40 min in one process: WORKERS=12
+#                    runs it in parallel with pytest-xdist from .device/wheels; or split it over
+#                    calls with JAXSPARSE_TEST_PART=1/3 .. 3/3)
 #   indexer | topk   the full scoring / top-K benchmark sweeps
 #   readme-tables    the README's performance rows (decode, top-K), one file each; the prefill
 #                    rows come from prefill-topk
@@ -62,8 +63,12 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
         .device/wheels/gguf-*.whl 2>&1 | grep -v WARNING
       python3 -c "import gguf" 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$(ls $PWD/.device/wheels/gguf-*.whl)
       python3 -c "import gguf" && echo "gguf reader ready" ;;
-    gpu-tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 \
-      | tee "$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}.log" | tail -15 ;;
+    gpu-tests)  # WORKERS processes share the card (compiling dominates; memory grows on demand)
+      python3 -c "import xdist" 2>/dev/null || python3 -m pip install -q --no-deps \
+        .device/wheels/execnet-*.whl .device/wheels/pytest_xdist-*.whl 2>&1 | grep -v WARNING
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -p no:cacheprovider \
+        ${WORKERS:+-n $WORKERS} --durations=10 tests/test_gpu.py 2>&1 \
+        | tee "$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}.log" | tail -25 ;;
     indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;
     topk) python3 benchmarks/bench_topk.py --out "$OUT/topk_h200.json" 2>&1 | tee "$OUT/bench_topk.log" ;;
     readme-tables)
