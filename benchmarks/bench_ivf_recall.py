@@ -176,8 +176,9 @@ def main(argv=None):
                  help="corrector file for the 'IVF corrected' rows: 'shipped' (SmolLM2's, for "
                       "traces of the shipped indexers), a path, or '' to leave them out")
   p.add_argument("--calibration-trace", default="",
-                 help="prefill trace of other text: per budget, `ivf.plan.calibrate` picks "
-                      "each layer's partition on it for the 'IVF planned' rows")
+                 help="prefill traces of other text (comma-separated): per budget, "
+                      "`ivf.plan.calibrate` picks each layer's partition on them for the "
+                      "'IVF planned' rows")
   p.add_argument("--plan-prefer", default="hisa", choices=("hisa", "ivf"),
                  help="the partition a calibrated layer keeps unless the other wins by over 2 "
                       "standard errors (`ivf.plan.calibrate(prefer=)`)")
@@ -199,15 +200,17 @@ def main(argv=None):
   corr = ivf_corrector.SHIPPED if a.corrector == "shipped" else a.corrector or None
   plans = None
   if a.calibration_trace:
-    cal = load_prefill_trace(p, a.calibration_trace)
     want = [int(tr.layers[i]) for i in layers]
-    missing = sorted(set(want) - set(np.asarray(cal.layers).tolist()))
-    if missing:
-      p.error(f"--calibration-trace={a.calibration_trace!r} lacks layers {missing}")
-    keep = [list(np.asarray(cal.layers)).index(l) for l in want]
-    cal = dataclasses.replace(cal, q=cal.q[keep], w=cal.w[keep], k=cal.k[keep],
-                              layers=np.asarray(want))
-    plans = {b: ivf_plan.calibrate(cal, dataclasses.replace(cfg, budget=b),
+    cals = []
+    for path in a.calibration_trace.split(","):
+      cal = load_prefill_trace(p, path)
+      missing = sorted(set(want) - set(np.asarray(cal.layers).tolist()))
+      if missing:
+        p.error(f"--calibration-trace={path!r} lacks layers {missing}")
+      keep = [list(np.asarray(cal.layers)).index(l) for l in want]
+      cals.append(dataclasses.replace(cal, q=cal.q[keep], w=cal.w[keep], k=cal.k[keep],
+                                      layers=np.asarray(want)))
+    plans = {b: ivf_plan.calibrate(cals, dataclasses.replace(cfg, budget=b),
                                    queries=a.queries, prefer=a.plan_prefer, progress=print)
              for b in budgets}
   if a.query_block and (a.query_block < 0 or a.seal_window % a.query_block):
@@ -217,7 +220,8 @@ def main(argv=None):
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
          "config": dataclasses.asdict(cfg),
          "corrector": os.path.basename(corr) if corr else None,
-         "calibration_trace": os.path.basename(a.calibration_trace) or None,
+         "calibration_trace": ",".join(os.path.basename(v) for v in
+                                       a.calibration_trace.split(",")) or None,
          "plans": {b: {"methods": pl["methods"], "recall": pl["recall"], "z": pl["z"],
                        "prefer": pl["prefer"]}
                    for b, pl in (plans or {}).items()},

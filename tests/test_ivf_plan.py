@@ -64,6 +64,29 @@ def test_calibration_gives_blocks_to_runs_and_groups_to_content(calibrated):
   assert plan.method(p, 3) == "hisa" and plan.method(p, 7) == "ivf"
 
 
+def test_calibration_pools_the_texts_that_hold_each_layer(calibrated):
+  """A second, shorter text holding only layer 7: layer 7's figures are the mean over both
+  texts' queries; layer 3's stay the first text's alone."""
+  tr, p1 = calibrated
+  t2 = _trace(seed=1)
+  n2 = 768
+  t2 = traces.PrefillTrace(q=t2.q[1:, :n2], w=t2.w[1:, :n2], k=t2.k[1:, :n2],
+                           layers=np.array([7]), meta={"source": "second"})
+  p = plan.calibrate([tr, t2], CFG, queries=64)
+  assert p["recall"][3] == {**p1["recall"][3]} and p["recall"][3]["texts"] == 1
+  pos = plan.calibration_positions(n2, CFG.seal_window, 64)
+  r2 = {m: ivf.evaluate(t2.q[0], t2.w[0], t2.k[0], CFG, method=m, query_positions=pos)["recall"]
+        for m in ("ivf", "hisa")}
+  n1 = len(plan.calibration_positions(N, CFG.seal_window, 64))
+  for m in ("ivf", "hisa"):
+    want = (p1["recall"][7][m] * n1 + float(np.sum(r2[m]))) / (n1 + len(pos))
+    assert p["recall"][7][m] == pytest.approx(want, abs=1e-12)
+  assert p["recall"][7]["texts"] == 2 and p["methods"] == {3: "hisa", 7: "ivf"}
+  assert [m["source"] for m in p["traces"]] == ["synthetic", "second"]
+  with pytest.raises(ValueError, match="trace"):
+    plan.calibrate([], CFG)
+
+
 @pytest.mark.parametrize("prefer", ["ivf", "hisa"])
 def test_a_strict_rule_keeps_the_preferred_partition_everywhere(prefer):
   p = plan.calibrate(_trace(), CFG, queries=64, z=1e6, prefer=prefer)

@@ -152,6 +152,18 @@ def test_chunked_forward_matches_the_full_matrix_forward(model, tok):
                              atol=2e-4)
 
 
+def test_chunked_forward_depth_runs_the_first_layers_only(model, tok):
+  """depth=d gives the first d layers' hidden states of the whole forward, bit for bit."""
+  ids = np.asarray(tok.encode(text.python_docs()[:2000]).ids[:96], np.int32)
+  _, _, hid, _ = llama.run_chunked(model, ids, chunk=32, hidden=True)
+  _, _, hid3, _ = llama.run_chunked(model, ids, chunk=32, hidden=True, depth=3)
+  assert hid3.shape == (3,) + hid.shape[1:]
+  np.testing.assert_array_equal(np.asarray(hid3), np.asarray(hid)[:3])
+  for bad in (0, 31):
+    with pytest.raises(ValueError, match="depth"):
+      llama.run_chunked(model, ids, depth=bad)
+
+
 def test_shipped_indexers_are_a_working_dsa_model(model, tok):
   """The shipped long-context indexers: no dead layer, and DSA top-64 over 512 held-out tokens
   stays within 10% of dense perplexity."""

@@ -38,15 +38,18 @@ def calibration_positions(n: int, seal_window: int, queries: int) -> np.ndarray:
 
 def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str = "hisa",
               progress=None) -> dict:
-  """Choose each layer's partition on a prefill trace.
+  """Choose each layer's partition on one or more prefill traces.
 
-  trace: a `traces.PrefillTrace` (q [L, N, H, D], w [L, N, H], k [L, N, D], layers [L]);
+  trace: a `traces.PrefillTrace` (q [L, N, H, D], w [L, N, H], k [L, N, D], layers [L]) or a
+  sequence of them (several texts; they may differ in length and layers: a layer's decision
+  pools the paired per-query differences of every trace that holds it);
   config: IVFConfig (its budget is the one calibrated); queries: positions evaluated per
-  layer; prefer: "hisa" (position blocks) or "ivf" (content groups), the partition a layer
-  keeps unless the other's mean recall exceeds it by more than z standard errors of the
+  layer and trace; prefer: "hisa" (position blocks) or "ivf" (content groups), the partition a
+  layer keeps unless the other's mean recall exceeds it by more than z standard errors of the
   paired per-query difference. Returns the plan: {"format", "methods": {layer: "ivf" |
-  "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error"}},
-  "config": IVFConfig fields, "queries", "z", "prefer", "trace": the trace's meta}.
+  "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error",
+  "texts"}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z",
+  "prefer", "trace": the first trace's meta, "traces": every trace's meta}.
   """
   from jaxsparse.ivf.evaluation import evaluate
   if queries < 2:
@@ -55,24 +58,36 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
     raise ValueError(f"z={z} must be >= 0")
   if prefer not in _METHODS:
     raise ValueError(f"prefer={prefer!r} must be one of {_METHODS}")
-  n = trace.k.shape[1]
-  pos = calibration_positions(n, config.seal_window, queries)
+  texts = list(trace) if isinstance(trace, (list, tuple)) else [trace]
+  if not texts:
+    raise ValueError("trace: give at least one prefill trace")
+  per_layer: dict[int, dict[str, list]] = {}
+  counts = []
+  for tr in texts:
+    pos = calibration_positions(tr.k.shape[1], config.seal_window, queries)
+    counts.append(len(pos))
+    for i, layer in enumerate(np.asarray(tr.layers).tolist()):
+      q, w, k = tr.q[i], tr.w[i], tr.k[i]
+      got = per_layer.setdefault(int(layer), {m: [] for m in _METHODS})
+      for m in _METHODS:
+        got[m].append(np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos)
+                                 ["recall"], np.float64))
+      if progress:
+        progress(f"layer {layer}, text {len(got['ivf'])}: IVF {got['ivf'][-1].mean():.4f}, "
+                 f"HiSA {got['hisa'][-1].mean():.4f}")
   methods, recall = {}, {}
-  for i, layer in enumerate(np.asarray(trace.layers).tolist()):
-    q, w, k = trace.q[i], trace.w[i], trace.k[i]
-    r = {m: np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos)["recall"],
-                       np.float64) for m in _METHODS}
+  for layer in sorted(per_layer):
+    r = {m: np.concatenate(v) for m, v in per_layer[layer].items()}
     d = r["hisa"] - r["ivf"]
     se = float(d.std(ddof=1) / np.sqrt(len(d)))
-    methods[int(layer)] = choose(d, z=z, prefer=prefer)
-    recall[int(layer)] = {"ivf": float(r["ivf"].mean()), "hisa": float(r["hisa"].mean()),
-                          "difference": float(d.mean()), "std_error": se}
-    if progress:
-      progress(f"layer {layer}: IVF {r['ivf'].mean():.4f}, HiSA {r['hisa'].mean():.4f} -> "
-               f"{methods[int(layer)]}")
+    methods[layer] = choose(d, z=z, prefer=prefer)
+    recall[layer] = {"ivf": float(r["ivf"].mean()), "hisa": float(r["hisa"].mean()),
+                     "difference": float(d.mean()), "std_error": se,
+                     "texts": len(per_layer[layer]["ivf"])}
+  metas = [dict(getattr(tr, "meta", {}) or {}) for tr in texts]
   return {"format": FILE_FORMAT, "methods": methods, "recall": recall,
-          "config": dataclasses.asdict(config), "queries": len(pos), "z": z, "prefer": prefer,
-          "trace": dict(getattr(trace, "meta", {}) or {})}
+          "config": dataclasses.asdict(config), "queries": counts[0], "z": z, "prefer": prefer,
+          "trace": metas[0], "traces": metas}
 
 
 def choose(difference, *, z: float = 2.0, prefer: str = "hisa") -> str:

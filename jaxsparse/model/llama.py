@@ -251,7 +251,8 @@ _chunked_forward = jax.jit(_chunked_forward, static_argnums=(0, 1, 2, 3, 4, 5, 1
 
 
 def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=(),
-                chunk: int = 512, hidden: bool = False, oracle: bool = False):
+                chunk: int = 512, hidden: bool = False, oracle: bool = False,
+                depth: int | None = None):
   """Forward over queries in chunks of `chunk`: memory O(chunk x T), never the [T, T] matrix.
 
   tokens [T] int32. indexers: a `LightningIndexers` (needed for k_sel or stat_ks).
@@ -261,9 +262,14 @@ def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=
   stat_ks: with k_sel = 0, per layer and k, the attention mass (head-summed, rows sum to 1)
   captured by the indexer's top-k and by the true top-k, summed over rows with more than k
   visible keys, and the count of exactly-zero indexer scores among visible entries.
+  depth: run only the first `depth` layers (for their hidden states; nll and pred then come
+  from the truncated model and mean nothing).
   Returns (nll [T-1] float32 of predicting token t+1 at t, greedy pred [T] int32,
-  hidden [L, T, width] or None, stats dict of [L] arrays).
+  hidden [L, T, width] or None, stats dict of [L] arrays; L = depth when given).
   """
+  n_layers = model.cfg.layers
+  if depth is not None and not 1 <= depth <= n_layers:
+    raise ValueError(f"depth={depth} must be in 1..{n_layers}")
   if oracle and not k_sel:
     raise ValueError("oracle=True needs k_sel > 0")
   if ((k_sel and not oracle) or stat_ks) and indexers is None:
@@ -273,7 +279,10 @@ def run_chunked(model: Llama, tokens, *, indexers=None, k_sel: int = 0, stat_ks=
   use = indexers is not None and not oracle
   icfg = indexers.cfg if use else None
   ip = indexers.params_tree() if use else None
+  layers = var_value(model.layers)
+  if depth is not None:
+    layers, ip = jax.tree.map(lambda v: v[:depth], (layers, ip))
   return _chunked_forward(model.cfg, icfg, int(chunk), tuple(int(k) for k in stat_ks),
                           int(k_sel), bool(hidden), var_value(model.embed),
-                          var_value(model.final_norm), var_value(model.layers), ip,
+                          var_value(model.final_norm), layers, ip,
                           jnp.asarray(tokens, jnp.int32), bool(oracle))

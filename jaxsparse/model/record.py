@@ -12,13 +12,14 @@ __all__ = [
 ]
 
 
-def _indexer_inputs(base, indexers, tokens, layers, chunk: int = 1024):
+def _indexer_inputs(base, indexers, tokens, layers, chunk: int = 1024, *, pred: bool = True):
   """Run the base model once (chunked: no [T, T] matrix); project each chosen layer's indexer.
 
-  -> (q [L, T, H, D], k [L, T, D], w [L, T, H], greedy predictions [T])."""
+  pred=False runs only the layers up to the deepest chosen one (no predictions).
+  -> (q [L, T, H, D], k [L, T, D], w [L, T, H], greedy predictions [T] or None)."""
   from jaxsparse.model import llama
-  _, pred, hidden, _ = llama.run_chunked(base, tokens, chunk=min(chunk, len(tokens)),
-                                         hidden=True)
+  _, greedy, hidden, _ = llama.run_chunked(base, tokens, chunk=min(chunk, len(tokens)),
+                                           hidden=True, depth=None if pred else max(layers) + 1)
   params = indexers.params_tree()
   qs, ks, ws = [], [], []
   for l in layers:
@@ -27,7 +28,7 @@ def _indexer_inputs(base, indexers, tokens, layers, chunk: int = 1024):
     qs.append(np.asarray(q, np.float32))
     ks.append(np.asarray(k, np.float32))
     ws.append(np.asarray(w, np.float32))
-  return np.stack(qs), np.stack(ks), np.stack(ws), np.asarray(pred)
+  return np.stack(qs), np.stack(ks), np.stack(ws), np.asarray(greedy) if pred else None
 
 
 def _meta(base, source, tokens, extra):
@@ -70,6 +71,6 @@ def record_prefill(base, indexers, tokens, *, layers=None, source: str = ""):
   """Prefill trace: every layer's indexer q, w and k over the whole sequence."""
   tokens = np.asarray(tokens, np.int32)
   layers = list(range(base.cfg.layers)) if layers is None else list(layers)
-  q, k, w, _ = _indexer_inputs(base, indexers, tokens, layers)
+  q, k, w, _ = _indexer_inputs(base, indexers, tokens, layers, pred=False)
   return traces.PrefillTrace(q=q, w=w, k=k, layers=np.asarray(layers, np.int32),
                              meta=_meta(base, source, tokens, {}))
