@@ -20,7 +20,9 @@
 #                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores
 #                    per 32K trace), per-layer plans calibrated on training text (CORPUS).
 #                    CONTEXTS="8192 32768" picks contexts; traces are kept in TRACES (default
-#                    /tmp) and recorded only when missing
+#                    /tmp) and recorded only when missing; OFFSETS="2000000 1000000 3000000":
+#                    the calibration texts' first tokens in CORPUS (pooled); LAYERS=2: only
+#                    those layers (files *_l2*; a CPU records 32K of layers 0-2 in 4 minutes)
 #   cpu-tables       the README figures measured on a CPU (also runs here): replay, SPIN
 #                    studies, TPU estimates, AttentionIndex recall at 256K / 1M (TRACES)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
@@ -90,20 +92,25 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
         --quality-only --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/quality.log" | grep -v window ;;
     ivf-recall)  # held-out text, and training text (CORPUS) for the per-layer plans
       ids=${CORPUS:-.device/train_tokens.npy}; tr=${TRACES:-/tmp}; mkdir -p "$tr"
+      lsuf=${LAYERS:+_l${LAYERS//,/_}}  # LAYERS=2: record and evaluate those layers alone
       for n in ${CONTEXTS:-8192 32768}; do
-        if [ "$n" = 8192 ]; then off=3100000; name=8k
+        if [ "$n" = 8192 ]; then offs=${OFFSETS:-3100000}; name=8k
           flags="--query-block 64"  # the paper's settings scaled to 8K; corrector: the shipped one
-        else off=2000000; name=$((n / 1024))k
+        else offs=${OFFSETS:-2000000}; name=$((n / 1024))k
           flags="--topk 512 --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 \
 --cluster-size 128 --refit-interval 8192 --queries 256 --corrector ''"
         fi
-        [ -f "$tr/prefill_$name.npz" ] || python3 benchmarks/record_prefill.py --tokens $n \
-          --out "$tr/prefill_$name.npz"
-        [ -f "$tr/train_${name}_$off.npz" ] || python3 benchmarks/record_prefill.py --tokens $n \
-          --ids "$ids" --offset $off --out "$tr/train_${name}_$off.npz"
-        suffix=$([ "$n" = 8192 ] || echo _$name)
-        eval python3 benchmarks/bench_ivf_recall.py --trace "$tr/prefill_$name.npz" $flags \
-          --calibration-trace "$tr/train_${name}_$off.npz" --out "$OUT/ivf_recall$suffix" 2>&1 \
+        rec="python3 benchmarks/record_prefill.py --tokens $n ${LAYERS:+--layers $LAYERS}"
+        [ -f "$tr/prefill_$name$lsuf.npz" ] || $rec --out "$tr/prefill_$name$lsuf.npz"
+        cal=""  # OFFSETS="2000000 1000000 3000000": several calibration texts, pooled
+        for off in $offs; do
+          [ -f "$tr/train_${name}${lsuf}_$off.npz" ] || $rec --ids "$ids" --offset $off \
+            --out "$tr/train_${name}${lsuf}_$off.npz"
+          cal=$cal${cal:+,}$tr/train_${name}${lsuf}_$off.npz
+        done
+        suffix=$([ "$n" = 8192 ] || echo _$name)$lsuf
+        eval python3 benchmarks/bench_ivf_recall.py --trace "$tr/prefill_$name$lsuf.npz" $flags \
+          --calibration-trace "$cal" --out "$OUT/ivf_recall$suffix" 2>&1 \
           | tee "$OUT/ivf_recall$suffix.log" | tail -4
       done ;;
     ivf-prefill)

@@ -118,6 +118,20 @@ def test_training_lowers_the_listwise_loss_and_exports(trained, data):
                  corrector=os.path.join(out, "correctors.npz"), layer=5)
 
 
+def test_snapshots_in_query_chunks_equal_one_chunk(trained, data, monkeypatch):
+  """Long traces take the exact reference top-K in query chunks: same snapshots as one chunk."""
+  _, cfg, _ = trained
+  tr = traces.load(data[0])
+  q, w, k = (np.asarray(a) for a in (tr.q[0], tr.w[0], tr.k[0]))
+  whole = tc.build_snapshots(q, w, k, cfg.ivf_config())
+  monkeypatch.setattr(tc, "_REF_SCORES", 7 * q.shape[1] * k.shape[0])  # 7 queries a chunk
+  chunked = tc.build_snapshots(q, w, k, cfg.ivf_config())
+  assert len(chunked) == len(whole)
+  for a, b in zip(whole, chunked):
+    for name in a:
+      np.testing.assert_array_equal(a[name], b[name])
+
+
 def test_interrupted_run_resumes_to_identical_parameters(trained, data, tmp_path):
   ref_out, cfg, _ = trained
   import dataclasses

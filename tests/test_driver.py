@@ -71,6 +71,22 @@ def test_ivf_recall_records_only_missing_traces(tmp_path):
   assert bench.endswith("ivf_recall_32k")
 
 
+def test_ivf_recall_takes_chosen_layers_and_several_calibration_texts(tmp_path):
+  traces = tmp_path / "traces"
+  rc, calls, _ = _dry_run(tmp_path, "ivf-recall", CONTEXTS="32768", TRACES=str(traces),
+                          LAYERS="2", OFFSETS="2000000 1000000")
+  assert rc == 0
+  records = [c for c in calls if "record_prefill.py" in c]
+  assert len(records) == 3 and all("--tokens 32768 --layers 2 " in c for c in records)
+  assert [c.split("--out ")[1] for c in records] == [
+      f"{traces}/prefill_32k_l2.npz", f"{traces}/train_32k_l2_2000000.npz",
+      f"{traces}/train_32k_l2_1000000.npz"]
+  (bench,) = [c for c in calls if "bench_ivf_recall.py" in c]
+  assert (f"--calibration-trace {traces}/train_32k_l2_2000000.npz,"
+          f"{traces}/train_32k_l2_1000000.npz") in bench
+  assert f"--trace {traces}/prefill_32k_l2.npz" in bench and bench.endswith("ivf_recall_32k_l2")
+
+
 @pytest.mark.parametrize("target, scripts", [
     ("cpu-tables", ["jaxsparse eval", "spin_studies.py", "tpu_estimates.py",
                     "ivf_prefill_recall_b24576_cpu.json", "ivf_prefill_recall_1m_cpu.json"]),

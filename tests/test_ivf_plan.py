@@ -82,6 +82,10 @@ def test_calibration_pools_the_texts_that_hold_each_layer(calibrated):
     want = (p1["recall"][7][m] * n1 + float(np.sum(r2[m]))) / (n1 + len(pos))
     assert p["recall"][7][m] == pytest.approx(want, abs=1e-12)
   assert p["recall"][7]["texts"] == 2 and p["methods"] == {3: "hisa", 7: "ivf"}
+  first, second = p["recall"][7]["per_text"]
+  assert first == {k: p1["recall"][7][k] for k in first}
+  assert second["ivf"] == pytest.approx(float(np.mean(r2["ivf"])), abs=1e-12)
+  assert "per_text" not in p["recall"][3]
   assert [m["source"] for m in p["traces"]] == ["synthetic", "second"]
   with pytest.raises(ValueError, match="trace"):
     plan.calibrate([], CFG)

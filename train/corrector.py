@@ -105,6 +105,9 @@ class CorrectorTrainConfig:
                                           "target_power")}
 
 
+_REF_SCORES = 1 << 30  # one chunk up to 8K tokens of 16 heads; 32K takes 16
+
+
 def build_snapshots(q, w, k, cfg) -> list[dict]:
   """Replay the index over one trace layer; per version, its grouping and every query that
   uses it with its targets. Returns [{"assign" [N], "sizes" [G], "queries" [Qv], "target"
@@ -114,9 +117,13 @@ def build_snapshots(q, w, k, cfg) -> list[dict]:
   n = k.shape[0]
   kj = jnp.asarray(k)
   pos_all = np.arange(cfg.seal_window, n)
-  pj = jnp.asarray(pos_all, jnp.int32)
-  _, ref = ev._exact(jnp.asarray(q)[pj], jnp.asarray(w)[pj], kj, pj, cfg.topk)
-  ref = np.asarray(ref)
+  # the exact top-K in query chunks of at most _REF_SCORES scores
+  rows = max(1, _REF_SCORES // (q.shape[1] * n))
+  qj, wj = jnp.asarray(q), jnp.asarray(w)
+  ref = np.concatenate([
+      np.asarray(ev._exact(qj[pj], wj[pj], kj, pj, cfg.topk)[1])
+      for pj in (jnp.asarray(pos_all[i:i + rows], jnp.int32)
+                 for i in range(0, len(pos_all), rows))])
   state = index.init_state(n, k.shape[1], cfg)
   out = []
   for v in range(1, n // cfg.seal_window + 1):

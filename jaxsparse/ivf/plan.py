@@ -48,7 +48,7 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   layer keeps unless the other's mean recall exceeds it by more than z standard errors of the
   paired per-query difference. Returns the plan: {"format", "methods": {layer: "ivf" |
   "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error",
-  "texts"}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z",
+  "texts", and with several texts "per_text": the same figures for each}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z",
   "prefer", "trace": the first trace's meta, "traces": every trace's meta}.
   """
   from jaxsparse.ivf.evaluation import evaluate
@@ -84,6 +84,11 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
     recall[layer] = {"ivf": float(r["ivf"].mean()), "hisa": float(r["hisa"].mean()),
                      "difference": float(d.mean()), "std_error": se,
                      "texts": len(per_layer[layer]["ivf"])}
+    if len(per_layer[layer]["ivf"]) > 1:
+      recall[layer]["per_text"] = [
+          {"ivf": float(a.mean()), "hisa": float(b.mean()), "difference": float((b - a).mean()),
+           "std_error": float((b - a).std(ddof=1) / np.sqrt(len(a)))}
+          for a, b in zip(per_layer[layer]["ivf"], per_layer[layer]["hisa"])]
   metas = [dict(getattr(tr, "meta", {}) or {}) for tr in texts]
   return {"format": FILE_FORMAT, "methods": methods, "recall": recall,
           "config": dataclasses.asdict(config), "queries": counts[0], "z": z, "prefer": prefer,
