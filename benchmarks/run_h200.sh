@@ -20,8 +20,8 @@
 #                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores
 #                    per 32K trace), per-layer plans calibrated on training text (CORPUS).
 #                    CONTEXTS="8192 32768" picks contexts; traces are kept in TRACES (default
-#                    /tmp) and recorded only when missing; OFFSETS="2000000 1000000 3000000":
-#                    the calibration texts' first tokens in CORPUS (pooled); LAYERS=2: only
+#                    /tmp) and recorded only when missing; OFFSETS: the calibration texts'
+#                    first tokens in CORPUS, pooled (default three texts); LAYERS=2: only
 #                    those layers (files *_l2*; a CPU records 32K of layers 0-2 in 4 minutes)
 #   cpu-tables       the README figures measured on a CPU (also runs here): replay, SPIN
 #                    studies, TPU estimates, AttentionIndex recall at 256K / 1M (TRACES)
@@ -94,15 +94,15 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
       ids=${CORPUS:-.device/train_tokens.npy}; tr=${TRACES:-/tmp}; mkdir -p "$tr"
       lsuf=${LAYERS:+_l${LAYERS//,/_}}  # LAYERS=2: record and evaluate those layers alone
       for n in ${CONTEXTS:-8192 32768}; do
-        if [ "$n" = 8192 ]; then offs=${OFFSETS:-3100000}; name=8k
+        if [ "$n" = 8192 ]; then offs=${OFFSETS:-3100000 600000 1600000}; name=8k
           flags="--query-block 64"  # the paper's settings scaled to 8K; corrector: the shipped one
-        else offs=${OFFSETS:-2000000}; name=$((n / 1024))k
+        else offs=${OFFSETS:-2000000 1000000 3000000}; name=$((n / 1024))k
           flags="--topk 512 --budgets 2048,4096,8192 --main-budget 4096 --seal-window 1024 \
 --cluster-size 128 --refit-interval 8192 --queries 256 --corrector ''"
         fi
         rec="python3 benchmarks/record_prefill.py --tokens $n ${LAYERS:+--layers $LAYERS}"
         [ -f "$tr/prefill_$name$lsuf.npz" ] || $rec --out "$tr/prefill_$name$lsuf.npz"
-        cal=""  # OFFSETS="2000000 1000000 3000000": several calibration texts, pooled
+        cal=""  # the calibration texts (OFFSETS: first tokens in CORPUS), pooled
         for off in $offs; do
           [ -f "$tr/train_${name}${lsuf}_$off.npz" ] || $rec --ids "$ids" --offset $off \
             --out "$tr/train_${name}${lsuf}_$off.npz"

@@ -56,12 +56,15 @@ def test_ivf_recall_records_only_missing_traces(tmp_path):
   rc, calls, _ = _dry_run(tmp_path, "ivf-recall", CONTEXTS="8192", TRACES=str(traces))
   assert rc == 0
   records = [c for c in calls if "record_prefill.py" in c]
-  assert len(records) == 2 and "--offset 3100000" in records[1]
+  offsets = (3100000, 600000, 1600000)  # three calibration texts by default
+  assert len(records) == 4 and all(f"--offset {o}" in c for o, c in zip(offsets, records[1:]))
   bench = [c for c in calls if "bench_ivf_recall.py" in c]
   assert len(bench) == 1 and "--query-block 64" in bench[0]
-  assert f"--calibration-trace {traces}/train_8k_3100000.npz" in bench[0]
-  # with both traces present nothing is recorded again; 32K takes the paper's settings
-  for name in ("prefill_32k.npz", "train_32k_2000000.npz"):
+  cal = ",".join(f"{traces}/train_8k_{o}.npz" for o in offsets)
+  assert f"--calibration-trace {cal}" in bench[0]
+  # with every trace present nothing is recorded again; 32K takes the paper's settings
+  for name in ("prefill_32k.npz", "train_32k_2000000.npz", "train_32k_1000000.npz",
+               "train_32k_3000000.npz"):
     (traces / name).write_bytes(b"")
   (tmp_path / "calls.log").unlink()
   rc, calls, _ = _dry_run(tmp_path, "ivf-recall", CONTEXTS="32768", TRACES=str(traces))
