@@ -191,6 +191,62 @@ def _load_indexers(option: str, path: str):
     raise CliError(f"{option}: {e}") from None
 
 
+# ---------------------------------------------------------------------------------- plan
+
+PLAN_HELP = """\
+Measure AttentionIndex (content groups) and HiSA (position blocks) on prefill traces of
+training text, per layer, at one budget, and write the plan `ivf.plan.load` reads: a layer
+keeps --prefer unless the other partition's mean recall wins by over --z standard errors of
+the paired per-query difference. Several traces (texts) are pooled per layer.
+
+  jaxsparse trace prefill --text train1.txt --tokens 8192 --out t1.npz
+  jaxsparse plan --trace t1.npz,t2.npz --budget 512 --out plan.json
+  jaxsparse eval --trace heldout.npz --budget 512 --plan plan.json"""
+
+
+def _ivf_config(args):
+  from jaxsparse import ivf
+  try:
+    return ivf.IVFConfig(topk=args.k, budget=args.budget, seal_window=args.seal_window,
+                         cluster_size=args.cluster_size, refit_interval=args.refit_interval)
+  except ValueError as e:
+    msg = str(e)
+    for name in ("budget", "seal_window", "cluster_size", "refit_interval"):
+      msg = msg.replace(f"{name}=", f"--{name.replace('_', '-')}=")
+    raise CliError(msg.replace("topk=", "--k=")) from None
+
+
+def _plan(args) -> int:
+  from jaxsparse.ivf import plan as ivf_plan
+  cfg = _ivf_config(args)
+  if not args.z >= 0:
+    raise CliError(f"--z={args.z} must be >= 0")
+  if args.queries < 2:
+    raise CliError(f"--queries={args.queries} must be at least 2")
+  trs = []
+  for path in args.trace:
+    tr = _load_trace("--trace", path)
+    if tr.kind != "prefill":
+      raise CliError(f"--trace={path!r} is a {tr.kind} trace; plans need prefill traces")
+    n = tr.k.shape[1]
+    if args.k >= n or n <= args.seal_window:
+      raise CliError(f"--trace={path!r} has {n} tokens: need more than --k={args.k} and "
+                     f"--seal-window={args.seal_window}")
+    trs.append(tr)
+  _check_writable("--out", args.out)
+  from jaxsparse._bench.timing import print_table
+  pl = ivf_plan.calibrate(trs, cfg, queries=args.queries, z=args.z, prefer=args.prefer)
+  print_table([{"layer": str(layer), "IVF": f"{r['ivf']:.4f}", "HiSA": f"{r['hisa']:.4f}",
+                "HiSA - IVF": f"{r['difference']:+.4f}", "std. error": f"{r['std_error']:.4f}",
+                "plan": pl["methods"][layer]} for layer, r in pl["recall"].items()],
+              ["layer", "IVF", "HiSA", "HiSA - IVF", "std. error", "plan"])
+  ivf_plan.save(args.out, pl)
+  blocks = [layer for layer, m in pl["methods"].items() if m == "hisa"]
+  print(f"summary  blocks for {len(blocks)} of {len(pl['methods'])} layers "
+        f"({','.join(map(str, blocks)) or 'none'}); wrote {args.out}")
+  return 0
+
+
 # ---------------------------------------------------------------------------------- eval
 
 EVAL_LEGEND = """\
@@ -267,11 +323,8 @@ def _eval_prefill(args, path, tr) -> int:
   import numpy as np
   from jaxsparse import ivf
   n = tr.k.shape[1]
-  try:
-    cfg = ivf.IVFConfig(topk=args.k, budget=args.budget, seal_window=args.seal_window,
-                        cluster_size=args.cluster_size, refit_interval=args.refit_interval)
-  except ValueError as e:
-    raise CliError(str(e).replace("budget=", "--budget=").replace("topk=", "--k=")) from None
+  cfg = _ivf_config(args)
+  plan = _eval_plan(args, cfg, tr) if args.plan else None
   if args.k >= n:
     raise CliError(f"--k={args.k} must be below the trace's {n} tokens")
   if n <= args.seal_window:
@@ -286,12 +339,15 @@ def _eval_prefill(args, path, tr) -> int:
         f"refit every {args.refit_interval}")
   from jaxsparse._bench.timing import print_table, write_json
   rows = []
-  for name, method, oracle in (("AttentionIndex (IVF)", "ivf", False),
-                               ("IVF, oracle group ranking", "ivf", True),
-                               ("HiSA blocks", "hisa", False), ("full DSA", "full", False)):
+  methods = [("AttentionIndex (IVF)", "ivf", False), ("IVF, oracle group ranking", "ivf", True),
+             ("HiSA blocks", "hisa", False), ("full DSA", "full", False)]
+  if plan is not None:
+    methods.insert(1, ("IVF planned (per layer)", "plan", False))
+  for name, method, oracle in methods:
     rec, cand = [], []
-    for li in range(tr.q.shape[0]):
-      r = ivf.evaluate(tr.q[li], tr.w[li], tr.k[li], cfg, method=method, query_positions=pos,
+    for li, layer in enumerate(tr.layers.tolist()):
+      m = plan["methods"][int(layer)] if method == "plan" else method
+      r = ivf.evaluate(tr.q[li], tr.w[li], tr.k[li], cfg, method=m, query_positions=pos,
                        oracle=oracle)
       rec.append(float(r["recall"].mean()))
       cand.append(float(r["num_candidates"].mean()))
@@ -304,14 +360,36 @@ def _eval_prefill(args, path, tr) -> int:
               ["method", "recall", "worst layer", "scored per query"])
   print("recall     share of the causal full top-K the method also selects (mean over queries "
         "and layers)")
+  hisa = next(r for r in rows if r["method"] == "HiSA blocks")
   print(f"summary  AttentionIndex keeps {rows[0]['recall']:.2%} of the full top-{args.k} with "
-        f"{rows[0]['candidates']:,.0f} candidates per query; HiSA {rows[2]['recall']:.2%}.")
+        f"{rows[0]['candidates']:,.0f} candidates per query; HiSA {hisa['recall']:.2%}.")
   if args.out:
     from jaxsparse._bench.timing import environment
     write_json(args.out, dict(environment=environment(), trace=path, meta=tr.meta,
                               k=args.k, rows=rows))
     print(f"wrote {args.out}")
   return 0
+
+
+def _eval_plan(args, cfg, tr) -> dict:
+  """The --plan file, checked against this evaluation's settings and the trace's layers."""
+  from jaxsparse.ivf import plan as ivf_plan
+  try:
+    pl = ivf_plan.load(args.plan)
+  except FileNotFoundError:
+    raise CliError(f"--plan={args.plan!r} does not exist") from None
+  except ivf_plan.PlanFileError as e:
+    raise CliError(f"--plan: {e}") from None
+  got = pl.get("config", {})
+  for name, option in (("topk", "--k"), ("budget", "--budget"), ("seal_window", "--seal-window"),
+                       ("cluster_size", "--cluster-size")):
+    if name in got and got[name] != getattr(cfg, name):
+      raise CliError(f"--plan={args.plan!r} was calibrated with {option}={got[name]}, not "
+                     f"{getattr(cfg, name)}")
+  missing = sorted(set(tr.layers.tolist()) - set(pl["methods"]))
+  if missing:
+    raise CliError(f"--plan={args.plan!r} does not cover the trace's layers {missing}")
+  return pl
 
 
 def _eval_plot(path, res, k):
@@ -628,6 +706,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="prefill traces: tokens between refits, 0 = seal only (default 2048)")
   e.add_argument("--queries", type=_positive("--queries"), default=128,
                  help="prefill traces: queries evaluated per layer (default 128)")
+  e.add_argument("--plan", default="", help="prefill traces: also a row with each layer's "
+                 "partition from this plan (`jaxsparse plan`)")
   e.add_argument("--out", default="", help="also write the table as JSON here")
   e.add_argument("--plot", default="", help="also draw recall vs skipped and miss per step "
                  "(PNG) here")
@@ -695,6 +775,29 @@ def build_parser() -> argparse.ArgumentParser:
                  help="decode: verifier rows (R = drafts + 1)")
   t.add_argument("--tokens", type=_positive("--tokens"), default=4096, help="prefill: tokens")
   t.set_defaults(func=_trace)
+
+  pl = sub.add_parser("plan", help="choose each layer's partition (AttentionIndex groups or "
+                      "HiSA blocks) on prefill traces of training text",
+                      description=PLAN_HELP, formatter_class=fmt)
+  pl.add_argument("--trace", required=True, type=lambda v: [x for x in v.split(",") if x],
+                  help="prefill trace(s) .npz, comma list (several texts are pooled per layer)")
+  pl.add_argument("--out", required=True, help="plan JSON to write")
+  pl.add_argument("--k", type=_positive("--k"), default=128, help="top-K size (default 128)")
+  pl.add_argument("--budget", type=_positive("--budget"), default=1024,
+                  help="candidate slots per query (default 1024)")
+  pl.add_argument("--seal-window", type=_positive("--seal-window"), default=256,
+                  help="keys per seal (default 256)")
+  pl.add_argument("--cluster-size", type=_positive("--cluster-size"), default=32,
+                  help="keys per group on average (default 32)")
+  pl.add_argument("--refit-interval", type=int, default=2048,
+                  help="tokens between refits, 0 = seal only (default 2048)")
+  pl.add_argument("--queries", type=_positive("--queries"), default=256,
+                  help="queries evaluated per layer and trace (default 256)")
+  pl.add_argument("--z", type=float, default=2.0, help="standard errors the other partition "
+                  "must win by (default 2)")
+  pl.add_argument("--prefer", choices=("hisa", "ivf"), default="hisa",
+                  help="the partition a layer keeps on a tie (default hisa: no index)")
+  pl.set_defaults(func=_plan)
 
   for name in ("train", "train-indexer"):
     r = sub.add_parser(name, help="train the lightning indexers" if name == "train" else

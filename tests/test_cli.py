@@ -214,3 +214,51 @@ def test_eval_on_a_prefill_trace_compares_attentionindex_hisa_and_full(tmp_path,
   assert 0 < rows["HiSA blocks"]["recall"] <= 1 and rows["AttentionIndex (IVF)"]["candidates"] <= 200
   assert cli.main(["eval", "--trace", path, "--budget", "50", "--seal-window", "64"]) == 2
   assert "--budget=50" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
+  """`jaxsparse plan` writes what `ivf.plan.calibrate` gives on the pooled traces; `eval
+  --plan` adds a row whose recall is each layer's planned method's; mismatches are named."""
+  from jaxsparse import ivf
+  from jaxsparse.ivf import plan as ivf_plan
+  rng = np.random.default_rng(1)
+  paths = []
+  for i, n in enumerate((640, 576)):
+    paths.append(str(tmp_path / f"t{i}.npz"))
+    traces.save(paths[-1], clustered_prefill_trace(rng, n, 2, 16, [3, 7]))
+  held = str(tmp_path / "held.npz")
+  traces.save(held, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
+  opts = ["--k", "16", "--budget", "200", "--seal-window", "64", "--cluster-size", "16",
+          "--refit-interval", "256", "--queries", "16"]
+  out = str(tmp_path / "plan.json")
+  assert cli.main(["plan", "--trace", ",".join(paths), "--out", out, "--z", "0"] + opts) == 0
+  text = capsys.readouterr().out
+  assert "HiSA - IVF" in text and "summary" in text
+  pl = ivf_plan.load(out)
+  cfg = ivf.IVFConfig(topk=16, budget=200, seal_window=64, cluster_size=16, refit_interval=256)
+  want = ivf_plan.calibrate([traces.load(p) for p in paths], cfg, queries=16, z=0.0)
+  assert pl["methods"] == want["methods"] and pl["recall"] == want["recall"]
+  assert all(r["texts"] == 2 for r in pl["recall"].values())
+  res = tmp_path / "r.json"
+  assert cli.main(["eval", "--trace", held, "--plan", out, "--out", str(res)] + opts) == 0
+  rows = {r["method"]: r for r in json.loads(res.read_text())["rows"]}
+  tr = traces.load(held)
+  pos = np.unique(np.linspace(64, 639, 16).astype(np.int64))
+  per_layer = [float(ivf.evaluate(tr.q[i], tr.w[i], tr.k[i], cfg, method=pl["methods"][layer],
+                                  query_positions=pos)["recall"].mean())
+               for i, layer in enumerate([3, 7])]
+  assert rows["IVF planned (per layer)"]["recall"] == pytest.approx(np.mean(per_layer), abs=1e-12)
+  capsys.readouterr()
+  for argv, msg in [(["--budget", "300"], "calibrated with --budget=200, not 300"),
+                    (["--plan", str(tmp_path / "none.json")], "does not exist")]:
+    bad = opts + ["--plan", out] + argv
+    assert cli.main(["eval", "--trace", held] + bad) == 2
+    assert msg in capsys.readouterr().err
+  one = str(tmp_path / "one.npz")
+  traces.save(one, clustered_prefill_trace(rng, 640, 2, 16, [9]))
+  assert cli.main(["eval", "--trace", one, "--plan", out] + opts) == 2
+  assert "does not cover the trace's layers [9]" in capsys.readouterr().err
+  for argv, msg in [(["--budget", "50"], "--budget=50"), (["--z", "-1"], "--z=-1"),
+                    (["--trace", str(tmp_path / "no.npz")], "does not exist")]:
+    assert cli.main(["plan", "--trace", paths[0], "--out", out] + opts + argv) == 2
+    assert msg in capsys.readouterr().err
