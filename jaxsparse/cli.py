@@ -672,6 +672,18 @@ def _model(args) -> int:
   return 0
 
 
+def _index_options(p, note: str = "") -> None:
+  """AttentionIndex settings shared by `eval` (prefill traces) and `plan`."""
+  p.add_argument("--budget", type=_positive("--budget"), default=1024,
+                 help=f"{note}candidate slots per query (default 1024)")
+  p.add_argument("--seal-window", type=_positive("--seal-window"), default=256,
+                 help=f"{note}keys per seal (default 256)")
+  p.add_argument("--cluster-size", type=_positive("--cluster-size"), default=32,
+                 help=f"{note}keys per group on average (default 32)")
+  p.add_argument("--refit-interval", type=int, default=2048,
+                 help=f"{note}tokens between refits, 0 = seal only (default 2048)")
+
+
 def build_parser() -> argparse.ArgumentParser:
   fmt = argparse.RawDescriptionHelpFormatter
   p = argparse.ArgumentParser(
@@ -696,14 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--pooling", default="max", choices=("max", "top4", "mean"),
                  help="SPIN block pooling (default max)")
   e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
-  e.add_argument("--budget", type=_positive("--budget"), default=1024,
-                 help="prefill traces: candidate slots per query (default 1024)")
-  e.add_argument("--seal-window", type=_positive("--seal-window"), default=256,
-                 help="prefill traces: keys per seal (default 256)")
-  e.add_argument("--cluster-size", type=_positive("--cluster-size"), default=32,
-                 help="prefill traces: keys per group on average (default 32)")
-  e.add_argument("--refit-interval", type=int, default=2048,
-                 help="prefill traces: tokens between refits, 0 = seal only (default 2048)")
+  _index_options(e, "prefill traces: ")
   e.add_argument("--queries", type=_positive("--queries"), default=128,
                  help="prefill traces: queries evaluated per layer (default 128)")
   e.add_argument("--plan", default="", help="prefill traces: also a row with each layer's "
@@ -783,14 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
                   help="prefill trace(s) .npz, comma list (several texts are pooled per layer)")
   pl.add_argument("--out", required=True, help="plan JSON to write")
   pl.add_argument("--k", type=_positive("--k"), default=128, help="top-K size (default 128)")
-  pl.add_argument("--budget", type=_positive("--budget"), default=1024,
-                  help="candidate slots per query (default 1024)")
-  pl.add_argument("--seal-window", type=_positive("--seal-window"), default=256,
-                  help="keys per seal (default 256)")
-  pl.add_argument("--cluster-size", type=_positive("--cluster-size"), default=32,
-                  help="keys per group on average (default 32)")
-  pl.add_argument("--refit-interval", type=int, default=2048,
-                  help="tokens between refits, 0 = seal only (default 2048)")
+  _index_options(pl)
   pl.add_argument("--queries", type=_positive("--queries"), default=256,
                   help="queries evaluated per layer and trace (default 256)")
   pl.add_argument("--z", type=float, default=2.0, help="standard errors the other partition "
