@@ -68,9 +68,12 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
     gpu-tests)  # WORKERS processes share the card (compiling dominates; memory grows on demand)
       python3 -c "import xdist" 2>/dev/null || python3 -m pip install -q --no-deps \
         .device/wheels/execnet-*.whl .device/wheels/pytest_xdist-*.whl 2>&1 | grep -v WARNING
-      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -p no:cacheprovider \
-        ${WORKERS:+-n $WORKERS} --durations=10 tests/test_gpu.py 2>&1 \
-        | tee "$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}.log" | tail -25 ;;
+      name=$OUT/gpu_tests${JAXSPARSE_TEST_PART:+_${JAXSPARSE_TEST_PART%/*}}
+      cmd="python3 -m pytest -q -p no:cacheprovider ${WORKERS:+-n $WORKERS} --durations=10 \
+--junitxml=$name.xml tests/test_gpu.py"
+      XLA_PYTHON_CLIENT_PREALLOCATE=false $cmd 2>&1 | tee "$name.log" | tail -25
+      python3 -m jaxsparse._bench.junit "$name.xml" "$name.json" \
+        "${WORKERS:+WORKERS=$WORKERS }${JAXSPARSE_TEST_PART:+JAXSPARSE_TEST_PART=$JAXSPARSE_TEST_PART }$cmd" ;;
     indexer) python3 benchmarks/bench_indexer.py --out "$OUT/indexer_h200.json" 2>&1 | tee "$OUT/bench_indexer.log" ;;
     topk) python3 benchmarks/bench_topk.py --out "$OUT/topk_h200.json" 2>&1 | tee "$OUT/bench_topk.log" ;;
     readme-tables)

@@ -2,6 +2,7 @@
 target runs the commands that regenerate its files (checked with stand-in executables)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -88,6 +89,39 @@ def test_ivf_recall_takes_chosen_layers_and_several_calibration_texts(tmp_path):
   assert (f"--calibration-trace {traces}/train_32k_l2_2000000.npz,"
           f"{traces}/train_32k_l2_1000000.npz") in bench
   assert f"--trace {traces}/prefill_32k_l2.npz" in bench and bench.endswith("ivf_recall_32k_l2")
+
+
+def test_gpu_tests_run_in_parallel_and_leave_a_json_record(tmp_path):
+  rc, calls, _ = _dry_run(tmp_path, "gpu-tests", WORKERS="12")
+  assert rc == 0
+  out = tmp_path / "out"
+  (run,) = [c for c in calls if "pytest" in c and "junit" not in c.split()[2]]
+  assert "-n 12" in run and f"--junitxml={out}/gpu_tests.xml tests/test_gpu.py" in run
+  (rec,) = [c for c in calls if "jaxsparse._bench.junit" in c]
+  assert rec.startswith(f"python3 -m jaxsparse._bench.junit {out}/gpu_tests.xml "
+                        f"{out}/gpu_tests.json WORKERS=12 python3 -m pytest")
+
+
+def test_junit_record_counts_what_pytest_wrote(tmp_path):
+  from jaxsparse._bench import junit
+  xml = tmp_path / "r.xml"
+  xml.write_text(
+      '<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="1" failures="1" '
+      'skipped="1" tests="5" time="12.5">'
+      '<testcase classname="tests.test_gpu" name="test_a" time="1"/>'
+      '<testcase classname="tests.test_gpu" name="test_b" time="1"><failure message="x"/>'
+      '</testcase><testcase classname="tests.test_gpu" name="test_c" time="1"><error/>'
+      '</testcase><testcase classname="tests.test_gpu" name="test_d" time="0"><skipped/>'
+      '</testcase><testcase classname="tests.test_gpu" name="test_e" time="1"/>'
+      '</testsuite></testsuites>')
+  out = tmp_path / "r.json"
+  assert junit.main([str(xml), str(out), "pytest tests/test_gpu.py"]) == 0
+  rec = json.loads(out.read_text())
+  assert (rec["tests"], rec["passed"], rec["failures"], rec["errors"], rec["skipped"]) == (
+      5, 2, 1, 1, 1)
+  assert rec["seconds"] == 12.5 and rec["environment"]["command"] == "pytest tests/test_gpu.py"
+  assert rec["failed_tests"] == ["tests.test_gpu::test_b", "tests.test_gpu::test_c"]
+  assert junit.main([str(xml)]) == 2
 
 
 @pytest.mark.parametrize("target, scripts", [
