@@ -247,7 +247,8 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
   per_layer = [float(ivf.evaluate(tr.q[i], tr.w[i], tr.k[i], cfg, method=pl["methods"][layer],
                                   query_positions=pos)["recall"].mean())
                for i, layer in enumerate([3, 7])]
-  assert rows["IVF planned (per layer)"]["recall"] == pytest.approx(np.mean(per_layer), abs=1e-12)
+  planned = rows["IVF planned (per layer)"]["recall"]
+  assert planned == pytest.approx(np.mean(per_layer), abs=1e-12)
   capsys.readouterr()
   for argv, msg in [(["--budget", "300"], "calibrated with --budget=200, not 300"),
                     (["--plan", str(tmp_path / "none.json")], "does not exist")]:

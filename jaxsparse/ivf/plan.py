@@ -48,8 +48,9 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   layer keeps unless the other's mean recall exceeds it by more than z standard errors of the
   paired per-query difference. Returns the plan: {"format", "methods": {layer: "ivf" |
   "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error",
-  "texts", and with several texts "per_text": the same figures for each}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z",
-  "prefer", "trace": the first trace's meta, "traces": every trace's meta}.
+  "texts", and with several texts "per_text": the same figures for each}}, "config":
+  IVFConfig fields, "queries" (positions in the first trace), "z", "prefer", "trace": the
+  first trace's meta, "traces": every trace's meta}.
   """
   from jaxsparse.ivf.evaluation import evaluate
   if queries < 2:
