@@ -95,7 +95,7 @@ def test_gpu_tests_run_in_parallel_and_leave_a_json_record(tmp_path):
   rc, calls, _ = _dry_run(tmp_path, "gpu-tests", WORKERS="12")
   assert rc == 0
   out = tmp_path / "out"
-  (run,) = [c for c in calls if "pytest" in c and "junit" not in c.split()[2]]
+  (run,) = [c for c in calls if c.startswith("python3 -m pytest")]
   assert "-n 12" in run and f"--junitxml={out}/gpu_tests.xml tests/test_gpu.py" in run
   (rec,) = [c for c in calls if "jaxsparse._bench.junit" in c]
   assert rec.startswith(f"python3 -m jaxsparse._bench.junit {out}/gpu_tests.xml "
