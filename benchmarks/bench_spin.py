@@ -1,4 +1,4 @@
-"""SPIN decode step vs the full indexer step (fused scoring + exact top-K) on the H200.
+"""SPIN decode step vs the full indexer step (fused scoring + exact top-K) on a GPU.
 
   python benchmarks/bench_spin.py            # B in {1, 8, 64}, 32K-512K slots, 20-50% sparsity
   python benchmarks/bench_spin.py --quick    # tiny (CPU)
@@ -21,7 +21,7 @@ def _topk_config(a):
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true")
-  p.add_argument("--out", default="benchmarks/results/spin_h200.json")
+  p.add_argument("--out", default="benchmarks/results/spin_step.json")
   p.add_argument("--batches", default="1,8,64")
   p.add_argument("--slots", default="131072,524288")
   p.add_argument("--sparsities", default="0.2,0.4,0.5")
