@@ -185,6 +185,22 @@ def test_time_in_graph_modes(monkeypatch):
     benchtools.in_graph_mode()
 
 
+def test_time_calls_threads_a_donated_state():
+  """The host-loop timer with carry feeds each call's output back, so a step jitted with its
+  state donated (as a serving loop runs it) never sees a consumed buffer; without carry the
+  same step fails on its second call."""
+  import jax
+  import jax.numpy as jnp
+  from jaxsparse._bench.timing import time_calls
+  step = jax.jit(lambda s, x: (s + x, x.sum()), donate_argnums=0)
+  assert np.isfinite(time_calls(step, [(jnp.zeros(8), jnp.ones(8))], reps=2, calls=3, warmup=1,
+                                carry=(0, 0)))
+  with pytest.raises(ValueError, match="donated|deleted"):
+    time_calls(step, [(jnp.zeros(8), jnp.ones(8))], reps=1, calls=2, warmup=1)
+  with pytest.raises(ValueError, match="carry"):
+    time_calls(step, [(jnp.zeros(8), jnp.ones(8))] * 2, carry=(0, 0))
+
+
 def test_kernel_time_needs_gpu_kernels():
   """On a machine without a GPU the device-trace timer says so instead of returning 0."""
   import jax

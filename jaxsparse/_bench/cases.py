@@ -29,7 +29,6 @@ def _timed(fn, arg_sets, **kw):
     if in_graph_mode():
       return time_in_graph(fn, arg_sets[0], calls=kw.get("calls", 20), reps=kw.get("reps", 5),
                            carry=kw.get("carry")), ""
-    kw.pop("carry", None)
     return time_calls(fn, arg_sets, **kw), ""
   except Exception as e:  # noqa: BLE001 - any lowering/runtime failure of one variant
     return float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -394,21 +393,26 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                                   topk_config=topk_config,
                                   decode_config=spin_decode_config)[:3]
 
-        step = jax.jit(step_fn)
-        sec, err = _timed(step, [(st, q, kc, table, lens, w, key)], reps=reps, calls=calls,
-                          carry=(0, 2))
-        # kernel time as a serving loop runs the step: the state donated and threaded from
-        # call to call, so the update kernel writes it in place (without donation XLA copies
-        # the aliased [B, N] V / D states and the passed-through ones every call)
+        # wall time as a serving loop runs the step: the state donated and threaded from call
+        # to call, so the update kernel writes it in place (the library's advice, spin.serving);
+        # without donation XLA copies the aliased [B, N] V / D states and the passed-through
+        # ones every call (us_undonated)
+        donated = jax.jit(step_fn, donate_argnums=0)
+        sec, err = _timed(donated, [(jax.tree.map(jnp.copy, st), q, kc, table, lens, w, key)],
+                          reps=reps, calls=calls, carry=(0, 2))
+        sec_u, err_u = _timed(jax.jit(step_fn), [(st, q, kc, table, lens, w, key)], reps=reps,
+                              calls=calls, carry=(0, 2))
+        # kernel time of the same donated loop
         step_kernels = {}
         kus = float("nan") if err else _kernel_us(
-            jax.jit(step_fn, donate_argnums=0), (jax.tree.map(jnp.copy, st), q, kc, table, lens,
-                                                 w, key), step_kernels, carry=(0, 2))
+            donated, (jax.tree.map(jnp.copy, st), q, kc, table, lens, w, key), step_kernels,
+            carry=(0, 2))
         pu = stage_us.get("select", math.nan) + stage_us.get("update", math.nan)
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          spin_decode_config=str(spin_decode_config or "default"),
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
-                         error=err or err2, us=sec * 1e6, vs_full=sec / full_s,
+                         error=err or err_u or err2, us=sec * 1e6, vs_full=sec / full_s,
+                         us_undonated=sec_u * 1e6, undonated_vs_full=sec_u / full_s,
                          kernel_us=kus, kernel_vs_full=kus / full_kus, kernels_us=step_kernels,
                          **{f"{s}_us": v for s, v in stage_us.items()},
                          predict_update_us=pu, predict_update_frac=pu * 1e-6 / full_s,

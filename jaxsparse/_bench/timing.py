@@ -18,19 +18,35 @@ COPY_TBPS = 4.3  # H200 device-to-device copy, bytes read + written (shared/anch
 MATMUL_TFLOPS = 711.0  # H200 bf16 8192^3 jnp.dot (shared/anchors.md)
 
 
-def time_calls(fn, arg_sets, *, reps: int = 5, calls: int = 30, warmup: int = 3) -> float:
+def time_calls(fn, arg_sets, *, reps: int = 5, calls: int = 30, warmup: int = 3,
+               carry: tuple[int, int | None] | None = None) -> float:
   """Median seconds per call: `calls` back-to-back async dispatches, one sync, `reps` times.
 
   arg_sets: list of argument tuples rotated through so repeated calls do not hit in L2.
+  carry=(i, j): one argument set whose argument i is output j (None: the whole output) of the
+    previous call, as a decode loop threads its state. With `fn` jitted with donate_argnums=(i,)
+    the state is updated in place, as a serving loop runs it, and the caller's args[i] is
+    consumed.
   """
+  if carry is not None and len(arg_sets) != 1:
+    raise ValueError(f"carry={carry} needs exactly one argument set, got {len(arg_sets)}")
+  args = list(arg_sets[0])
+
+  def call(i):
+    if carry is None:
+      return fn(*arg_sets[i % len(arg_sets)])
+    out = fn(*args)
+    args[carry[0]] = out if carry[1] is None else out[carry[1]]
+    return out
+
   for i in range(warmup):
-    jax.block_until_ready(fn(*arg_sets[i % len(arg_sets)]))
+    jax.block_until_ready(call(i))
   samples = []
   for _ in range(reps):
     t0 = time.perf_counter()
     out = None
     for i in range(calls):
-      out = fn(*arg_sets[i % len(arg_sets)])
+      out = call(i)
     jax.block_until_ready(out)
     samples.append((time.perf_counter() - t0) / calls)
   return statistics.median(samples)
