@@ -1,5 +1,9 @@
 """SPIN decode step vs the full indexer step (fused scoring + exact top-K) on a GPU.
 
+Columns: `us`, the jitted step's wall time per call with its state donated and threaded from call
+to call, as a serving loop runs it; `us_undonated`, the same without donation (XLA then copies the
+state every call); `kernel_us`, the donated step's kernel time from the device trace.
+
   python benchmarks/bench_spin.py            # B in {1, 8, 64}, 32K-512K slots, 20-50% sparsity
   python benchmarks/bench_spin.py --quick    # tiny (CPU)
 """
