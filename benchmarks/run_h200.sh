@@ -34,7 +34,12 @@
 #                    the untimed first run's context, default 65536)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   spin             the SPIN decode step against the full step (scoring + exact top-K): B 64,
-#                    40% sparsity, 128K and 512K slots (BATCHES, SLOTS, SPARSITIES widen it)
+#                    40% sparsity, 128K and 512K slots (BATCHES, SLOTS, SPARSITIES widen it;
+#                    STEP_ONLY=1 skips the stage timings; SPIN_NAME names the file). The
+#                    command-buffer files: STEP_ONLY=1 SPIN_NAME=spin_step_cmdbuf_off
+#                    XLA_FLAGS=--xla_gpu_enable_command_buffer= (and _on with
+#                    =FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE
+#                    --xla_gpu_graph_min_graph_size=1)
 #   prefill-sharded  the sharded prefill on this one GPU against the unsharded path (its
 #                    overhead; TOKENS, default 262144,524288: 1M does not fit 80 GB beside it)
 # Environment: JAXSPARSE_GGUF (the SmolLM2 GGUF; the machine has no network),
@@ -129,8 +134,8 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
         | tee "$OUT/prefill_topk.log" | tail -8 ;;
     spin)
       python3 benchmarks/bench_spin.py --batches "${BATCHES:-64}" --slots "${SLOTS:-131072,524288}" \
-        --sparsities "${SPARSITIES:-0.4}" --out "$OUT/spin_step.json" 2>&1 \
-        | tee "$OUT/spin_step.log" | tail -12 ;;
+        --sparsities "${SPARSITIES:-0.4}" ${STEP_ONLY:+--step-only} \
+        --out "$OUT/${SPIN_NAME:-spin_step}.json" 2>&1 | tee "$OUT/${SPIN_NAME:-spin_step}.log" | tail -12 ;;
     prefill-sharded)
       python3 -m jaxsparse.cli bench prefill --devices 1 --tokens "${TOKENS:-262144,524288}" \
         --k 2048 --heads 64 --head-dim 128 --out "$OUT/prefill_sharded.json" 2>&1 \

@@ -137,3 +137,17 @@ def test_targets_run_their_commands(tmp_path, target, scripts):
   joined = "\n".join(calls)
   for s in scripts:
     assert s in joined, f"{target} does not run {s}"
+
+
+def test_spin_target_names_its_file_and_can_skip_stages(tmp_path):
+  """`spin` writes spin_step.json with the stage timings by default; STEP_ONLY and SPIN_NAME
+  give the command-buffer files their names."""
+  rc, calls, _ = _dry_run(tmp_path, "spin")
+  spin = [c for c in calls if "bench_spin.py" in c]
+  assert rc == 0 and len(spin) == 1
+  assert "spin_step.json" in spin[0] and "--step-only" not in spin[0]
+  (tmp_path / "b").mkdir()
+  rc, calls, _ = _dry_run(tmp_path / "b", "spin", STEP_ONLY="1",
+                          SPIN_NAME="spin_step_cmdbuf_off")
+  spin = [c for c in calls if "bench_spin.py" in c]
+  assert rc == 0 and "--step-only" in spin[-1] and "spin_step_cmdbuf_off.json" in spin[-1]
