@@ -7,7 +7,7 @@ The trace comes from `jaxsparse trace prefill --text FILE --tokens 8192` (all 30
 Default settings scale the paper's (K 2048, budget 24K, W 1024, groups of 128, refits every
 16K at 128K-1M tokens) to an 8K context: K 128, budgets 384/512/1024/2048, W 256, groups of
 32, refits every 2048 tokens. "IVF corrected" adds the shipped learned correction to the means
-(`--corrector`).
+(`--corrector`); "IVF metric" groups under the shipped query-aware metric (`--metric`).
 """
 from __future__ import annotations
 
@@ -25,10 +25,14 @@ from jaxsparse import ivf, traces  # noqa: E402
 from jaxsparse._bench.timing import environment, write_json  # noqa: E402
 from jaxsparse.ivf import plan as ivf_plan  # noqa: E402
 
-# name, method, refits, oracle ranking, learned correction
-METHODS = (("IVF", "ivf", True, False, False), ("IVF seal only", "ivf", False, False, False),
-           ("IVF corrected", "ivf", True, False, True), ("IVF oracle", "ivf", True, True, False),
-           ("HiSA", "hisa", True, False, False), ("HiSA oracle", "hisa", True, True, False))
+# name, method, refits, oracle ranking, learned correction, grouping metric
+METHODS = (("IVF", "ivf", True, False, False, False),
+           ("IVF seal only", "ivf", False, False, False, False),
+           ("IVF corrected", "ivf", True, False, True, False),
+           ("IVF metric", "ivf", True, False, False, True),
+           ("IVF oracle", "ivf", True, True, False, False),
+           ("HiSA", "hisa", True, False, False, False),
+           ("HiSA oracle", "hisa", True, True, False, False))
 PLANNED = "IVF planned"  # each layer under the partition a calibration trace chose for it
 
 
@@ -37,13 +41,14 @@ def shared_name(block: int) -> str:
 
 
 def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_block=0,
-        progress=print):
+        progress=print, metric=None):
   """corrector: a file of `jaxsparse train corrector` for the "IVF corrected" rows (None:
-  those rows are left out). plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
+  those rows are left out). metric: a file of `jaxsparse fit-metric` for the "IVF metric" rows
+  (None: left out). plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
   rows (each layer's recall under the method its plan chose; None: left out). query_block:
   adds "IVF shared B, 2x budget" rows: blocks of B queries sharing twice the budget
   (IVFConfig.query_block; 0: left out)."""
-  methods = [m for m in METHODS if corrector or not m[4]]
+  methods = [m for m in METHODS if (corrector or not m[4]) and (metric or not m[5])]
   pos = ivf_plan.calibration_positions(tr.k.shape[1], cfg.seal_window, queries)
   rows = []
   for li in layers:
@@ -51,12 +56,13 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_blo
     for b in budgets:
       c = dataclasses.replace(cfg, budget=b)
       per_query = {}
-      for name, method, refits, oracle, corrected in methods:
+      for name, method, refits, oracle, corrected, metric_on in methods:
         cc = c if refits else dataclasses.replace(c, refit_interval=0)
         t0 = time.perf_counter()
+        extra = dict(corrector=corrector) if corrected else {}
+        extra.update(dict(metric=metric) if metric_on else {})
         r = ivf.evaluate(q, w, k, cc, method=method, query_positions=pos, oracle=oracle,
-                         **(dict(corrector=corrector, layer=int(tr.layers[li])) if corrected
-                            else {}))
+                         **(dict(extra, layer=int(tr.layers[li])) if extra else {}))
         per_query[name] = np.asarray(r["recall"], np.float64)
         rows.append(dict(layer=int(tr.layers[li]), budget=b, method=name,
                          recall=float(r["recall"].mean()),
@@ -107,6 +113,10 @@ def summary(rows, budgets):
     out[b]["IVF behind HiSA"] = [(r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
                                  if r["budget"] == b and r["method"] == "IVF"
                                  and r["minus_hisa"] < 0]
+    if "IVF metric" in out[b]:
+      out[b]["IVF metric behind HiSA"] = [
+          (r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
+          if r["budget"] == b and r["method"] == "IVF metric" and r["minus_hisa"] < 0]
     if PLANNED in out[b]:
       out[b]["IVF planned behind HiSA"] = [
           (r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
@@ -175,6 +185,9 @@ def main(argv=None):
   p.add_argument("--corrector", default="shipped",
                  help="corrector file for the 'IVF corrected' rows: 'shipped' (SmolLM2's, for "
                       "traces of the shipped indexers), a path, or '' to leave them out")
+  p.add_argument("--metric", default="shipped",
+                 help="grouping metric file for the 'IVF metric' rows: 'shipped' (SmolLM2's), a "
+                      "path (`jaxsparse fit-metric`), or '' to leave them out")
   p.add_argument("--calibration-trace", default="",
                  help="prefill traces of other text (comma-separated): per budget, "
                       "`ivf.plan.calibrate` picks each layer's partition on them for the "
@@ -198,6 +211,8 @@ def main(argv=None):
                       compact=not a.float32_index)
   from jaxsparse.ivf import corrector as ivf_corrector
   corr = ivf_corrector.SHIPPED if a.corrector == "shipped" else a.corrector or None
+  from jaxsparse.ivf import metric as ivf_metric
+  met = ivf_metric.SHIPPED if a.metric == "shipped" else a.metric or None
   plans = None
   if a.calibration_trace:
     want = [int(tr.layers[i]) for i in layers]
@@ -216,10 +231,11 @@ def main(argv=None):
   if a.query_block and (a.query_block < 0 or a.seal_window % a.query_block):
     p.error(f"--query-block={a.query_block} must divide --seal-window={a.seal_window}")
   pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans,
-                  query_block=a.query_block)
+                  query_block=a.query_block, metric=met)
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
          "config": dataclasses.asdict(cfg),
          "corrector": os.path.basename(corr) if corr else None,
+         "metric": os.path.basename(met) if met else None,
          "calibration_trace": ",".join(os.path.basename(v) for v in
                                        a.calibration_trace.split(",")) or None,
          "plans": {b: {"methods": pl["methods"], "recall": pl["recall"], "z": pl["z"],
@@ -236,6 +252,9 @@ def main(argv=None):
       print(f"  planned as blocks: {s['layers planned as blocks']}; IVF planned behind HiSA: "
             + (", ".join(f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in
                          s["IVF planned behind HiSA"]) or "none"))
+    if "IVF metric" in s:
+      print("  IVF metric behind HiSA: " + (", ".join(
+          f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in s["IVF metric behind HiSA"]) or "none"))
     print("  IVF behind HiSA (layer, difference, std. error): " + (", ".join(
         f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in s["IVF behind HiSA"]) or "none"))
   print(f"wrote {a.out}.json and .png")

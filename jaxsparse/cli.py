@@ -247,6 +247,36 @@ def _plan(args) -> int:
   return 0
 
 
+METRIC_HELP = """\
+Fit AttentionIndex's query-aware grouping metric (`jaxsparse.ivf.metric`) on prefill traces of
+training text: per layer, A = (D S / trace S + eps I)^(1/2) from the second moment S of the
+weighted query sum. The index then groups keys that queries score alike. Use it with:
+
+  jaxsparse fit-metric --trace t1.npz,t2.npz --out metric.npz
+  jaxsparse eval --trace heldout.npz --metric metric.npz"""
+
+
+def _fit_metric(args) -> int:
+  from jaxsparse.ivf import metric as ivf_metric
+  if not args.eps > 0:
+    raise CliError(f"--eps={args.eps} must be positive")
+  trs = []
+  for path in args.trace:
+    tr = _load_trace("--trace", path)
+    if tr.kind != "prefill":
+      raise CliError(f"--trace={path!r} is a {tr.kind} trace; a metric needs prefill traces")
+    if trs and tr.layers.tolist() != trs[0].layers.tolist():
+      raise CliError(f"--trace={path!r} holds layers {tr.layers.tolist()}, the first trace "
+                     f"{trs[0].layers.tolist()}: every trace must hold the same layers")
+    trs.append(tr)
+  _check_writable("--out", args.out)
+  metrics = ivf_metric.fit_traces(trs, eps=args.eps)
+  ivf_metric.save(args.out, metrics, meta={"traces": [os.path.basename(t) for t in args.trace],
+                                           "eps": args.eps})
+  print(f"summary  metric for {len(metrics)} layers from {len(trs)} trace(s); wrote {args.out}")
+  return 0
+
+
 # ---------------------------------------------------------------------------------- eval
 
 EVAL_LEGEND = """\
@@ -343,12 +373,16 @@ def _eval_prefill(args, path, tr) -> int:
              ("HiSA blocks", "hisa", False), ("full DSA", "full", False)]
   if plan is not None:
     methods.insert(1, ("IVF planned (per layer)", "plan", False))
+  if args.metric:
+    _eval_metric(args, tr)
+    methods.insert(1, ("IVF, query-aware metric", "metric", False))
   for name, method, oracle in methods:
     rec, cand = [], []
     for li, layer in enumerate(tr.layers.tolist()):
       m = plan["methods"][int(layer)] if method == "plan" else method
-      r = ivf.evaluate(tr.q[li], tr.w[li], tr.k[li], cfg, method=m, query_positions=pos,
-                       oracle=oracle)
+      extra = dict(metric=args.metric, layer=int(layer)) if method == "metric" else {}
+      r = ivf.evaluate(tr.q[li], tr.w[li], tr.k[li], cfg, method="ivf" if m == "metric" else m,
+                       query_positions=pos, oracle=oracle, **extra)
       rec.append(float(r["recall"].mean()))
       cand.append(float(r["num_candidates"].mean()))
     rows.append({"method": name, "recall": float(np.mean(rec)), "worst layer": min(rec),
@@ -369,6 +403,25 @@ def _eval_prefill(args, path, tr) -> int:
                               k=args.k, rows=rows))
     print(f"wrote {args.out}")
   return 0
+
+
+def _eval_metric(args, tr) -> None:
+  """The --metric file, checked against the trace's layers and key width."""
+  from jaxsparse.ivf import metric as ivf_metric
+  try:
+    metrics = ivf_metric.load(args.metric)
+  except FileNotFoundError:
+    raise CliError(f"--metric={args.metric!r} does not exist") from None
+  except ValueError as e:
+    raise CliError(f"--metric={args.metric!r}: {e}") from None
+  missing = [int(x) for x in tr.layers.tolist() if int(x) not in metrics]
+  if missing:
+    raise CliError(f"--metric={args.metric!r} holds no metric for layers {missing}")
+  d = tr.k.shape[-1]
+  bad = [layer for layer, a in metrics.items() if a.shape != (d, d)]
+  if bad:
+    raise CliError(f"--metric={args.metric!r}: layers {bad} are not [{d}, {d}] (the trace's "
+                   f"key width)")
 
 
 def _eval_plan(args, cfg, tr) -> dict:
@@ -713,6 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="prefill traces: queries evaluated per layer (default 128)")
   e.add_argument("--plan", default="", help="prefill traces: also a row with each layer's "
                  "partition from this plan (`jaxsparse plan`)")
+  e.add_argument("--metric", default="", help="prefill traces: also a row with the grouping "
+                 "metric of this file (`jaxsparse fit-metric`)")
   e.add_argument("--out", default="", help="also write the table as JSON here")
   e.add_argument("--plot", default="", help="also draw recall vs skipped and miss per step "
                  "(PNG) here")
@@ -796,6 +851,16 @@ def build_parser() -> argparse.ArgumentParser:
   pl.add_argument("--prefer", choices=("hisa", "ivf"), default="hisa",
                   help="the partition a layer keeps on a tie (default hisa: no index)")
   pl.set_defaults(func=_plan)
+
+  fm = sub.add_parser("fit-metric", help="fit AttentionIndex's query-aware grouping metric on "
+                      "prefill traces of training text", description=METRIC_HELP,
+                      formatter_class=fmt)
+  fm.add_argument("--trace", required=True, type=lambda v: [x for x in v.split(",") if x],
+                  help="prefill trace(s) .npz, comma list (queries pooled per layer)")
+  fm.add_argument("--out", required=True, help="metric .npz to write")
+  fm.add_argument("--eps", type=float, default=0.01,
+                  help="ridge added to the normalised second moment (default 0.01)")
+  fm.set_defaults(func=_fit_metric)
 
   for name in ("train", "train-indexer"):
     r = sub.add_parser(name, help="train the lightning indexers" if name == "train" else

@@ -43,8 +43,9 @@ def test_ivf_recall_benchmark_quick(tmp_path):
        str(tmp_path / "ivf"), "--calibration-trace", path, "--query-block", "16")
   data = json.loads((tmp_path / "ivf.json").read_text())
   methods = {r["method"] for r in data["rows"]}
-  assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF oracle", "HiSA",
-                     "HiSA oracle", "IVF planned", "IVF shared 16, 2x budget"}
+  assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF metric", "IVF oracle",
+                     "HiSA", "HiSA oracle", "IVF planned", "IVF shared 16, 2x budget"}
+  assert data["metric"] == "smollm2_metric.npz"
   assert all(r["candidates"] <= 512 for r in data["rows"])  # shared: 2 x 256 per block
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
   assert data["plans"]["256"]["prefer"] == "hisa" and data["plans"]["256"]["z"] == 2.0

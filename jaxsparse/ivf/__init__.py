@@ -11,11 +11,12 @@ from jaxsparse.ivf.prefill import prefill_topk
 from jaxsparse.ivf.index import (group_capacity, index_bytes, init_state, member_means,
                                  refit, representatives, seal)
 from jaxsparse.ivf import plan  # per-layer partitions: content groups or position blocks
+from jaxsparse.ivf import metric  # the query-aware grouping metric
 
 __all__ = ["IVFConfig", "evaluate", "prefill_topk", "METHODS", "init_state", "seal", "refit",
            "representatives", "member_means", "candidate_mask", "candidate_indices",
            "inverted_lists", "lists_by_rank", "representative_scores", "group_capacity",
-           "index_bytes", "plan"]
+           "index_bytes", "plan", "metric"]
 
 
 @dataclasses.dataclass(frozen=True)

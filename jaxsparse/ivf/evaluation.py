@@ -105,7 +105,7 @@ def _hisa_structure(n, config):
 
 
 def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: bool = False,
-             corrector=None, layer: int | None = None) -> dict:
+             corrector=None, layer: int | None = None, metric=None) -> dict:
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
 
   q [N, H, D], w [N, H], k [N, D] float (a prefill trace layer: query n sits at position n and
@@ -115,14 +115,19 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
   loses keys. corrector: the learned representative correction added to the
   member means: a path to a file from `jaxsparse train corrector` (with `layer`, the model
   layer this trace layer is), a `corrector.Corrector`, or a callable(state, keys, mean) ->
-  correction [G, D].
+  correction [G, D]. metric: the grouping metric (`jaxsparse.ivf.metric`, method "ivf"): an
+  A [D, D] array or a metric file path (with `layer`); the index groups keys @ A and ranks its
+  groups with q @ A^-1, candidates are scored as always.
   Returns {"recall" [Q] float, "topk_indices" [Q, topk] int32 (-1 padded), "num_candidates"
   [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
   """
   positions = np.asarray(query_positions, np.int64)
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   _check(q, w, k, config, method, positions)
+  if method != "ivf" and metric is not None:
+    raise ValueError(f"metric applies to method='ivf' only; got method={method!r}")
   corrector = _resolve_corrector(corrector, layer)
+  kx, qx, a = _metric_inputs(q, k, metric, layer)
   n = k.shape[0]
   topk = min(config.topk, n)
   pj = jnp.asarray(positions, jnp.int32)
@@ -152,9 +157,9 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
     for v in range(int(version.max()) + 1):
       if v >= 1:
         p = v * wnd
-        state = index.seal(state, k, p, config=config)
+        state = index.seal(state, kx, p, config=config)
         if config.refit_interval and p % config.refit_interval == 0:
-          state = index.refit(state, k, p, config=config)
+          state = index.refit(state, kx, p, config=config)
           compared.append({"prefix": p, "compared": int(state["compared"]),
                            "keys": p - config.sink})
       sel = np.nonzero(version == v)[0]
@@ -165,22 +170,35 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
         out_idx[sel] = np.asarray(jnp.where(jnp.isfinite(v_), i_, -1))
         out_num[sel] = positions[sel] + 1
         continue
-      reps = index.representatives(state, k, corrector)
+      reps = index.representatives(state, k, corrector, a)
       gend = jnp.full((len(sel),), state["grouped_end"], jnp.int32)
       sj = jnp.asarray(sel)
       if config.query_block > 1 and not oracle:
         rows, inside, blast = query_blocks(positions[sel], n, config.query_block)
         idx, num = _select_blocks(
-            z[sj], q[jnp.asarray(rows)], w[jnp.asarray(rows)], jnp.asarray(inside), reps,
+            z[sj], qx[jnp.asarray(rows)], w[jnp.asarray(rows)], jnp.asarray(inside), reps,
             state["sizes"], state["last"], state["assign"], state["rank"], gend,
             jnp.asarray(blast, jnp.int32), pj[sj], topk=topk, budget=config.budget,
             sink=config.sink)
       else:
-        idx, num = _select(z[sj], ref[sj], q[pj[sj]], w[pj[sj]], reps, state["sizes"],
+        idx, num = _select(z[sj], ref[sj], qx[pj[sj]], w[pj[sj]], reps, state["sizes"],
                            state["last"], state["assign"], state["rank"], gend, pj[sj], **kw)
       out_idx[sel], out_num[sel] = np.asarray(idx), np.asarray(num)
   return {"recall": _recall(out_idx, np.asarray(ref)), "topk_indices": out_idx,
           "num_candidates": out_num, "refit_compared": compared}
+
+
+def _metric_inputs(q, k, metric, layer):
+  """(index keys [N, D], ranking queries [N, H, D], A or None): k @ A and q @ A^-1 in the
+  inputs' dtypes under a grouping metric, else k and q themselves."""
+  from jaxsparse.ivf import metric as metric_mod
+  a = metric_mod.resolve(metric, layer, k.shape[1])
+  if a is None:
+    return k, q, None
+  inv = np.linalg.inv(a.astype(np.float64)).astype(np.float32)
+  kx = (k.astype(jnp.float32) @ jnp.asarray(a)).astype(k.dtype)
+  qx = jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), jnp.asarray(inv)).astype(q.dtype)
+  return kx, qx, jnp.asarray(a)
 
 
 def _resolve_corrector(corrector, layer):

@@ -325,15 +325,22 @@ def member_means(assign, keys, num_groups: int):
   return jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], 0.0)
 
 
-def representatives(state, keys, corrector=None):
+def representatives(state, keys, corrector=None, metric=None):
   """Group representatives [G, D] at the centers' dtype (bfloat16 when compact): the member
   means, which every seal and refit leaves in `centers` (so without a corrector this reads
   nothing else), plus the learned correction of the float32 means when a corrector is given.
-  Rows of empty groups are unspecified (no query may rank them)."""
+  Rows of empty groups are unspecified (no query may rank them).
+
+  With a grouping metric A [D, D] (`jaxsparse.ivf.metric`) the index was built on keys @ A, so
+  its centers live in that basis; a correction is then made from the original keys [N, D] and
+  mapped the same way (queries rank these with q @ A^-1)."""
   if corrector is None:
     return state["centers"]
   mean = member_means(state["assign"], keys, state["sizes"].shape[0])
-  return (mean + corrector(state, keys, mean)).astype(state["centers"].dtype)
+  rep = mean + corrector(state, keys, mean)
+  if metric is not None:
+    rep = rep @ jnp.asarray(metric, jnp.float32)
+  return rep.astype(state["centers"].dtype)
 
 
 def index_bytes(num_keys: int, dim: int, config) -> int:

@@ -144,11 +144,13 @@ def _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions, *
 
 
 def _chunk_topk_impl(q, w, k, reps, sizes, last, members, offsets, grouped_end, positions, *,
-                     topk, budget, sink, window, platform=None, block=1):
+                     topk, budget, sink, window, platform=None, block=1, rank_q=None):
   """One version's queries: rank the groups, gather candidates from the inverted lists
-  (members, offsets), score them and take the top-K (block > 1: `_shared_topk`). Returns
-  (indices [Q, topk], num_candidates [Q])."""
-  gs = _group_scores(q, w, reps, sizes, last, grouped_end, platform)
+  (members, offsets), score them and take the top-K (block > 1: `_shared_topk`). rank_q [Q, H,
+  D]: the queries that rank the groups when they differ from q (a grouping metric's q @ A^-1).
+  Returns (indices [Q, topk], num_candidates [Q])."""
+  gs = _group_scores(q if rank_q is None else rank_q, w, reps, sizes, last, grouped_end,
+                     platform)
   if block > 1:
     return _shared_topk(q, w, k, gs, sizes, members, offsets, grouped_end, positions,
                         topk=topk, budget=budget, sink=sink, window=window, block=block,
@@ -170,30 +172,34 @@ def _maintain(state, k, clusters, p, *, config, refit, platform=None):
   return index._refit(state, k, p, config, platform=platform) if refit else state
 
 
-def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None):
+def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qr=None):
   """`_chunk_topk` for the `size` queries from position p - 1 on, under `state`'s version
   (their q, w sliced here, with the query_block - 1 before them that rank the first shared
-  block; the inverted lists from the stored ranks). Returns (indices [size, topk],
-  num_candidates [size])."""
+  block; the inverted lists from the stored ranks; qr [N, H, D]: ranking queries when they
+  differ from q). Returns (indices [size, topk], num_candidates [size])."""
   blk = config.query_block
   rows = size + blk - 1
   qlo = p - blk  # = (p - 1) - (blk - 1)
   members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
+  rank_q = None if qr is None else jax.lax.dynamic_slice_in_dim(qr, qlo, rows)
   return _chunk_topk_impl(
       jax.lax.dynamic_slice_in_dim(q, qlo, rows), jax.lax.dynamic_slice_in_dim(w, qlo, rows), k,
       reps, state["sizes"], state["last"], members, offsets,
       jnp.full((rows,), state["grouped_end"], jnp.int32),
       qlo + jnp.arange(rows, dtype=jnp.int32), topk=topk, budget=config.budget,
-      sink=config.sink, window=config.seal_window, platform=platform, block=blk)
+      sink=config.sink, window=config.seal_window, platform=platform, block=blk, rank_q=rank_q)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "refit", "size", "topk", "platform"))
-def _window(state, q, w, k, clusters, p, *, config, refit, size, topk, platform=None):
-  """One window in one dispatch: `_maintain`, then `_queries` ranking the stored centers.
-  Returns (state, indices, num_candidates)."""
-  state = _maintain(state, k, clusters, p, config=config, refit=refit, platform=platform)
+def _window(state, q, w, k, clusters, p, *, config, refit, size, topk, platform=None, ki=None,
+            qr=None):
+  """One window in one dispatch: `_maintain` (on the index keys ki, default k), then
+  `_queries` ranking the stored centers (with qr, default q). Returns (state, indices,
+  num_candidates)."""
+  state = _maintain(state, k if ki is None else ki, clusters, p, config=config, refit=refit,
+                    platform=platform)
   return (state,) + _queries(state, state["centers"], q, w, k, p, config=config, size=size,
-                             topk=topk, platform=platform)
+                             topk=topk, platform=platform, qr=qr)
 
 
 _maintain_jit = jax.jit(_maintain, static_argnames=("config", "refit", "platform"))
@@ -203,24 +209,25 @@ _queries_jit = jax.jit(_queries, static_argnames=("config", "size", "topk", "pla
 @functools.partial(jax.jit, static_argnames=("config", "windows", "topk", "platform"),
                    donate_argnames=("out_idx", "out_num"))
 def _full_windows(state, q, w, k, clusters, out_idx, out_num, *, config, windows, topk,
-                  platform=None):
+                  platform=None, ki=None, qr=None):
   """Windows 1 .. `windows` (each serving a whole seal window of queries) in one program: a
   scan whose step does `_window`'s work (`_maintain`, its refit under `lax.cond` where p is a
   multiple of the refit interval, then `_queries`), each window's results written in place
-  into out_idx [N, topk] and out_num [N] (donated) at rows p - 1 ... Returns (state, out_idx,
-  out_num)."""
+  into out_idx [N, topk] and out_num [N] (donated) at rows p - 1 ... ki, qr: the index keys
+  and ranking queries when they differ from k, q. Returns (state, out_idx, out_num)."""
   wnd, every = config.seal_window, config.refit_interval
+  ki = k if ki is None else ki
 
   def step(carry, v):
     state, oi, on = carry
     p = v * wnd
-    state = _maintain(state, k, clusters, p, config=config, refit=False, platform=platform)
+    state = _maintain(state, ki, clusters, p, config=config, refit=False, platform=platform)
     if every:
-      state = jax.lax.cond(p % every == 0, lambda s: index._refit(s, k, p, config,
+      state = jax.lax.cond(p % every == 0, lambda s: index._refit(s, ki, p, config,
                                                                   platform=platform),
                            lambda s: s, state)
     idx, num = _queries(state, state["centers"], q, w, k, p, config=config, size=wnd,
-                        topk=topk, platform=platform)
+                        topk=topk, platform=platform, qr=qr)
     return (state, jax.lax.dynamic_update_slice_in_dim(oi, idx, p - 1, 0),
             jax.lax.dynamic_update_slice_in_dim(on, num, p - 1, 0)), None
 
@@ -255,7 +262,7 @@ def exact_before_first_seal(q, w, k, config):
 
 
 def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=None,
-                 implementation=None):
+                 implementation=None, metric=None):
   """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n at position n).
 
   q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
@@ -269,7 +276,9 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   (`IVFConfig`), scored by one dense product per block (the prefill scoring kernel on a
   GPU/TPU). Without a corrector the whole sequence is one jitted program (a scan over the seal
   windows; HiSA's a scan over query chunks), so the host dispatches a few calls, not one per
-  window. Returns jax arrays (indices [N, topk] int32, -1 where fewer keys are visible;
+  window. metric: a grouping metric (`jaxsparse.ivf.metric`; an A [D, D] array, or a file with
+  `layer`): the index groups k @ A (a mapped copy of the keys, [N, D] in k's dtype) and ranks
+  with q @ A^-1; candidates are scored with k and q. Returns jax arrays (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32).
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
@@ -277,6 +286,8 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     raise ValueError(f"method={method!r} must be 'ivf' or 'hisa'")
   if method == "hisa" and corrector is not None:
     raise ValueError("corrector applies to method='ivf' only")
+  if method == "hisa" and metric is not None:
+    raise ValueError("metric applies to method='ivf' only")
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
@@ -288,30 +299,35 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   if method == "hisa":
     return _hisa_prefill(q, w, k, config, plat)
   corrector = _resolve_corrector(corrector, layer)
+  from jaxsparse.ivf.evaluation import _metric_inputs
+  ki, qr, a = _metric_inputs(q, k, metric, layer)
+  mapped = dict(ki=ki, qr=qr) if a is not None else {}
   topk, wnd = min(config.topk, n), config.seal_window
   state = index.init_state(n, k.shape[1], config)
-  clusters = index.cluster_windows(k, config, platform=plat)  # every window's k-means at once
+  clusters = index.cluster_windows(ki, config, platform=plat)  # every window's k-means at once
   if corrector is not None:  # corrected representatives come from each sealed state
-    return _corrected_prefill(q, w, k, config, corrector, state, clusters, plat)
+    return _corrected_prefill(q, w, k, config, corrector, state, clusters, plat, a, **mapped)
   out_idx, out_num = _exact_head(q, w, k, topk=topk, first=min(wnd - 1, n))
   full = max((n + 1) // wnd - 1, 0)  # windows whose queries [p - 1, p - 1 + W) all exist
   if full:
     state, out_idx, out_num = _full_windows(state, q, w, k, clusters, out_idx, out_num,
                                             config=config, windows=full, topk=topk,
-                                            platform=plat)
+                                            platform=plat, **mapped)
   for v in range(full + 1, n // wnd + 1):  # at most one window, serving fewer queries
     p = v * wnd
     refit = bool(config.refit_interval and p % config.refit_interval == 0)
     lo, hi = p - 1, min(p - 1 + wnd, n)
     state, idx, num = _window(state, q, w, k, clusters, p, config=config, refit=refit,
-                              size=hi - lo, topk=topk, platform=plat)
+                              size=hi - lo, topk=topk, platform=plat, **mapped)
     out_idx, out_num = out_idx.at[lo:hi].set(idx), out_num.at[lo:hi].set(num)
   return out_idx, out_num
 
 
-def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat):
+def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat, metric=None, ki=None,
+                       qr=None):
   """`prefill_topk` with a corrector: a window at a time, the corrected representatives of
-  each sealed state computed between its maintenance and its queries."""
+  each sealed state computed between its maintenance and its queries (under a grouping metric
+  A: the index on ki = k @ A, ranking with qr)."""
   n, wnd = k.shape[0], config.seal_window
   topk = min(config.topk, n)
   out_idx, out_num = exact_before_first_seal(q, w, k, config)
@@ -323,9 +339,9 @@ def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat):
     if lo >= hi:  # no query left: the last version serves none
       continue
     kw = dict(config=config, platform=plat)
-    state = _maintain_jit(state, k, clusters, p, refit=refit, **kw)
-    idx, num = _queries_jit(state, index.representatives(state, k, corrector), q, w, k, p,
-                            size=hi - lo, topk=topk, **kw)
+    state = _maintain_jit(state, k if ki is None else ki, clusters, p, refit=refit, **kw)
+    idx, num = _queries_jit(state, index.representatives(state, k, corrector, metric), q, w, k,
+                            p, size=hi - lo, topk=topk, qr=qr, **kw)
     _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)

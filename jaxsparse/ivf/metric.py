@@ -1,0 +1,173 @@
+"""A query-aware grouping metric for AttentionIndex.
+
+Plain k-means groups keys that are close in Euclidean distance, but a query only sees a key
+through its indexer score, and a group ranks well when its members score alike for the queries
+that arrive. In the linear part of the score, the spread of a member around its group's mean
+as a query u sees it is u . (k - c), with u = sum_h w_h q_h the weighted sum of the query's
+heads; its mean square over queries is (k - c)^T S (k - c), S = E[u u^T]. Clustering with that
+distance, i.e. k-means on keys mapped by A = S^(1/2), groups keys that the queries cannot tell
+apart instead of keys that are merely near.
+
+A metric is a linear change of basis used by the index alone: keys enter it as k @ A, and
+queries rank its groups as q @ A^-1 (so q . k, and every representative's score, is unchanged);
+candidates are scored with the original keys and queries. A (per layer, [D, D] float32,
+symmetric positive definite) is fitted offline from training traces of the model's queries:
+
+    S' = D * S / trace(S) + eps * I,   A = S'^(1/2)     (eps keeps A well conditioned)
+
+`fit` does one layer, `fit_traces` every layer of prefill traces; `save` / `load` keep them
+as a validated npz ({layer: A}); `SHIPPED` holds SmolLM2-135M's, fitted on three training
+texts (`jaxsparse fit-metric`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+
+from jaxsparse._io import save_npz_atomic
+
+__all__ = ["fit", "fit_traces", "save", "load", "file_meta", "resolve", "check",
+           "MetricFileError", "SHIPPED", "FILE_FORMAT"]
+
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
+                       "smollm2_metric.npz")
+FILE_FORMAT = 1
+
+
+class MetricFileError(ValueError):
+  """A metric file that cannot be used; the message says what is wrong."""
+
+
+def _moment(q, w):
+  """(sum_n u_n u_n^T [D, D] float64, count) with u_n = sum_h w_nh q_nh."""
+  q = np.asarray(q, np.float64)
+  w = np.asarray(w, np.float64)
+  if q.ndim != 3 or w.shape != q.shape[:2]:
+    raise ValueError(f"q {q.shape} and w {w.shape} must be [N, H, D] and [N, H]")
+  if not (np.isfinite(q).all() and np.isfinite(w).all()):
+    raise ValueError("q and w must be finite")
+  u = np.einsum("nh,nhd->nd", w, q)
+  return u.T @ u, len(u)
+
+
+def _root(s, eps):
+  d = s.shape[0]
+  tr = np.trace(s)
+  if not tr > 0:
+    raise ValueError("the queries give a zero second moment: no metric can be fitted")
+  s = d * s / tr + eps * np.eye(d)
+  e, v = np.linalg.eigh((s + s.T) / 2)
+  return ((v * np.sqrt(np.maximum(e, 0.0))) @ v.T).astype(np.float32)
+
+
+def fit(q, w, *, eps: float = 0.01) -> np.ndarray:
+  """The metric of one layer from its training queries: q [N, H, D], w [N, H] (any float).
+
+  Returns A [D, D] float32, symmetric positive definite: (D S / trace S + eps I)^(1/2) with S
+  the second moment of u = sum_h w_h q_h.
+  """
+  if not eps > 0:
+    raise ValueError(f"eps={eps} must be positive")
+  s, _ = _moment(q, w)
+  return _root(s, eps)
+
+
+def fit_traces(traces, *, eps: float = 0.01) -> dict[int, np.ndarray]:
+  """{model layer: A} from prefill traces (`jaxsparse.traces.PrefillTrace` objects with the
+  same layers), pooling every trace's queries of a layer."""
+  if not eps > 0:
+    raise ValueError(f"eps={eps} must be positive")
+  traces = list(traces)
+  if not traces:
+    raise ValueError("traces must hold at least one prefill trace")
+  layers = [int(x) for x in traces[0].layers]
+  for t in traces[1:]:
+    if [int(x) for x in t.layers] != layers:
+      raise ValueError(f"every trace must hold the same layers; got {layers} and "
+                       f"{[int(x) for x in t.layers]}")
+  out = {}
+  for i, layer in enumerate(layers):
+    s = sum(_moment(t.q[i], t.w[i])[0] for t in traces)
+    out[layer] = _root(s, eps)
+  return out
+
+
+def check(a, dim: int | None = None, name: str = "metric") -> np.ndarray:
+  """a as a [D, D] float32 symmetric positive definite matrix, else ValueError naming `name`."""
+  a = np.asarray(a)
+  if a.ndim != 2 or a.shape[0] != a.shape[1] or (dim is not None and a.shape[0] != dim):
+    want = f"[{dim}, {dim}]" if dim is not None else "[D, D]"
+    raise ValueError(f"{name} must be a {want} matrix; got shape {a.shape}")
+  a = a.astype(np.float64)
+  if not np.isfinite(a).all():
+    raise ValueError(f"{name} must be finite")
+  if not np.allclose(a, a.T, rtol=1e-5, atol=1e-6 * np.abs(a).max()):
+    raise ValueError(f"{name} must be symmetric")
+  e = np.linalg.eigvalsh(a)
+  if not e.min() > 1e-6 * e.max():
+    raise ValueError(f"{name} must be positive definite (smallest eigenvalue {e.min():.3g})")
+  return a.astype(np.float32)
+
+
+def save(path: str, metrics: dict[int, np.ndarray], meta: dict | None = None) -> None:
+  """Write {layer: A} as a versioned npz, atomically."""
+  if not metrics:
+    raise ValueError("metrics must hold at least one layer")
+  arrays = {"format": np.int64(FILE_FORMAT),
+            "config": np.str_(json.dumps({"layers": sorted(int(x) for x in metrics),
+                                          "meta": meta or {}}))}
+  for layer, a in metrics.items():
+    arrays[f"layer_{int(layer)}"] = check(a, name=f"metrics[{layer}]")
+  save_npz_atomic(path, arrays)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"metric file {path!r} does not exist")
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
+        raise MetricFileError(f"{path!r}: not a metric file of format {FILE_FORMAT}")
+      info = json.loads(str(z["config"]))
+      out = {}
+      for layer in info["layers"]:
+        key = f"layer_{int(layer)}"
+        if key not in z.files:
+          raise MetricFileError(f"{path!r}: missing array {key!r}")
+        try:
+          out[int(layer)] = check(z[key], name=f"{path!r} layer {layer}")
+        except ValueError as e:
+          raise MetricFileError(str(e)) from e
+      return out, info.get("meta", {})
+  except MetricFileError:
+    raise
+  except (ValueError, OSError, EOFError, KeyError, TypeError) as e:
+    raise MetricFileError(f"{path!r} is not a readable metric file: {e}") from e
+
+
+def load(path: str) -> dict[int, np.ndarray]:
+  """{layer: A [D, D] float32} from a file written by `save` (validated)."""
+  return dict(_load(os.path.abspath(path))[0])
+
+
+def file_meta(path: str) -> dict:
+  """The metadata a metric file was saved with (traces, eps)."""
+  return dict(_load(os.path.abspath(path))[1])
+
+
+def resolve(metric, layer: int | None, dim: int) -> np.ndarray | None:
+  """A metric argument as A [dim, dim] float32 (or None): an array, or a path to a metric file
+  with `layer`, the model layer the trace layer is."""
+  if metric is None:
+    return None
+  if isinstance(metric, (str, os.PathLike)):
+    metrics = load(str(metric))
+    if layer is None or int(layer) not in metrics:
+      raise ValueError(f"layer={layer} must name a layer the metric file holds: "
+                       f"{sorted(metrics)}")
+    metric = metrics[int(layer)]
+  return check(metric, dim)
