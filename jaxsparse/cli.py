@@ -249,8 +249,9 @@ def _plan(args) -> int:
 
 METRIC_HELP = """\
 Fit AttentionIndex's query-aware grouping metric (`jaxsparse.ivf.metric`) on prefill traces of
-training text: per layer, A = (D S / trace S + eps I)^(1/2) from the second moment S of the
-weighted query sum. The index then groups keys that queries score alike. Use it with:
+training text: per layer, A = (D S / trace S + eps I)^(1/2), S the mean outer product of the
+indexer score's gradient in the key over causal (query, key) pairs. The index then groups keys
+that queries score alike. For example:
 
   jaxsparse fit-metric --trace t1.npz,t2.npz --out metric.npz
   jaxsparse eval --trace heldout.npz --metric metric.npz"""
@@ -270,9 +271,10 @@ def _fit_metric(args) -> int:
                      f"{trs[0].layers.tolist()}: every trace must hold the same layers")
     trs.append(tr)
   _check_writable("--out", args.out)
-  metrics = ivf_metric.fit_traces(trs, eps=args.eps)
+  metrics = ivf_metric.fit_traces(trs, eps=args.eps, queries=args.queries, keys=args.keys)
   ivf_metric.save(args.out, metrics, meta={"traces": [os.path.basename(t) for t in args.trace],
-                                           "eps": args.eps})
+                                           "eps": args.eps, "queries": args.queries,
+                                           "keys": args.keys, "seed": 0})
   print(f"summary  metric for {len(metrics)} layers from {len(trs)} trace(s); wrote {args.out}")
   return 0
 
@@ -860,6 +862,10 @@ def build_parser() -> argparse.ArgumentParser:
   fm.add_argument("--out", required=True, help="metric .npz to write")
   fm.add_argument("--eps", type=float, default=0.01,
                   help="ridge added to the normalised second moment (default 0.01)")
+  fm.add_argument("--queries", type=_positive("--queries"), default=256,
+                  help="query positions per trace (default 256)")
+  fm.add_argument("--keys", type=_positive("--keys"), default=256,
+                  help="keys drawn from each query's prefix (default 256)")
   fm.set_defaults(func=_fit_metric)
 
   for name in ("train", "train-indexer"):

@@ -19,7 +19,8 @@ def _err(capsys):
 
 @pytest.mark.parametrize("argv", [["--help"], ["eval", "--help"], ["bench", "--help"],
                                   ["quality", "--help"], ["trace", "--help"],
-                                  ["train", "--help"], ["model", "fetch", "--help"]])
+                                  ["train", "--help"], ["model", "fetch", "--help"],
+                                  ["fit-metric", "--help"]])
 def test_every_command_has_help_with_examples(argv, capsys):
   with pytest.raises(SystemExit) as e:
     cli.main(argv)

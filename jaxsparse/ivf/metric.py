@@ -1,17 +1,19 @@
 """A query-aware grouping metric for AttentionIndex.
 
-Plain k-means groups keys that are close in Euclidean distance, but a query only sees a key
-through its indexer score, and a group ranks well when its members score alike for the queries
-that arrive. In the linear part of the score, the spread of a member around its group's mean
-as a query u sees it is u . (k - c), with u = sum_h w_h q_h the weighted sum of the query's
-heads; its mean square over queries is (k - c)^T S (k - c), S = E[u u^T]. Clustering with that
+Plain k-means groups keys that are close in Euclidean distance, but a query sees a key only
+through its indexer score z(k) = sum_h w_h relu(q_h . k), and a group ranks well when its
+members score alike for the queries that arrive. Near a group's mean c a member's score moves
+by g . (k - c), with g = dz/dk = sum_h w_h [q_h . k > 0] q_h the score's gradient; its mean
+square over queries and keys is (k - c)^T S (k - c), S = E[g g^T]. Clustering with that
 distance, i.e. k-means on keys mapped by A = S^(1/2), groups keys that the queries cannot tell
 apart instead of keys that are merely near.
 
 A metric is a linear change of basis used by the index alone: keys enter it as k @ A, and
 queries rank its groups as q @ A^-1 (so q . k, and every representative's score, is unchanged);
 candidates are scored with the original keys and queries. A (per layer, [D, D] float32,
-symmetric positive definite) is fitted offline from training traces of the model's queries:
+symmetric positive definite) is fitted offline on training traces, S averaged over causal
+(query, key) pairs (`sample_pairs`: evenly spaced queries, keys drawn at random from each
+query's prefix):
 
     S' = D * S / trace(S) + eps * I,   A = S'^(1/2)     (eps keeps A well conditioned)
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from jaxsparse._io import save_npz_atomic
 
-__all__ = ["fit", "fit_traces", "save", "load", "file_meta", "resolve", "check",
+__all__ = ["fit", "fit_traces", "sample_pairs", "save", "load", "file_meta", "resolve", "check",
            "MetricFileError", "SHIPPED", "FILE_FORMAT"]
 
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
@@ -41,45 +43,73 @@ class MetricFileError(ValueError):
   """A metric file that cannot be used; the message says what is wrong."""
 
 
-def _moment(q, w):
-  """(sum_n u_n u_n^T [D, D] float64, count) with u_n = sum_h w_nh q_nh."""
+def sample_pairs(n: int, queries: int = 256, keys: int = 256, seed: int = 0):
+  """The causal (query, key) pairs a metric averages over on an n-token trace: positions [Q]
+  int64 (`queries` evenly spaced in [n // 16, n - 1], without repeats) and key ids [Q, keys]
+  int64, drawn uniformly from 0..position (numpy's PCG64 with `seed`)."""
+  if n < 2 or queries < 1 or keys < 1:
+    raise ValueError(f"need n >= 2, queries >= 1 and keys >= 1; got n={n}, queries={queries}, "
+                     f"keys={keys}")
+  pos = np.unique(np.linspace(n // 16, n - 1, queries).astype(np.int64))
+  rng = np.random.default_rng(seed)
+  ids = np.floor(rng.random((len(pos), keys)) * (pos[:, None] + 1)).astype(np.int64)
+  return pos, np.minimum(ids, pos[:, None])
+
+
+def _moment(q, w, k, queries, keys, seed):
+  """sum over `sample_pairs` of g g^T [D, D] float64, g = sum_h w_h [q_h . k > 0] q_h."""
   q = np.asarray(q, np.float64)
   w = np.asarray(w, np.float64)
-  if q.ndim != 3 or w.shape != q.shape[:2]:
-    raise ValueError(f"q {q.shape} and w {w.shape} must be [N, H, D] and [N, H]")
-  if not (np.isfinite(q).all() and np.isfinite(w).all()):
-    raise ValueError("q and w must be finite")
-  u = np.einsum("nh,nhd->nd", w, q)
-  return u.T @ u, len(u)
+  k = np.asarray(k, np.float64)
+  if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (q.shape[0], q.shape[2]):
+    raise ValueError(f"q {q.shape}, w {w.shape}, k {k.shape} must be [N, H, D], [N, H], "
+                     f"[N, D]")
+  if not (np.isfinite(q).all() and np.isfinite(w).all() and np.isfinite(k).all()):
+    raise ValueError("q, w and k must be finite")
+  pos, ids = sample_pairs(len(k), queries, keys, seed)
+  s = np.zeros((q.shape[2], q.shape[2]))
+  for p, kk in zip(pos, ids):
+    gate = (np.einsum("hd,sd->sh", q[p], k[kk]) > 0) * w[p]  # [keys, H]
+    g = gate @ q[p]  # [keys, D]
+    s += g.T @ g
+  return s
 
 
 def _root(s, eps):
   d = s.shape[0]
   tr = np.trace(s)
   if not tr > 0:
-    raise ValueError("the queries give a zero second moment: no metric can be fitted")
+    raise ValueError("the score gradients are all zero: no metric can be fitted")
   s = d * s / tr + eps * np.eye(d)
   e, v = np.linalg.eigh((s + s.T) / 2)
   return ((v * np.sqrt(np.maximum(e, 0.0))) @ v.T).astype(np.float32)
 
 
-def fit(q, w, *, eps: float = 0.01) -> np.ndarray:
-  """The metric of one layer from its training queries: q [N, H, D], w [N, H] (any float).
+def _check_fit(eps, queries, keys):
+  if not eps > 0:
+    raise ValueError(f"eps={eps} must be positive")
+  for name, v in (("queries", queries), ("keys", keys)):
+    if v < 1:
+      raise ValueError(f"{name}={v} must be positive")
 
-  Returns A [D, D] float32, symmetric positive definite: (D S / trace S + eps I)^(1/2) with S
-  the second moment of u = sum_h w_h q_h.
+
+def fit(q, w, k, *, eps: float = 0.01, queries: int = 256, keys: int = 256,
+        seed: int = 0) -> np.ndarray:
+  """The metric of one layer from a training trace's q [N, H, D], w [N, H], k [N, D] (any
+  float; query n sees keys 0..n).
+
+  Returns A [D, D] float32, symmetric positive definite: (D S / trace S + eps I)^(1/2), S the
+  mean of g g^T over `sample_pairs(N, queries, keys, seed)`.
   """
-  if not eps > 0:
-    raise ValueError(f"eps={eps} must be positive")
-  s, _ = _moment(q, w)
-  return _root(s, eps)
+  _check_fit(eps, queries, keys)
+  return _root(_moment(q, w, k, queries, keys, seed), eps)
 
 
-def fit_traces(traces, *, eps: float = 0.01) -> dict[int, np.ndarray]:
+def fit_traces(traces, *, eps: float = 0.01, queries: int = 256, keys: int = 256,
+               seed: int = 0) -> dict[int, np.ndarray]:
   """{model layer: A} from prefill traces (`jaxsparse.traces.PrefillTrace` objects with the
-  same layers), pooling every trace's queries of a layer."""
-  if not eps > 0:
-    raise ValueError(f"eps={eps} must be positive")
+  same layers), pooling every trace's pairs of a layer."""
+  _check_fit(eps, queries, keys)
   traces = list(traces)
   if not traces:
     raise ValueError("traces must hold at least one prefill trace")
@@ -90,7 +120,7 @@ def fit_traces(traces, *, eps: float = 0.01) -> dict[int, np.ndarray]:
                        f"{[int(x) for x in t.layers]}")
   out = {}
   for i, layer in enumerate(layers):
-    s = sum(_moment(t.q[i], t.w[i])[0] for t in traces)
+    s = sum(_moment(t.q[i], t.w[i], t.k[i], queries, keys, seed) for t in traces)
     out[layer] = _root(s, eps)
   return out
 
