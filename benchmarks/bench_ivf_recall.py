@@ -34,6 +34,7 @@ METHODS = (("IVF", "ivf", True, False, False, False),
            ("HiSA", "hisa", True, False, False, False),
            ("HiSA oracle", "hisa", True, True, False, False))
 PLANNED = "IVF planned"  # each layer under the partition a calibration trace chose for it
+METRIC_PLANNED = "IVF metric planned"  # the same, the content groups under the metric
 
 
 def shared_name(block: int) -> str:
@@ -41,10 +42,10 @@ def shared_name(block: int) -> str:
 
 
 def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_block=0,
-        progress=print, metric=None):
+        progress=print, metric=None, metric_plans=None):
   """corrector: a file of `jaxsparse train corrector` for the "IVF corrected" rows (None:
   those rows are left out). metric: a file of `jaxsparse fit-metric` for the "IVF metric" rows
-  (None: left out). plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
+  (None: left out); metric_plans: plans calibrated with it, for "IVF metric planned". plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
   rows (each layer's recall under the method its plan chose; None: left out). query_block:
   adds "IVF shared B, 2x budget" rows: blocks of B queries sharing twice the budget
   (IVFConfig.query_block; 0: left out)."""
@@ -81,12 +82,15 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_blo
                          refit_compared=r["refit_compared"],
                          seconds=time.perf_counter() - t0))
         nrows += 1
-      if plans:
-        chosen = ivf_plan.method(plans[b], int(tr.layers[li]))
-        src = "IVF" if chosen == "ivf" else "HiSA"
-        per_query[PLANNED] = per_query[src]
+      for name, pl, content in ((PLANNED, plans, "IVF"),
+                                (METRIC_PLANNED, metric_plans, "IVF metric")):
+        if not pl:
+          continue
+        chosen = ivf_plan.method(pl[b], int(tr.layers[li]))
+        src = content if chosen == "ivf" else "HiSA"
+        per_query[name] = per_query[src]
         rows.append({**next(r for r in rows[-nrows:] if r["method"] == src),
-                     "method": PLANNED, "chosen": chosen})
+                     "method": name, "chosen": chosen})
         nrows += 1
       for row in rows[-nrows:]:  # paired per-query difference to HiSA, its std. error
         d = per_query[row["method"]] - per_query["HiSA"]
@@ -99,7 +103,7 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_blo
 
 def _names(rows):
   extra = sorted({r["method"] for r in rows if r["method"].startswith("IVF shared")})
-  return [m for m in [m[0] for m in METHODS] + [PLANNED] + extra
+  return [m for m in [m[0] for m in METHODS] + [PLANNED, METRIC_PLANNED] + extra
           if any(r["method"] == m for r in rows)]
 
 
@@ -117,12 +121,16 @@ def summary(rows, budgets):
       out[b]["IVF metric behind HiSA"] = [
           (r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
           if r["budget"] == b and r["method"] == "IVF metric" and r["minus_hisa"] < 0]
+    for name in (PLANNED, METRIC_PLANNED):
+      if name in out[b]:
+        out[b][f"{name} behind HiSA"] = [
+            (r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
+            if r["budget"] == b and r["method"] == name and r["minus_hisa"] < 0]
+        out[b][f"layers {name} as blocks"] = sorted(
+            r["layer"] for r in rows if r["budget"] == b and r["method"] == name
+            and r.get("chosen") == "hisa")
     if PLANNED in out[b]:
-      out[b]["IVF planned behind HiSA"] = [
-          (r["layer"], r["minus_hisa"], r["minus_hisa_se"]) for r in rows
-          if r["budget"] == b and r["method"] == PLANNED and r["minus_hisa"] < 0]
-      out[b]["layers planned as blocks"] = sorted(
-          r["layer"] for r in rows if r["budget"] == b and r.get("chosen") == "hisa")
+      out[b]["layers planned as blocks"] = out[b].pop(f"layers {PLANNED} as blocks")
   return out
 
 
@@ -213,7 +221,7 @@ def main(argv=None):
   corr = ivf_corrector.SHIPPED if a.corrector == "shipped" else a.corrector or None
   from jaxsparse.ivf import metric as ivf_metric
   met = ivf_metric.SHIPPED if a.metric == "shipped" else a.metric or None
-  plans = None
+  plans = metric_plans = None
   if a.calibration_trace:
     want = [int(tr.layers[i]) for i in layers]
     cals = []
@@ -228,10 +236,14 @@ def main(argv=None):
     plans = {b: ivf_plan.calibrate(cals, dataclasses.replace(cfg, budget=b),
                                    queries=a.queries, prefer=a.plan_prefer, progress=print)
              for b in budgets}
+    if met:
+      metric_plans = {b: ivf_plan.calibrate(cals, dataclasses.replace(cfg, budget=b),
+                                            queries=a.queries, prefer=a.plan_prefer,
+                                            progress=print, metric=met) for b in budgets}
   if a.query_block and (a.query_block < 0 or a.seal_window % a.query_block):
     p.error(f"--query-block={a.query_block} must divide --seal-window={a.seal_window}")
   pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans,
-                  query_block=a.query_block, metric=met)
+                  query_block=a.query_block, metric=met, metric_plans=metric_plans)
   res = {"environment": environment(), "trace": os.path.basename(a.trace), "meta": tr.meta,
          "config": dataclasses.asdict(cfg),
          "corrector": os.path.basename(corr) if corr else None,
@@ -241,6 +253,8 @@ def main(argv=None):
          "plans": {b: {"methods": pl["methods"], "recall": pl["recall"], "z": pl["z"],
                        "prefer": pl["prefer"]}
                    for b, pl in (plans or {}).items()},
+         "metric_plans": {b: {"methods": pl["methods"], "recall": pl["recall"]}
+                          for b, pl in (metric_plans or {}).items()},
          "budgets": budgets, "query_positions": pos.tolist(),
          "summary": summary(rows, budgets), "rows": rows}
   write_json(a.out + ".json", res)
@@ -252,6 +266,10 @@ def main(argv=None):
       print(f"  planned as blocks: {s['layers planned as blocks']}; IVF planned behind HiSA: "
             + (", ".join(f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in
                          s["IVF planned behind HiSA"]) or "none"))
+    if METRIC_PLANNED in s:
+      print(f"  metric planned as blocks: {s[f'layers {METRIC_PLANNED} as blocks']}; behind "
+            "HiSA: " + (", ".join(f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in
+                                  s[f"{METRIC_PLANNED} behind HiSA"]) or "none"))
     if "IVF metric" in s:
       print("  IVF metric behind HiSA: " + (", ".join(
           f"({l}, {d:+.4f}, {e:.4f})" for l, d, e in s["IVF metric behind HiSA"]) or "none"))

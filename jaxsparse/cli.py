@@ -234,8 +234,12 @@ def _plan(args) -> int:
                      f"--seal-window={args.seal_window}")
     trs.append(tr)
   _check_writable("--out", args.out)
+  if args.metric:
+    for tr in trs:
+      _eval_metric(args, tr)
   from jaxsparse._bench.timing import print_table
-  pl = ivf_plan.calibrate(trs, cfg, queries=args.queries, z=args.z, prefer=args.prefer)
+  pl = ivf_plan.calibrate(trs, cfg, queries=args.queries, z=args.z, prefer=args.prefer,
+                          metric=args.metric or None)
   print_table([{"layer": str(layer), "IVF": f"{r['ivf']:.4f}", "HiSA": f"{r['hisa']:.4f}",
                 "HiSA - IVF": f"{r['difference']:+.4f}", "std. error": f"{r['std_error']:.4f}",
                 "plan": pl["methods"][layer]} for layer, r in pl["recall"].items()],
@@ -382,7 +386,8 @@ def _eval_prefill(args, path, tr) -> int:
     rec, cand = [], []
     for li, layer in enumerate(tr.layers.tolist()):
       m = plan["methods"][int(layer)] if method == "plan" else method
-      extra = dict(metric=args.metric, layer=int(layer)) if method == "metric" else {}
+      metric_row = method == "metric" or (method == "plan" and m == "ivf" and plan.get("metric"))
+      extra = dict(metric=args.metric, layer=int(layer)) if metric_row else {}
       r = ivf.evaluate(tr.q[li], tr.w[li], tr.k[li], cfg, method="ivf" if m == "metric" else m,
                        query_positions=pos, oracle=oracle, **extra)
       rec.append(float(r["recall"].mean()))
@@ -444,6 +449,9 @@ def _eval_plan(args, cfg, tr) -> dict:
   missing = sorted(set(tr.layers.tolist()) - set(pl["methods"]))
   if missing:
     raise CliError(f"--plan={args.plan!r} does not cover the trace's layers {missing}")
+  if pl.get("metric") and os.path.basename(args.metric) != pl["metric"]:
+    raise CliError(f"--plan={args.plan!r} was calibrated with the grouping metric "
+                   f"{pl['metric']!r}: give it as --metric")
   return pl
 
 
@@ -852,6 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "must win by (default 2)")
   pl.add_argument("--prefer", choices=("hisa", "ivf"), default="hisa",
                   help="the partition a layer keeps on a tie (default hisa: no index)")
+  pl.add_argument("--metric", default="", help="group under this grouping metric "
+                  "(`jaxsparse fit-metric`); eval --plan then needs the same --metric")
   pl.set_defaults(func=_plan)
 
   fm = sub.add_parser("fit-metric", help="fit AttentionIndex's query-aware grouping metric on "

@@ -44,7 +44,8 @@ def test_ivf_recall_benchmark_quick(tmp_path):
   data = json.loads((tmp_path / "ivf.json").read_text())
   methods = {r["method"] for r in data["rows"]}
   assert methods == {"IVF", "IVF seal only", "IVF corrected", "IVF metric", "IVF oracle",
-                     "HiSA", "HiSA oracle", "IVF planned", "IVF shared 16, 2x budget"}
+                     "HiSA", "HiSA oracle", "IVF planned", "IVF metric planned",
+                     "IVF shared 16, 2x budget"}
   assert data["metric"] == "smollm2_metric.npz"
   assert all(r["candidates"] <= 512 for r in data["rows"])  # shared: 2 x 256 per block
   rec = {(r["layer"], r["method"]): r["recall"] for r in data["rows"]}
@@ -52,6 +53,9 @@ def test_ivf_recall_benchmark_quick(tmp_path):
   for layer, chosen in data["plans"]["256"]["methods"].items():  # the chosen method's recall
     assert rec[(int(layer), "IVF planned")] == rec[(int(layer), {"ivf": "IVF",
                                                                   "hisa": "HiSA"}[chosen])]
+  for layer, chosen in data["metric_plans"]["256"]["methods"].items():
+    assert rec[(int(layer), "IVF metric planned")] == rec[
+        (int(layer), {"ivf": "IVF metric", "hisa": "HiSA"}[chosen])]
   assert rec[(15, "IVF corrected")] == rec[(15, "IVF")]  # a plain layer of the shipped file
   for r in data["rows"]:  # the paired difference to HiSA is the difference of the means
     hisa = rec[(r["layer"], "HiSA")]

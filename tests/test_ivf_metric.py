@@ -266,3 +266,37 @@ def test_cli_fits_a_metric_and_eval_adds_its_row(tmp_path, capsys):
                     (["--trace", str(tmp_path / "no.npz")], "does not exist")]:
     assert cli.main(["fit-metric", "--trace", paths[0], "--out", out] + argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_plans_calibrated_under_a_metric_compare_its_groups_with_blocks(tmp_path, capsys):
+  """`plan --metric` measures the content groups under the metric; `eval --plan` then runs
+  the layers planned as groups under it and names a missing --metric."""
+  from jaxsparse.ivf import plan as ivf_plan
+  rng = np.random.default_rng(2)
+  path, held = str(tmp_path / "t.npz"), str(tmp_path / "held.npz")
+  traces.save(path, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
+  traces.save(held, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
+  mpath = str(tmp_path / "m.npz")
+  assert cli.main(["fit-metric", "--trace", path, "--out", mpath]) == 0
+  opts = ["--k", "16", "--budget", "200", "--seal-window", "64", "--cluster-size", "16",
+          "--refit-interval", "256", "--queries", "16"]
+  out = str(tmp_path / "plan.json")
+  assert cli.main(["plan", "--trace", path, "--out", out, "--metric", mpath, "--prefer", "ivf",
+                   "--z", "100"] + opts) == 0
+  pl = ivf_plan.load(out)
+  assert pl["metric"] == "m.npz" and set(pl["methods"].values()) == {"ivf"}
+  cfg = ivf.IVFConfig(topk=16, budget=200, seal_window=64, cluster_size=16, refit_interval=256)
+  tr = traces.load(path)
+  pos = ivf_plan.calibration_positions(640, 64, 16)
+  want = ivf.evaluate(tr.q[1], tr.w[1], tr.k[1], cfg, query_positions=pos, metric=mpath,
+                      layer=7)["recall"].mean()
+  assert pl["recall"][7]["ivf"] == pytest.approx(want, abs=1e-12)
+  res = tmp_path / "r.json"
+  capsys.readouterr()
+  assert cli.main(["eval", "--trace", held, "--plan", out] + opts) == 2
+  assert "calibrated with the grouping metric 'm.npz'" in capsys.readouterr().err
+  assert cli.main(["eval", "--trace", held, "--plan", out, "--metric", mpath, "--out",
+                   str(res)] + opts) == 0
+  rows = {r["method"]: r["recall"] for r in json.loads(res.read_text())["rows"]}
+  assert rows["IVF planned (per layer)"] == pytest.approx(rows["IVF, query-aware metric"],
+                                                           abs=1e-12)

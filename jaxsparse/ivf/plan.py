@@ -37,7 +37,7 @@ def calibration_positions(n: int, seal_window: int, queries: int) -> np.ndarray:
 
 
 def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str = "hisa",
-              progress=None) -> dict:
+              progress=None, metric=None) -> dict:
   """Choose each layer's partition on one or more prefill traces.
 
   trace: a `traces.PrefillTrace` (q [L, N, H, D], w [L, N, H], k [L, N, D], layers [L]) or a
@@ -46,7 +46,9 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   config: IVFConfig (its budget is the one calibrated); queries: positions evaluated per
   layer and trace; prefer: "hisa" (position blocks) or "ivf" (content groups), the partition a
   layer keeps unless the other's mean recall exceeds it by more than z standard errors of the
-  paired per-query difference. Returns the plan: {"format", "methods": {layer: "ivf" |
+  paired per-query difference. metric: a grouping metric for the content groups
+  (`jaxsparse.ivf.metric`: a file path or {layer: A}); the plan records its file name ("metric"),
+  and a layer planned "ivf" should then run with it. Returns the plan: {"format", "methods": {layer: "ivf" |
   "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error",
   "texts", and with several texts "per_text": the same figures for each}}, "config":
   IVFConfig fields, "queries" (positions in the first trace), "z", "prefer", "trace": the
@@ -71,8 +73,12 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
       q, w, k = tr.q[i], tr.w[i], tr.k[i]
       got = per_layer.setdefault(int(layer), {m: [] for m in _METHODS})
       for m in _METHODS:
-        got[m].append(np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos)
-                                 ["recall"], np.float64))
+        extra = {}
+        if m == "ivf" and metric is not None:
+          extra = (dict(metric=metric, layer=int(layer)) if isinstance(metric, (str, os.PathLike))
+                   else dict(metric=metric[int(layer)]))
+        got[m].append(np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos,
+                                          **extra)["recall"], np.float64))
       if progress:
         progress(f"layer {layer}, text {len(got['ivf'])}: IVF {got['ivf'][-1].mean():.4f}, "
                  f"HiSA {got['hisa'][-1].mean():.4f}")
@@ -93,7 +99,9 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   metas = [dict(getattr(tr, "meta", {}) or {}) for tr in texts]
   return {"format": FILE_FORMAT, "methods": methods, "recall": recall,
           "config": dataclasses.asdict(config), "queries": counts[0], "z": z, "prefer": prefer,
-          "trace": metas[0], "traces": metas}
+          "trace": metas[0], "traces": metas,
+          "metric": os.path.basename(str(metric)) if isinstance(metric, (str, os.PathLike))
+          else ("given" if metric is not None else None)}
 
 
 def choose(difference, *, z: float = 2.0, prefer: str = "hisa") -> str:
