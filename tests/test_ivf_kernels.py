@@ -111,14 +111,16 @@ def test_ivf_kernels_lower(kind, plat):
              S((512, 128), jnp.float32), S((256, 512), jnp.bool_))
 
 
-@pytest.mark.parametrize("kind,method,block", [("gpu", "ivf", 1), ("tpu", "ivf", 1),
-                                              ("gpu", "hisa", 1), ("gpu", "ivf", 8),
-                                              ("tpu", "ivf", 16)])
-def test_prefill_with_kernels_equals_xla(kind, method, block, monkeypatch):
+@pytest.mark.parametrize("kind,method,block,mapped", [
+    ("gpu", "ivf", 1, False), ("tpu", "ivf", 1, False), ("gpu", "hisa", 1, False),
+    ("gpu", "ivf", 8, False), ("tpu", "ivf", 16, False), ("gpu", "ivf", 1, True),
+    ("tpu", "ivf", 1, True)])
+def test_prefill_with_kernels_equals_xla(kind, method, block, mapped, monkeypatch):
   """`ivf.prefill_topk(implementation="pallas")` (seals, refits, representative and candidate
   scoring through the kernels, interpret mode) gives the XLA path's top-K, and its candidate
   counts, on clustered keys; HiSA's blocks through the same kernels too; shared query blocks
-  through the dense prefill scoring kernel."""
+  through the dense prefill scoring kernel; and under a grouping metric (mapped keys through the
+  assignment kernel, mapped queries through the representative kernel)."""
   monkeypatch.setenv("JAXSPARSE_INTERPRET", kind)
   rng = np.random.default_rng(1)
   # TPU interpret mode models each DMA: a shorter sequence, still seals, a refit and a tail
@@ -131,8 +133,14 @@ def test_prefill_with_kernels_equals_xla(kind, method, block, monkeypatch):
                        sink=4, query_block=block) if kind == "gpu" else
          ivf.IVFConfig(topk=16, budget=60, seal_window=32, cluster_size=8, refit_interval=64,
                        sink=4, query_block=block))
-  want = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="xla")
-  got = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="pallas")
+  extra = {}
+  if mapped:
+    from jaxsparse.ivf import metric
+    a = metric.fit(rng.standard_normal((n, h, d)) * np.linspace(0.3, 2, d),
+                   rng.uniform(0, 1, (n, h)), k)
+    extra = dict(metric=a)
+  want = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="xla", **extra)
+  got = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="pallas", **extra)
   np.testing.assert_array_equal(got[1], want[1])
   np.testing.assert_array_equal(got[0], want[0])
 

@@ -300,3 +300,14 @@ def test_plans_calibrated_under_a_metric_compare_its_groups_with_blocks(tmp_path
   rows = {r["method"]: r["recall"] for r in json.loads(res.read_text())["rows"]}
   assert rows["IVF planned (per layer)"] == pytest.approx(rows["IVF, query-aware metric"],
                                                            abs=1e-12)
+
+
+def test_prefill_topk_with_a_metric_runs_under_jit():
+  """The metric is a concrete [D, D] array (or file) closed over; q, w and k may be traced."""
+  import jax
+  q, w, k = _trace()
+  a = metric.fit(*_trace(seed=2))
+  eager = ivf.prefill_topk(q, w, k, CFG, metric=a)
+  jitted = jax.jit(lambda q, w, k: ivf.prefill_topk(q, w, k, CFG, metric=a))(q, w, k)
+  for x, y in zip(eager, jitted):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -188,16 +188,19 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
           "num_candidates": out_num, "refit_compared": compared}
 
 
-def _metric_inputs(q, k, metric, layer):
+def _metric_inputs(q, k, metric, layer, map_queries=True):
   """(index keys [N, D], ranking queries [N, H, D], A or None): k @ A and q @ A^-1 in the
-  inputs' dtypes under a grouping metric, else k and q themselves."""
+  inputs' dtypes under a grouping metric, else k and q themselves. map_queries=False returns
+  A^-1 [D, D] float32 in the queries' place (for callers that map a chunk at a time)."""
   from jaxsparse.ivf import metric as metric_mod
   a = metric_mod.resolve(metric, layer, k.shape[1])
   if a is None:
     return k, q, None
-  inv = np.linalg.inv(a.astype(np.float64)).astype(np.float32)
+  inv = jnp.asarray(np.linalg.inv(a.astype(np.float64)).astype(np.float32))
   kx = (k.astype(jnp.float32) @ jnp.asarray(a)).astype(k.dtype)
-  qx = jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), jnp.asarray(inv)).astype(q.dtype)
+  if not map_queries:
+    return kx, inv, jnp.asarray(a)
+  qx = jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), inv).astype(q.dtype)
   return kx, qx, jnp.asarray(a)
 
 

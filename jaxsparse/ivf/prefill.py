@@ -172,16 +172,18 @@ def _maintain(state, k, clusters, p, *, config, refit, platform=None):
   return index._refit(state, k, p, config, platform=platform) if refit else state
 
 
-def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qr=None):
+def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qmap=None):
   """`_chunk_topk` for the `size` queries from position p - 1 on, under `state`'s version
   (their q, w sliced here, with the query_block - 1 before them that rank the first shared
-  block; the inverted lists from the stored ranks; qr [N, H, D]: ranking queries when they
-  differ from q). Returns (indices [size, topk], num_candidates [size])."""
+  block; the inverted lists from the stored ranks; qmap [D, D]: the ranking queries are
+  q @ qmap, a grouping metric's A^-1, mapped here a window at a time). Returns (indices [size, topk], num_candidates [size])."""
   blk = config.query_block
   rows = size + blk - 1
   qlo = p - blk  # = (p - 1) - (blk - 1)
   members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
-  rank_q = None if qr is None else jax.lax.dynamic_slice_in_dim(qr, qlo, rows)
+  qs = jax.lax.dynamic_slice_in_dim(q, qlo, rows)
+  rank_q = None if qmap is None else jnp.einsum(
+      "nhd,de->nhe", qs.astype(jnp.float32), qmap.astype(jnp.float32)).astype(q.dtype)
   return _chunk_topk_impl(
       jax.lax.dynamic_slice_in_dim(q, qlo, rows), jax.lax.dynamic_slice_in_dim(w, qlo, rows), k,
       reps, state["sizes"], state["last"], members, offsets,
@@ -192,14 +194,14 @@ def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qr=N
 
 @functools.partial(jax.jit, static_argnames=("config", "refit", "size", "topk", "platform"))
 def _window(state, q, w, k, clusters, p, *, config, refit, size, topk, platform=None, ki=None,
-            qr=None):
+            qmap=None):
   """One window in one dispatch: `_maintain` (on the index keys ki, default k), then
-  `_queries` ranking the stored centers (with qr, default q). Returns (state, indices,
+  `_queries` ranking the stored centers (with q @ qmap when given). Returns (state, indices,
   num_candidates)."""
   state = _maintain(state, k if ki is None else ki, clusters, p, config=config, refit=refit,
                     platform=platform)
   return (state,) + _queries(state, state["centers"], q, w, k, p, config=config, size=size,
-                             topk=topk, platform=platform, qr=qr)
+                             topk=topk, platform=platform, qmap=qmap)
 
 
 _maintain_jit = jax.jit(_maintain, static_argnames=("config", "refit", "platform"))
@@ -209,11 +211,11 @@ _queries_jit = jax.jit(_queries, static_argnames=("config", "size", "topk", "pla
 @functools.partial(jax.jit, static_argnames=("config", "windows", "topk", "platform"),
                    donate_argnames=("out_idx", "out_num"))
 def _full_windows(state, q, w, k, clusters, out_idx, out_num, *, config, windows, topk,
-                  platform=None, ki=None, qr=None):
+                  platform=None, ki=None, qmap=None):
   """Windows 1 .. `windows` (each serving a whole seal window of queries) in one program: a
   scan whose step does `_window`'s work (`_maintain`, its refit under `lax.cond` where p is a
   multiple of the refit interval, then `_queries`), each window's results written in place
-  into out_idx [N, topk] and out_num [N] (donated) at rows p - 1 ... ki, qr: the index keys
+  into out_idx [N, topk] and out_num [N] (donated) at rows p - 1 ... ki, qmap: the index keys
   and ranking queries when they differ from k, q. Returns (state, out_idx, out_num)."""
   wnd, every = config.seal_window, config.refit_interval
   ki = k if ki is None else ki
@@ -227,7 +229,7 @@ def _full_windows(state, q, w, k, clusters, out_idx, out_num, *, config, windows
                                                                   platform=platform),
                            lambda s: s, state)
     idx, num = _queries(state, state["centers"], q, w, k, p, config=config, size=wnd,
-                        topk=topk, platform=platform, qr=qr)
+                        topk=topk, platform=platform, qmap=qmap)
     return (state, jax.lax.dynamic_update_slice_in_dim(oi, idx, p - 1, 0),
             jax.lax.dynamic_update_slice_in_dim(on, num, p - 1, 0)), None
 
@@ -277,9 +279,9 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   GPU/TPU). Without a corrector the whole sequence is one jitted program (a scan over the seal
   windows; HiSA's a scan over query chunks), so the host dispatches a few calls, not one per
   window. metric: a grouping metric (`jaxsparse.ivf.metric`; an A [D, D] array, or a file with
-  `layer`): the index groups k @ A (a mapped copy of the keys, [N, D] in k's dtype) and ranks
-  with q @ A^-1; candidates are scored with k and q. Returns jax arrays (indices [N, topk] int32, -1 where fewer keys are visible;
-  num_candidates [N] int32).
+  `layer`): the index groups k @ A (a mapped copy of the keys, [N, D] in k's dtype) and each
+  window's queries rank with q @ A^-1; candidates are scored with k and q. Returns jax arrays
+  (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32).
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
   if method not in ("ivf", "hisa"):
@@ -300,8 +302,8 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     return _hisa_prefill(q, w, k, config, plat)
   corrector = _resolve_corrector(corrector, layer)
   from jaxsparse.ivf.evaluation import _metric_inputs
-  ki, qr, a = _metric_inputs(q, k, metric, layer)
-  mapped = dict(ki=ki, qr=qr) if a is not None else {}
+  ki, qmap, a = _metric_inputs(q, k, metric, layer, map_queries=False)
+  mapped = dict(ki=ki, qmap=qmap) if a is not None else {}
   topk, wnd = min(config.topk, n), config.seal_window
   state = index.init_state(n, k.shape[1], config)
   clusters = index.cluster_windows(ki, config, platform=plat)  # every window's k-means at once
@@ -324,10 +326,10 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
 
 
 def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat, metric=None, ki=None,
-                       qr=None):
+                       qmap=None):
   """`prefill_topk` with a corrector: a window at a time, the corrected representatives of
   each sealed state computed between its maintenance and its queries (under a grouping metric
-  A: the index on ki = k @ A, ranking with qr)."""
+  A: the index on ki = k @ A, ranking with q @ qmap)."""
   n, wnd = k.shape[0], config.seal_window
   topk = min(config.topk, n)
   out_idx, out_num = exact_before_first_seal(q, w, k, config)
@@ -341,7 +343,7 @@ def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat, metric
     kw = dict(config=config, platform=plat)
     state = _maintain_jit(state, k if ki is None else ki, clusters, p, refit=refit, **kw)
     idx, num = _queries_jit(state, index.representatives(state, k, corrector, metric), q, w, k,
-                            p, size=hi - lo, topk=topk, qr=qr, **kw)
+                            p, size=hi - lo, topk=topk, qmap=qmap, **kw)
     _queue(pending, (lo, hi, idx, num), out_idx, out_num)
   for item in pending:
     _drain(item, out_idx, out_num)
