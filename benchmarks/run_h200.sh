@@ -31,7 +31,8 @@
 #                    TRACE=prefill.npz LAYERS=0,1,2: a real trace's layers tiled to each N;
 #                    QUERY_BLOCK=64 BUDGET=49152: shared query blocks; STAGES=N stage times
 #                    on N windows, 0 off; PROFILE=1 kernel seconds of whole runs; WARMUP=N
-#                    the untimed first run's context, default 65536)
+#                    the untimed first run's context, default 65536; METRIC=1 also times the
+#                    prefill under a grouping metric fitted on the run's first 8K tokens)
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   spin             the SPIN decode step against the full step (scoring + exact top-K): B 64,
 #                    40% sparsity, 128K and 512K slots (BATCHES, SLOTS, SPARSITIES widen it;
@@ -127,7 +128,7 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
       python3 benchmarks/bench_ivf_prefill.py ${TOKENS:+--tokens $TOKENS --warmup-tokens ${WARMUP:-65536}} \
         ${REPEATS:+--repeats $REPEATS} ${TRACE:+--trace $TRACE --layers ${LAYERS:-0}} \
         ${QUERY_BLOCK:+--query-block $QUERY_BLOCK} ${BUDGET:+--budget $BUDGET} \
-        ${STAGES:+--stages $STAGES} ${PROFILE:+--profile} --out "$OUT/ivf_prefill${TOKENS:+_${TOKENS//,/_}}.json" 2>&1 \
+        ${STAGES:+--stages $STAGES} ${PROFILE:+--profile} ${METRIC:+--metric-timing} --out "$OUT/ivf_prefill${TOKENS:+_${TOKENS//,/_}}.json" 2>&1 \
         | tee "$OUT/ivf_prefill.log" | tail -8 ;;
     prefill-topk)
       python3 benchmarks/bench_prefill_topk.py --out "$OUT/prefill_topk.json" 2>&1 \

@@ -85,10 +85,11 @@ def test_spin_studies_quick(tmp_path):
 
 
 def test_ivf_prefill_benchmark_quick(tmp_path):
-  _run("bench_ivf_prefill.py", "--quick", "--out", str(tmp_path / "p.json"))
+  _run("bench_ivf_prefill.py", "--quick", "--metric-timing", "--out", str(tmp_path / "p.json"))
   data = json.loads((tmp_path / "p.json").read_text())
   assert [r["tokens"] for r in data["rows"]] == [512, 1024]
   assert all(0.5 < r["recall"] <= 1 and r["ivf_s"] > 0 for r in data["rows"])
+  assert all(0.5 < r["metric_recall"] <= 1 and r["ivf_metric_s"] > 0 for r in data["rows"])
   assert all(0 < r["hisa_recall"] <= 1 and r["hisa_s"] > 0 for r in data["rows"])
 
 

@@ -151,3 +151,13 @@ def test_spin_target_names_its_file_and_can_skip_stages(tmp_path):
                           SPIN_NAME="spin_step_cmdbuf_off")
   spin = [c for c in calls if "bench_spin.py" in c]
   assert rc == 0 and "--step-only" in spin[-1] and "spin_step_cmdbuf_off.json" in spin[-1]
+
+
+def test_ivf_prefill_target_times_the_metric_path_on_request(tmp_path):
+  rc, calls, _ = _dry_run(tmp_path, "ivf-prefill", TOKENS="262144")
+  (bench,) = [c for c in calls if "bench_ivf_prefill.py" in c]
+  assert rc == 0 and "--metric-timing" not in bench and "ivf_prefill_262144.json" in bench
+  (tmp_path / "b").mkdir()
+  rc, calls, _ = _dry_run(tmp_path / "b", "ivf-prefill", TOKENS="262144", METRIC="1")
+  (bench,) = [c for c in calls if "bench_ivf_prefill.py" in c]
+  assert rc == 0 and "--metric-timing" in bench

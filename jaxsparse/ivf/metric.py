@@ -58,19 +58,22 @@ def sample_pairs(n: int, queries: int = 256, keys: int = 256, seed: int = 0):
 
 def _moment(q, w, k, queries, keys, seed):
   """sum over `sample_pairs` of g g^T [D, D] float64, g = sum_h w_h [q_h . k > 0] q_h."""
-  q = np.asarray(q, np.float64)
-  w = np.asarray(w, np.float64)
-  k = np.asarray(k, np.float64)
-  if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (q.shape[0], q.shape[2]):
-    raise ValueError(f"q {q.shape}, w {w.shape}, k {k.shape} must be [N, H, D], [N, H], "
-                     f"[N, D]")
-  if not (np.isfinite(q).all() and np.isfinite(w).all() and np.isfinite(k).all()):
+  if (len(q.shape) != 3 or tuple(w.shape) != tuple(q.shape[:2])
+      or tuple(k.shape) != (q.shape[0], q.shape[2])):
+    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
+                     f"[N, H, D], [N, H], [N, D]")
+  pos, ids = sample_pairs(k.shape[0], queries, keys, seed)
+  # only the sampled rows are read (and converted): q may be a device array of many GB
+  q = np.asarray(q[pos], np.float64)
+  w = np.asarray(w[pos], np.float64)
+  kk = np.asarray(k[np.unique(ids)], np.float64)
+  ids = np.searchsorted(np.unique(ids), ids)
+  if not (np.isfinite(q).all() and np.isfinite(w).all() and np.isfinite(kk).all()):
     raise ValueError("q, w and k must be finite")
-  pos, ids = sample_pairs(len(k), queries, keys, seed)
   s = np.zeros((q.shape[2], q.shape[2]))
-  for p, kk in zip(pos, ids):
-    gate = (np.einsum("hd,sd->sh", q[p], k[kk]) > 0) * w[p]  # [keys, H]
-    g = gate @ q[p]  # [keys, D]
+  for i, row in enumerate(ids):
+    gate = (np.einsum("hd,sd->sh", q[i], kk[row]) > 0) * w[i]  # [keys, H]
+    g = gate @ q[i]  # [keys, D]
     s += g.T @ g
   return s
 
