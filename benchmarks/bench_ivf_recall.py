@@ -35,6 +35,7 @@ METHODS = (("IVF", "ivf", True, False, False, False),
            ("HiSA oracle", "hisa", True, True, False, False))
 PLANNED = "IVF planned"  # each layer under the partition a calibration trace chose for it
 METRIC_PLANNED = "IVF metric planned"  # the same, the content groups under the metric
+BARS = ("IVF", "IVF metric", "IVF oracle", "HiSA", "HiSA oracle")  # the per-layer panel's rows
 
 
 def shared_name(block: int) -> str:
@@ -141,19 +142,22 @@ def plot(rows, budgets, main_budget, path):
   fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.4))
   s = summary(rows, budgets)
   names = _names(rows)
+  color = {name: f"C{i % 10}" for i, name in enumerate(names)}  # one colour a row, both panels
   for name in names:
-    a.plot(budgets, [s[x][name] for x in budgets], marker="o", label=name)
+    a.plot(budgets, [s[x][name] for x in budgets], marker="o", label=name, color=color[name])
   a.set_xscale("log", base=2)
   a.set_xlabel("candidate budget")
   a.set_ylabel("recall of the full top-K (mean over layers)")
   a.legend(fontsize=8)
   a.grid(alpha=0.3)
   layers = sorted({r["layer"] for r in rows})
+  names = [m for m in names if m in BARS]  # per layer: the main rows only
   width = 0.8 / len(names)
   for i, name in enumerate(names):
     v = [next(r["recall"] for r in rows if r["layer"] == l and r["budget"] == main_budget
               and r["method"] == name) for l in layers]
-    b.bar(np.arange(len(layers)) + (i - (len(names) - 1) / 2) * width, v, width, label=name)
+    b.bar(np.arange(len(layers)) + (i - (len(names) - 1) / 2) * width, v, width, label=name,
+          color=color[name])
   b.set_xticks(np.arange(len(layers)), layers, fontsize=7)
   b.set_xlabel(f"layer (budget {main_budget})")
   b.set_ylabel("recall")
