@@ -216,6 +216,17 @@ def _ivf_config(args):
     raise CliError(msg.replace("topk=", "--k=")) from None
 
 
+def _prefill_traces(paths, what: str) -> list:
+  """--trace's files, each loaded and checked to be a prefill trace (`what` needs them)."""
+  trs = []
+  for path in paths:
+    tr = _load_trace("--trace", path)
+    if tr.kind != "prefill":
+      raise CliError(f"--trace={path!r} is a {tr.kind} trace; {what} needs prefill traces")
+    trs.append(tr)
+  return trs
+
+
 def _plan(args) -> int:
   from jaxsparse.ivf import plan as ivf_plan
   cfg = _ivf_config(args)
@@ -223,16 +234,12 @@ def _plan(args) -> int:
     raise CliError(f"--z={args.z} must be >= 0")
   if args.queries < 2:
     raise CliError(f"--queries={args.queries} must be at least 2")
-  trs = []
-  for path in args.trace:
-    tr = _load_trace("--trace", path)
-    if tr.kind != "prefill":
-      raise CliError(f"--trace={path!r} is a {tr.kind} trace; plans need prefill traces")
+  trs = _prefill_traces(args.trace, "a plan")
+  for path, tr in zip(args.trace, trs):
     n = tr.k.shape[1]
     if args.k >= n or n <= args.seal_window:
       raise CliError(f"--trace={path!r} has {n} tokens: need more than --k={args.k} and "
                      f"--seal-window={args.seal_window}")
-    trs.append(tr)
   _check_writable("--out", args.out)
   if args.metric:
     for tr in trs:
@@ -265,15 +272,11 @@ def _fit_metric(args) -> int:
   from jaxsparse.ivf import metric as ivf_metric
   if not args.eps > 0:
     raise CliError(f"--eps={args.eps} must be positive")
-  trs = []
-  for path in args.trace:
-    tr = _load_trace("--trace", path)
-    if tr.kind != "prefill":
-      raise CliError(f"--trace={path!r} is a {tr.kind} trace; a metric needs prefill traces")
-    if trs and tr.layers.tolist() != trs[0].layers.tolist():
+  trs = _prefill_traces(args.trace, "a metric")
+  for path, tr in zip(args.trace, trs):
+    if tr.layers.tolist() != trs[0].layers.tolist():
       raise CliError(f"--trace={path!r} holds layers {tr.layers.tolist()}, the first trace "
                      f"{trs[0].layers.tolist()}: every trace must hold the same layers")
-    trs.append(tr)
   _check_writable("--out", args.out)
   metrics = ivf_metric.fit_traces(trs, eps=args.eps, queries=args.queries, keys=args.keys)
   ivf_metric.save(args.out, metrics, meta={"traces": [os.path.basename(t) for t in args.trace],

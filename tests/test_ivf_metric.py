@@ -9,18 +9,7 @@ import pytest
 from jaxsparse import cli, ivf, traces
 from jaxsparse.ivf import metric
 from tests.reference import clustered_prefill_trace
-
-CFG = ivf.IVFConfig(topk=16, budget=96, seal_window=64, cluster_size=16, refit_interval=128,
-                    sink=4, refit_batch=32)
-
-
-def _trace(n=400, h=4, d=16, seed=0):
-  rng = np.random.default_rng(seed)
-  centers = rng.standard_normal((12, d))
-  k = centers[rng.integers(0, 12, n)] + 0.3 * rng.standard_normal((n, d))
-  q = rng.standard_normal((n, h, d))
-  w = rng.uniform(0.1, 1.0, (n, h))
-  return q.astype(np.float32), w.astype(np.float32), k.astype(np.float32)
+from tests.test_ivf import CFG, _shift_corrector, _trace
 
 
 def _reference_metric(q, w, k, eps, queries=256, keys=256, seed=0):
@@ -148,12 +137,6 @@ def test_no_query_sees_a_key_after_its_position_under_a_metric():
     q2[n + 1:] = rng.standard_normal(q2[n + 1:].shape)
     r = ivf.evaluate(q2, w2, k2, CFG, query_positions=pos[j:j + 1], metric=a)
     np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
-
-
-def _shift_corrector(state, keys, mean):
-  import jax.numpy as jnp
-  d = jnp.linspace(-1.0, 1.0, mean.shape[1])
-  return 0.5 * jnp.log1p(state["sizes"].astype(jnp.float32))[:, None] * d[None, :]
 
 
 @pytest.mark.parametrize("corr", [None, _shift_corrector], ids=["plain", "corrected"])
