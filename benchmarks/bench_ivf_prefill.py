@@ -12,8 +12,9 @@ smallest N unless --warmup-tokens); each N runs --repeats times and the fastest 
 first compiles for the new shapes); full_scoring_s is full DSA's scoring without its top-K.
 --stages times each stage apart (index maintenance, inverted lists, group ranking, candidate
 packing, candidate scoring, top-K); --profile adds the kernel seconds of one whole run of each
-method (what the wall-clock time holds beyond kernels is host dispatch and launch gaps). --recall-only measures recall alone (`ivf.evaluate`, the
-trace's shapes in float32): contexts up to 1M on a CPU. Writes JSON.
+method (what the wall-clock time holds beyond kernels is host dispatch and launch gaps).
+--recall-only measures recall alone (`ivf.evaluate`, the trace's shapes in float32): contexts
+up to 1M on a CPU. --metric-timing also times the prefill under a grouping metric. Writes JSON.
 
   python benchmarks/bench_ivf_prefill.py --tokens 65536,262144,1048576 --out r.json
   python benchmarks/bench_ivf_prefill.py --trace prefill_8k.npz --layers 0,1,2 --out r.json

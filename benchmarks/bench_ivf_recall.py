@@ -46,8 +46,9 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_blo
         progress=print, metric=None, metric_plans=None):
   """corrector: a file of `jaxsparse train corrector` for the "IVF corrected" rows (None:
   those rows are left out). metric: a file of `jaxsparse fit-metric` for the "IVF metric" rows
-  (None: left out); metric_plans: plans calibrated with it, for "IVF metric planned". plans: {budget: `ivf.plan.calibrate` result} for the "IVF planned"
-  rows (each layer's recall under the method its plan chose; None: left out). query_block:
+  (None: left out); metric_plans: plans calibrated with it, for "IVF metric planned". plans:
+  {budget: `ivf.plan.calibrate` result} for the "IVF planned" rows (each layer's recall under
+  the method its plan chose; None: left out). query_block:
   adds "IVF shared B, 2x budget" rows: blocks of B queries sharing twice the budget
   (IVFConfig.query_block; 0: left out)."""
   methods = [m for m in METHODS if (corrector or not m[4]) and (metric or not m[5])]

@@ -355,3 +355,17 @@ def clustered_prefill_trace(rng, n, h, d, layers):
                              w=rng.uniform(0, 1, (nl, n, h)).astype(np.float32),
                              k=np.stack([k] * nl).astype(np.float32),
                              layers=np.asarray(layers, np.int32), meta={})
+
+
+def saved_prefill_traces(directory, rng, lengths, held: int = 640, h: int = 2, d: int = 16,
+                         layers=(3, 7)):
+  """Training traces of the given lengths and one held-out trace (`clustered_prefill_trace`,
+  the same rng in that order) saved under `directory`: (training paths, held-out path)."""
+  from jaxsparse import traces
+  paths = []
+  for i, n in enumerate(lengths):
+    paths.append(str(directory / f"t{i}.npz"))
+    traces.save(paths[-1], clustered_prefill_trace(rng, n, h, d, list(layers)))
+  path = str(directory / "held.npz")
+  traces.save(path, clustered_prefill_trace(rng, held, h, d, list(layers)))
+  return paths, path

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxsparse import cli, traces
-from tests.reference import clustered_prefill_trace
+from tests.reference import clustered_prefill_trace, saved_prefill_traces
 
 
 def _err(capsys):
@@ -239,12 +239,7 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
   from jaxsparse import ivf
   from jaxsparse.ivf import plan as ivf_plan
   rng = np.random.default_rng(1)
-  paths = []
-  for i, n in enumerate((640, 576)):
-    paths.append(str(tmp_path / f"t{i}.npz"))
-    traces.save(paths[-1], clustered_prefill_trace(rng, n, 2, 16, [3, 7]))
-  held = str(tmp_path / "held.npz")
-  traces.save(held, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
+  paths, held = saved_prefill_traces(tmp_path, rng, (640, 576))
   opts = ["--k", "16", "--budget", "200", "--seal-window", "64", "--cluster-size", "16",
           "--refit-interval", "256", "--queries", "16"]
   out = str(tmp_path / "plan.json")

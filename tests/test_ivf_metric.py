@@ -8,7 +8,7 @@ import pytest
 
 from jaxsparse import cli, ivf, traces
 from jaxsparse.ivf import metric
-from tests.reference import clustered_prefill_trace
+from tests.reference import clustered_prefill_trace, saved_prefill_traces
 from tests.test_ivf import CFG, _shift_corrector, _trace
 
 
@@ -169,6 +169,10 @@ def test_bad_metrics_name_the_argument(tmp_path):
     metric.fit(q, w, k, eps=0)
   with pytest.raises(ValueError, match="keys=0"):
     metric.fit(q, w, k, keys=0)
+  from jaxsparse.ivf import plan as ivf_plan
+  tr = clustered_prefill_trace(np.random.default_rng(0), 300, 4, 16, [3, 7])
+  with pytest.raises(ValueError, match=r"metric holds no matrix for layers \[7\]"):
+    ivf_plan.calibrate(tr, CFG, queries=8, metric={3: np.eye(16)})
   path = str(tmp_path / "m.npz")
   metric.save(path, {5: metric.fit(q, w, k)})
   with pytest.raises(ValueError, match=r"layer=4 must name a layer the metric file holds: \[5\]"):
@@ -213,12 +217,7 @@ def test_shipped_metric_covers_every_smollm2_layer():
 
 def test_cli_fits_a_metric_and_eval_adds_its_row(tmp_path, capsys):
   rng = np.random.default_rng(1)
-  paths = []
-  for i, n in enumerate((640, 576)):
-    paths.append(str(tmp_path / f"t{i}.npz"))
-    traces.save(paths[-1], clustered_prefill_trace(rng, n, 2, 16, [3, 7]))
-  held = str(tmp_path / "held.npz")
-  traces.save(held, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
+  paths, held = saved_prefill_traces(tmp_path, rng, (640, 576))
   out = str(tmp_path / "metric.npz")
   assert cli.main(["fit-metric", "--trace", ",".join(paths), "--out", out]) == 0
   assert "metric for 2 layers from 2 trace(s)" in capsys.readouterr().out
@@ -256,9 +255,7 @@ def test_plans_calibrated_under_a_metric_compare_its_groups_with_blocks(tmp_path
   the layers planned as groups under it and names a missing --metric."""
   from jaxsparse.ivf import plan as ivf_plan
   rng = np.random.default_rng(2)
-  path, held = str(tmp_path / "t.npz"), str(tmp_path / "held.npz")
-  traces.save(path, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
-  traces.save(held, clustered_prefill_trace(rng, 640, 2, 16, [3, 7]))
+  (path,), held = saved_prefill_traces(tmp_path, rng, (640,))
   mpath = str(tmp_path / "m.npz")
   assert cli.main(["fit-metric", "--trace", path, "--out", mpath]) == 0
   opts = ["--k", "16", "--budget", "200", "--seal-window", "64", "--cluster-size", "16",

@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_state", "seal", "cluster_windows", "refit", "group_capacity", "representatives", "member_means",
-           "index_bytes", "state_dtypes"]
+__all__ = ["init_state", "seal", "cluster_windows", "refit", "group_capacity", "representatives",
+           "member_means", "index_bytes", "state_dtypes"]
 
 
 def group_capacity(num_keys: int, config) -> int:

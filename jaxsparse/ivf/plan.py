@@ -47,12 +47,12 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   layer and trace; prefer: "hisa" (position blocks) or "ivf" (content groups), the partition a
   layer keeps unless the other's mean recall exceeds it by more than z standard errors of the
   paired per-query difference. metric: a grouping metric for the content groups
-  (`jaxsparse.ivf.metric`: a file path or {layer: A}); the plan records its file name ("metric"),
-  and a layer planned "ivf" should then run with it. Returns the plan: {"format", "methods": {layer: "ivf" |
-  "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA minus IVF), "std_error",
-  "texts", and with several texts "per_text": the same figures for each}}, "config":
-  IVFConfig fields, "queries" (positions in the first trace), "z", "prefer", "trace": the
-  first trace's meta, "traces": every trace's meta}.
+  (`jaxsparse.ivf.metric`: a file path or {layer: A}); the plan records its file name
+  ("metric"), and a layer planned "ivf" should then run with it. Returns the plan: {"format",
+  "methods": {layer: "ivf" | "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA
+  minus IVF), "std_error", "texts", and with several texts "per_text": the same figures for
+  each}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z", "prefer",
+  "trace": the first trace's meta, "traces": every trace's meta, "metric"}.
   """
   from jaxsparse.ivf.evaluation import evaluate
   if queries < 2:
@@ -64,6 +64,10 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   texts = list(trace) if isinstance(trace, (list, tuple)) else [trace]
   if not texts:
     raise ValueError("trace: give at least one prefill trace")
+  if metric is not None and not isinstance(metric, (str, os.PathLike)):
+    missing = sorted({int(x) for tr in texts for x in np.asarray(tr.layers)} - set(metric))
+    if missing:
+      raise ValueError(f"metric holds no matrix for layers {missing}")
   per_layer: dict[int, dict[str, list]] = {}
   counts = []
   for tr in texts:

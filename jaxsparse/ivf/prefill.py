@@ -176,7 +176,8 @@ def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qmap
   """`_chunk_topk` for the `size` queries from position p - 1 on, under `state`'s version
   (their q, w sliced here, with the query_block - 1 before them that rank the first shared
   block; the inverted lists from the stored ranks; qmap [D, D]: the ranking queries are
-  q @ qmap, a grouping metric's A^-1, mapped here a window at a time). Returns (indices [size, topk], num_candidates [size])."""
+  q @ qmap, a grouping metric's A^-1, mapped here a window at a time). Returns (indices
+  [size, topk], num_candidates [size])."""
   blk = config.query_block
   rows = size + blk - 1
   qlo = p - blk  # = (p - 1) - (blk - 1)
