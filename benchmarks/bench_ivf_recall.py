@@ -238,13 +238,16 @@ def main(argv=None):
       keep = [list(np.asarray(cal.layers)).index(l) for l in want]
       cals.append(dataclasses.replace(cal, q=cal.q[keep], w=cal.w[keep], k=cal.k[keep],
                                       layers=np.asarray(want)))
+    hisa = {}  # HiSA's calibration recalls, shared by the plans with and without the metric
     plans = {b: ivf_plan.calibrate(cals, dataclasses.replace(cfg, budget=b),
-                                   queries=a.queries, prefer=a.plan_prefer, progress=print)
+                                   queries=a.queries, prefer=a.plan_prefer, progress=print,
+                                   cache=hisa)
              for b in budgets}
     if met:
       metric_plans = {b: ivf_plan.calibrate(cals, dataclasses.replace(cfg, budget=b),
                                             queries=a.queries, prefer=a.plan_prefer,
-                                            progress=print, metric=met) for b in budgets}
+                                            progress=print, metric=met, cache=hisa)
+                      for b in budgets}
   if a.query_block and (a.query_block < 0 or a.seal_window % a.query_block):
     p.error(f"--query-block={a.query_block} must divide --seal-window={a.seal_window}")
   pos, rows = run(tr, cfg, budgets, layers, a.queries, corrector=corr, plans=plans,

@@ -22,7 +22,8 @@
 #                    CONTEXTS="8192 32768" picks contexts; traces are kept in TRACES (default
 #                    /tmp) and recorded only when missing; OFFSETS: the calibration texts'
 #                    first tokens in CORPUS, pooled (default three texts); LAYERS=2: only
-#                    those layers (files *_l2*; a CPU records 32K of layers 0-2 in 4 minutes)
+#                    those layers (files *_l2*; a CPU records 32K of layers 0-2 in 4 minutes);
+#                    RECORD_ONLY=1: record the missing traces and stop (a later call evaluates)
 #   cpu-tables       the README figures measured on a CPU (also runs here): replay, SPIN
 #                    studies, TPU estimates, AttentionIndex recall at 256K / 1M (TRACES)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
@@ -119,6 +120,7 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
             --out "$tr/train_${name}${lsuf}_$off.npz"
           cal=$cal${cal:+,}$tr/train_${name}${lsuf}_$off.npz
         done
+        [ -n "$RECORD_ONLY" ] && continue
         suffix=$([ "$n" = 8192 ] || echo _$name)$lsuf
         eval python3 benchmarks/bench_ivf_recall.py --trace "$tr/prefill_$name$lsuf.npz" $flags \
           --calibration-trace "$cal" --out "$OUT/ivf_recall$suffix" 2>&1 \

@@ -91,6 +91,16 @@ def test_ivf_recall_takes_chosen_layers_and_several_calibration_texts(tmp_path):
   assert f"--trace {traces}/prefill_32k_l2.npz" in bench and bench.endswith("ivf_recall_32k_l2")
 
 
+def test_ivf_recall_can_record_without_evaluating(tmp_path):
+  """RECORD_ONLY=1 records the missing traces and runs no benchmark (a later call does)."""
+  traces = tmp_path / "traces"
+  rc, calls, _ = _dry_run(tmp_path, "ivf-recall", CONTEXTS="32768", TRACES=str(traces),
+                          RECORD_ONLY="1")
+  assert rc == 0
+  assert len([c for c in calls if "record_prefill.py" in c]) == 4
+  assert not [c for c in calls if "bench_ivf_recall.py" in c]
+
+
 def test_gpu_tests_run_in_parallel_and_leave_a_json_record(tmp_path):
   rc, calls, _ = _dry_run(tmp_path, "gpu-tests", WORKERS="12")
   assert rc == 0

@@ -2,6 +2,7 @@
 content groups on a clustered layer; plan files round-trip and bad ones are named."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -140,3 +141,30 @@ def test_plan_files_round_trip_and_bad_ones_are_named(calibrated, tmp_path):
 def test_bad_calibration_options_name_the_argument(kw, msg):
   with pytest.raises(ValueError, match=msg):
     plan.calibrate(_trace(), CFG, **kw)
+
+
+def test_shared_cache_measures_hisa_once_and_changes_no_plan(calibrated, monkeypatch):
+  """Two calibrations sharing a cache (plain, then under a metric) give the plans that separate
+  calls give, and evaluate HiSA once per (trace, layer): the second call scores only IVF."""
+  from jaxsparse.ivf import evaluation
+  tr, want = calibrated
+  met = {3: 2.0 * np.eye(D), 7: np.diag(np.linspace(0.5, 2.0, D))}
+  want_metric = plan.calibrate(tr, CFG, queries=64, metric=met)
+  calls = []
+  real = evaluation.evaluate
+
+  def counted(*args, **kw):
+    calls.append(kw["method"])
+    return real(*args, **kw)
+
+  monkeypatch.setattr(evaluation, "evaluate", counted)
+  cache = {}
+  got = plan.calibrate(tr, CFG, queries=64, cache=cache)
+  assert calls == ["ivf", "hisa"] * 2 and len(cache) == 2
+  calls.clear()
+  got_metric = plan.calibrate(tr, CFG, queries=64, metric=met, cache=cache)
+  assert calls == ["ivf", "ivf"]
+  assert got == want and got_metric == want_metric
+  calls.clear()  # another budget is another configuration: HiSA is measured again
+  plan.calibrate(tr, dataclasses.replace(CFG, budget=192), queries=64, cache=cache)
+  assert calls == ["ivf", "hisa"] * 2 and len(cache) == 4

@@ -37,7 +37,7 @@ def calibration_positions(n: int, seal_window: int, queries: int) -> np.ndarray:
 
 
 def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str = "hisa",
-              progress=None, metric=None) -> dict:
+              progress=None, metric=None, cache: dict | None = None) -> dict:
   """Choose each layer's partition on one or more prefill traces.
 
   trace: a `traces.PrefillTrace` (q [L, N, H, D], w [L, N, H], k [L, N, D], layers [L]) or a
@@ -48,7 +48,10 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   layer keeps unless the other's mean recall exceeds it by more than z standard errors of the
   paired per-query difference. metric: a grouping metric for the content groups
   (`jaxsparse.ivf.metric`: a file path or {layer: A}); the plan records its file name
-  ("metric"), and a layer planned "ivf" should then run with it. Returns the plan: {"format",
+  ("metric"), and a layer planned "ivf" should then run with it. cache: a dict shared by calls
+  on the same trace objects (with and without a metric, say): HiSA's per-query recalls, which
+  no metric changes, are kept there by (trace, layer, config, queries) and measured once.
+  Returns the plan: {"format",
   "methods": {layer: "ivf" | "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA
   minus IVF), "std_error", "texts", and with several texts "per_text": the same figures for
   each}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z", "prefer",
@@ -77,12 +80,18 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
       q, w, k = tr.q[i], tr.w[i], tr.k[i]
       got = per_layer.setdefault(int(layer), {m: [] for m in _METHODS})
       for m in _METHODS:
+        key = (id(tr), int(layer), config, len(pos))
+        if m == "hisa" and cache is not None and key in cache:
+          got[m].append(cache[key])
+          continue
         extra = {}
         if m == "ivf" and metric is not None:
           extra = (dict(metric=metric, layer=int(layer)) if isinstance(metric, (str, os.PathLike))
                    else dict(metric=metric[int(layer)]))
         got[m].append(np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos,
                                           **extra)["recall"], np.float64))
+        if m == "hisa" and cache is not None:
+          cache[key] = got[m][-1]
       if progress:
         progress(f"layer {layer}, text {len(got['ivf'])}: IVF {got['ivf'][-1].mean():.4f}, "
                  f"HiSA {got['hisa'][-1].mean():.4f}")
