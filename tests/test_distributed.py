@@ -294,6 +294,24 @@ want, wnum = ivf.prefill_topk(q, w, k, blk)
 for p in (8,):  # shared query blocks, seal only: exactly one device's
   got, num = sharded_ivf_prefill_topk(q, w, k, blk, devices=jax.devices()[:p])
   out[f"block-{p}"] = bool(np.array_equal(got, want) and np.array_equal(num, wnum))
+m = rng.standard_normal((d, d))  # a grouping metric that regroups the keys
+a = (np.eye(d) + 0.5 * (m + m.T) / np.sqrt(d)).astype(np.float32)
+a = a @ a.T
+for refit in (0, 256):
+  cfg = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16,
+                      refit_interval=refit, sink=4)
+  want, wnum = ivf.prefill_topk(q, w, k, cfg, metric=a)
+  plain, _ = ivf.prefill_topk(q, w, k, cfg)
+  for p in ((1, 8) if refit == 0 else (1,)):
+    got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:p], metric=a)
+    out[f"metric-{p}-{refit}"] = {"same": bool(np.array_equal(got, want)),
+                                 "num_same": bool(np.array_equal(num, wnum)),
+                                 "differs": bool(not np.array_equal(got, plain))}
+try:
+  sharded_ivf_prefill_topk(q, w, k, cfg, metric=np.eye(d + 1))
+  out["bad-metric"] = ""
+except ValueError as e:
+  out["bad-metric"] = str(e)
 print(json.dumps(out))
 '''
 
@@ -304,7 +322,8 @@ def test_sharded_attention_index(tmp_path):
   counts (a window is sealed by the same k-means wherever it lives); with refits, one shard
   is exactly one device, and more shards (each refitting its own keys) keep recall within
   a few points at 2 shards; candidates never exceed the budget; shared query blocks (seal
-  only) on 8 devices are one device's too."""
+  only) on 8 devices are one device's too; under a grouping metric (which changes the
+  top-K) the same hold against one device's `prefill_topk(metric=)`."""
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=env, capture_output=True,
@@ -318,3 +337,6 @@ def test_sharded_attention_index(tmp_path):
   assert out["2-256"]["recall"] >= out["single-256"] - 0.03, out
   assert out["8-256"]["recall"] >= 0.6, out
   assert out["block-8"], out
+  for key in ("metric-1-0", "metric-8-0", "metric-1-256"):  # under a grouping metric
+    assert out[key] == {"same": True, "num_same": True, "differs": True}, (key, out[key])
+  assert "metric" in out["bad-metric"], out["bad-metric"]

@@ -8,7 +8,9 @@ are the union of every shard's groups, numbered as one device numbers them (by t
 created the group's slot), so queries rank all shards' representatives together and the
 candidate packing, scoring and top-K are those of `jaxsparse.ivf.prefill_topk`. Without
 refits (`refit_interval=0`) the result is exactly one device's for any device count; with
-refits the groups of a shard are fitted to fewer keys.
+refits the groups of a shard are fitted to fewer keys. Under a grouping metric
+(`jaxsparse.ivf.metric`) every shard groups its keys mapped by A and the queries rank the
+groups with q @ A^-1, a query chunk at a time on its device, as one device does.
 
 The device arrays of a shard (its keys and index state) stay on that device, and each query
 chunk is scored on the device that holds its queries; jax dispatches to the devices
@@ -27,14 +29,23 @@ from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal
 __all__ = ["sharded_ivf_prefill_topk"]
 
 
+@jax.jit
+def _map_queries(q, qmap):
+  """q [Q, H, D] @ qmap [D, D] (a metric's A^-1) in float32, back in q's dtype: the ranking
+  queries, as `jaxsparse.ivf.prefill_topk` maps each window's."""
+  return jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), qmap.astype(jnp.float32)).astype(
+      q.dtype)
 
-def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
+
+
+def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, layer=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
 
   q [N, H, D], w [N, H], k [N, D] float (query n at position n sees keys 0..n); config:
-  `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all). Returns (indices
-  [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32), as
-  `jaxsparse.ivf.prefill_topk`.
+  `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all); metric: a grouping
+  metric (an A [D, D] array, or a file of `jaxsparse fit-metric` with `layer`), as in
+  `jaxsparse.ivf.prefill_topk`. Returns (indices [N, topk] int32, -1 where fewer keys are
+  visible; num_candidates [N] int32), as `jaxsparse.ivf.prefill_topk`.
   """
   q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
   n = k.shape[0]
@@ -44,6 +55,9 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   devices = list(devices or jax.devices())
   if not devices:
     raise ValueError("devices must not be empty")
+  from jaxsparse.ivf.evaluation import _metric_inputs
+  ki, qmap, a = _metric_inputs(q, k, metric, layer, map_queries=False)
+  ki = np.asarray(ki)  # the keys the index groups: k, or k @ A under a metric
   p_dev, wnd, d = len(devices), config.seal_window, k.shape[1]
   gw = wnd // config.cluster_size
   c = -(-n // (2 * p_dev * wnd)) * wnd  # chunk length: whole windows
@@ -51,7 +65,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   local_pos = [np.concatenate([np.arange(e * c, (e + 1) * c),
                                np.arange((2 * p_dev - 1 - e) * c, (2 * p_dev - e) * c)])
                for e in range(p_dev)]
-  kpad = np.concatenate([k, np.zeros((2 * p_dev * c - n, d), k.dtype)])
+  kpad = np.concatenate([ki, np.zeros((2 * p_dev * c - n, d), ki.dtype)])
   k_loc = [jax.device_put(kpad[lp], dev) for lp, dev in zip(local_pos, devices)]
   sinks = [jax.device_put(jnp.int32(config.sink if e == 0 else 0), dev)
            for e, dev in enumerate(devices)]
@@ -59,6 +73,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
   slot_gid = [np.full(index.group_capacity(2 * c, config), -1, np.int64) for _ in devices]
   used = [0] * p_dev
   k_all = [jax.device_put(k, dev) for dev in devices]
+  qmaps = [jax.device_put(qmap, dev) for dev in devices] if a is not None else None
   g_cap = index.group_capacity(n, config)
   assign = np.full(n, -1, np.int32)
   topk = min(config.topk, n)
@@ -104,11 +119,13 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None):
     sizes, _, last = index._group_stats(ga, kd, g_cap)
     members, offsets = candidates.inverted_lists(ga, g_cap)
     qlo = lo - (config.query_block - 1)  # shared blocks: the queries ranking the first one
-    res = _chunk_topk(put(q[qlo:hi]), put(w[qlo:hi]), kd, put(reps.copy()), sizes, last,
+    qc = put(q[qlo:hi])
+    rank = {} if a is None else dict(rank_q=_map_queries(qc, qmaps[devices.index(dev)]))
+    res = _chunk_topk(qc, put(w[qlo:hi]), kd, put(reps.copy()), sizes, last,
                       members, offsets, put(jnp.full((hi - qlo,), p, jnp.int32)),
                       put(jnp.arange(qlo, hi, dtype=jnp.int32)), topk=topk,
                       budget=config.budget, sink=config.sink, window=wnd,
-                      block=config.query_block)
+                      block=config.query_block, **rank)
     pending.append((lo, hi, res))
   for lo, hi, (idx, num) in pending:
     out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
