@@ -307,6 +307,24 @@ for refit in (0, 256):
     out[f"metric-{p}-{refit}"] = {"same": bool(np.array_equal(got, want)),
                                  "num_same": bool(np.array_equal(num, wnum)),
                                  "differs": bool(not np.array_equal(got, plain))}
+import jax.numpy as jnp
+
+
+def corr(state, keys, mean):  # a correction read from the members' own keys: each group's max
+  g, a = state["sizes"].shape[0], state["assign"]
+  top = jax.ops.segment_max(keys.astype(jnp.float32), jnp.where(a >= 0, a, g), g + 1)[:g]
+  return 0.5 * jnp.where(state["sizes"][:, None] > 0, top, 0.0)
+
+
+cfg = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16, refit_interval=0,
+                    sink=4)
+for name, extra in (("corrected", {}), ("corrected-metric", dict(metric=a))):
+  want, wnum = ivf.prefill_topk(q, w, k, cfg, corrector=corr, **extra)
+  plain, _ = ivf.prefill_topk(q, w, k, cfg, **extra)
+  got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:8], corrector=corr,
+                                      **extra)
+  out[name] = {"same": bool(np.array_equal(got, want)), "num_same": bool(np.array_equal(num, wnum)),
+               "differs": bool(not np.array_equal(got, plain))}
 try:
   sharded_ivf_prefill_topk(q, w, k, cfg, metric=np.eye(d + 1))
   out["bad-metric"] = ""
@@ -323,7 +341,8 @@ def test_sharded_attention_index(tmp_path):
   is exactly one device, and more shards (each refitting its own keys) keep recall within
   a few points at 2 shards; candidates never exceed the budget; shared query blocks (seal
   only) on 8 devices are one device's too; under a grouping metric (which changes the
-  top-K) the same hold against one device's `prefill_topk(metric=)`."""
+  top-K) the same hold against one device's `prefill_topk(metric=)`, and with a correction
+  made from each group's members, with and without the metric."""
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=env, capture_output=True,
@@ -337,6 +356,7 @@ def test_sharded_attention_index(tmp_path):
   assert out["2-256"]["recall"] >= out["single-256"] - 0.03, out
   assert out["8-256"]["recall"] >= 0.6, out
   assert out["block-8"], out
-  for key in ("metric-1-0", "metric-8-0", "metric-1-256"):  # under a grouping metric
+  for key in ("metric-1-0", "metric-8-0", "metric-1-256",  # under a grouping metric
+              "corrected", "corrected-metric"):  # a learned correction, with and without it
     assert out[key] == {"same": True, "num_same": True, "differs": True}, (key, out[key])
   assert "metric" in out["bad-metric"], out["bad-metric"]

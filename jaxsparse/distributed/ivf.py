@@ -10,7 +10,8 @@ candidate packing, scoring and top-K are those of `jaxsparse.ivf.prefill_topk`. 
 refits (`refit_interval=0`) the result is exactly one device's for any device count; with
 refits the groups of a shard are fitted to fewer keys. Under a grouping metric
 (`jaxsparse.ivf.metric`) every shard groups its keys mapped by A and the queries rank the
-groups with q @ A^-1, a query chunk at a time on its device, as one device does.
+groups with q @ A^-1, a query chunk at a time on its device, as one device does; a learned
+correction is made on the shard that holds a group, from its members.
 
 The device arrays of a shard (its keys and index state) stay on that device, and each query
 chunk is scored on the device that holds its queries; jax dispatches to the devices
@@ -38,12 +39,15 @@ def _map_queries(q, qmap):
 
 
 
-def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, layer=None):
+def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corrector=None,
+                             layer=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
 
   q [N, H, D], w [N, H], k [N, D] float (query n at position n sees keys 0..n); config:
   `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all); metric: a grouping
-  metric (an A [D, D] array, or a file of `jaxsparse fit-metric` with `layer`), as in
+  metric (an A [D, D] array, or a file of `jaxsparse fit-metric` with `layer`); corrector: a
+  learned representative correction (a model, a file of `jaxsparse train corrector` with
+  `layer`, or a callable), applied to each shard's groups; both as in
   `jaxsparse.ivf.prefill_topk`. Returns (indices [N, topk] int32, -1 where fewer keys are
   visible; num_candidates [N] int32), as `jaxsparse.ivf.prefill_topk`.
   """
@@ -55,8 +59,9 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, laye
   devices = list(devices or jax.devices())
   if not devices:
     raise ValueError("devices must not be empty")
-  from jaxsparse.ivf.evaluation import _metric_inputs
-  ki, qmap, a = _metric_inputs(q, k, metric, layer, map_queries=False)
+  from jaxsparse.ivf.evaluation import _metric_inputs, _resolve_corrector
+  corrector = _resolve_corrector(corrector, layer)
+  ki, qmap, amat = _metric_inputs(q, k, metric, layer, map_queries=False)
   ki = np.asarray(ki)  # the keys the index groups: k, or k @ A under a metric
   p_dev, wnd, d = len(devices), config.seal_window, k.shape[1]
   gw = wnd // config.cluster_size
@@ -67,13 +72,17 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, laye
                for e in range(p_dev)]
   kpad = np.concatenate([ki, np.zeros((2 * p_dev * c - n, d), ki.dtype)])
   k_loc = [jax.device_put(kpad[lp], dev) for lp, dev in zip(local_pos, devices)]
+  k_own = k_loc  # the original keys of each shard, which a corrector reads
+  if corrector is not None and amat is not None:
+    kpad = np.concatenate([k, np.zeros((2 * p_dev * c - n, d), k.dtype)])
+    k_own = [jax.device_put(kpad[lp], dev) for lp, dev in zip(local_pos, devices)]
   sinks = [jax.device_put(jnp.int32(config.sink if e == 0 else 0), dev)
            for e, dev in enumerate(devices)]
   states = [jax.device_put(index.init_state(2 * c, d, config), dev) for dev in devices]
   slot_gid = [np.full(index.group_capacity(2 * c, config), -1, np.int64) for _ in devices]
   used = [0] * p_dev
   k_all = [jax.device_put(k, dev) for dev in devices]
-  qmaps = [jax.device_put(qmap, dev) for dev in devices] if a is not None else None
+  qmaps = [jax.device_put(qmap, dev) for dev in devices] if amat is not None else None
   g_cap = index.group_capacity(n, config)
   assign = np.full(n, -1, np.int32)
   topk = min(config.topk, n)
@@ -84,13 +93,15 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, laye
 
   reps = np.zeros((g_cap, d), index.state_dtypes(n, config)["centers"])
 
-  def export(e):  # the shard's assignment and centers (its groups' member means) in global
-    a = np.asarray(states[e]["assign"])  # group ids, onto global positions
+  def export(e):  # the shard's assignment and representatives (member means, corrected when
+    ga = np.asarray(states[e]["assign"])  # a corrector is given) onto global group ids
     lp = local_pos[e]
-    ok = (a >= 0) & (lp < n)
-    assign[lp[ok]] = slot_gid[e][a[ok]]
+    ok = (ga >= 0) & (lp < n)
+    assign[lp[ok]] = slot_gid[e][ga[ok]]
     live = slot_gid[e] >= 0
-    reps[slot_gid[e][live]] = np.asarray(states[e]["centers"])[live]
+    r = (states[e]["centers"] if corrector is None else
+         index.representatives(states[e], k_own[e], corrector, amat))
+    reps[slot_gid[e][live]] = np.asarray(r)[live]
 
   pending = []
   for v in range(1, n // wnd + 1):
@@ -120,7 +131,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, laye
     members, offsets = candidates.inverted_lists(ga, g_cap)
     qlo = lo - (config.query_block - 1)  # shared blocks: the queries ranking the first one
     qc = put(q[qlo:hi])
-    rank = {} if a is None else dict(rank_q=_map_queries(qc, qmaps[devices.index(dev)]))
+    rank = {} if amat is None else dict(rank_q=_map_queries(qc, qmaps[devices.index(dev)]))
     res = _chunk_topk(qc, put(w[qlo:hi]), kd, put(reps.copy()), sizes, last,
                       members, offsets, put(jnp.full((hi - qlo,), p, jnp.int32)),
                       put(jnp.arange(qlo, hi, dtype=jnp.int32)), topk=topk,
