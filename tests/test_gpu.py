@@ -617,7 +617,7 @@ def test_causal_prefill_topk_gpu():
 def test_ivf_kernels_gpu():
   """AttentionIndex's kernels compiled (k-means assignment, gathered-candidate, ranked-group
   walk and representative scoring) against float64, and the whole prefill with them against
-  XLA."""
+  XLA, also under a grouping metric."""
   from jaxsparse.backend import KernelPlatform
   from tests import test_ivf_kernels as t
   gpu = KernelPlatform("gpu", False)
@@ -644,6 +644,16 @@ def test_ivf_kernels_gpu():
   got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   assert (got[0] == want[0]).mean() > 0.999
+  # under a grouping metric: mapped keys through the assignment kernel, mapped queries
+  # through the representative kernel; the metric changes the result
+  from jaxsparse.ivf import metric
+  a = metric.fit(np.asarray(q, np.float32) * np.linspace(0.3, 2, d), w, np.asarray(k, np.float32))
+  cfg = dataclasses.replace(cfg, budget=768, query_block=1)
+  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla", metric=a)
+  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas", metric=a)
+  plain = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  np.testing.assert_array_equal(got[1], want[1])
+  assert (got[0] == want[0]).mean() > 0.999 and (got[0] != plain[0]).any()
 
 
 @pytest.mark.parametrize("script,args", [
