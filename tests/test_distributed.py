@@ -325,6 +325,16 @@ for name, extra in (("corrected", {}), ("corrected-metric", dict(metric=a))):
                                       **extra)
   out[name] = {"same": bool(np.array_equal(got, want)), "num_same": bool(np.array_equal(num, wnum)),
                "differs": bool(not np.array_equal(got, plain))}
+m = 330  # the kernels (GPU interpret mode), seal only, on 2 devices: one device's kernels' result
+want, wnum = ivf.prefill_topk(q[:m], w[:m], k[:m], cfg, implementation="pallas")
+got, num = sharded_ivf_prefill_topk(q[:m], w[:m], k[:m], cfg, devices=jax.devices()[:2],
+                                    implementation="pallas")
+out["kernels"] = bool(np.array_equal(got, want) and np.array_equal(num, wnum))
+try:
+  sharded_ivf_prefill_topk(q, w, k, cfg, implementation="triton")
+  out["bad-implementation"] = ""
+except ValueError as e:
+  out["bad-implementation"] = str(e)
 try:
   sharded_ivf_prefill_topk(q, w, k, cfg, metric=np.eye(d + 1))
   out["bad-metric"] = ""
@@ -342,7 +352,8 @@ def test_sharded_attention_index(tmp_path):
   a few points at 2 shards; candidates never exceed the budget; shared query blocks (seal
   only) on 8 devices are one device's too; under a grouping metric (which changes the
   top-K) the same hold against one device's `prefill_topk(metric=)`, and with a correction
-  made from each group's members, with and without the metric."""
+  made from each group's members, with and without the metric; through the Pallas kernels
+  (interpret mode) on 2 devices, one device's kernels' result."""
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=env, capture_output=True,
@@ -360,3 +371,5 @@ def test_sharded_attention_index(tmp_path):
               "corrected", "corrected-metric"):  # a learned correction, with and without it
     assert out[key] == {"same": True, "num_same": True, "differs": True}, (key, out[key])
   assert "metric" in out["bad-metric"], out["bad-metric"]
+  assert out["kernels"], out
+  assert "implementation" in out["bad-implementation"], out["bad-implementation"]

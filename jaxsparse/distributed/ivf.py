@@ -40,15 +40,16 @@ def _map_queries(q, qmap):
 
 
 def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corrector=None,
-                             layer=None):
+                             layer=None, implementation=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
 
   q [N, H, D], w [N, H], k [N, D] float (query n at position n sees keys 0..n); config:
   `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all); metric: a grouping
   metric (an A [D, D] array, or a file of `jaxsparse fit-metric` with `layer`); corrector: a
   learned representative correction (a model, a file of `jaxsparse train corrector` with
-  `layer`, or a callable), applied to each shard's groups; both as in
-  `jaxsparse.ivf.prefill_topk`. Returns (indices [N, topk] int32, -1 where fewer keys are
+  `layer`, or a callable), applied to each shard's groups; implementation: None (the kernels
+  on a GPU/TPU, XLA on a CPU), "xla" or "pallas"; all as in `jaxsparse.ivf.prefill_topk`.
+  Returns (indices [N, topk] int32, -1 where fewer keys are
   visible; num_candidates [N] int32), as `jaxsparse.ivf.prefill_topk`.
   """
   q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
@@ -59,6 +60,9 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
   devices = list(devices or jax.devices())
   if not devices:
     raise ValueError("devices must not be empty")
+  from jaxsparse import _checks, backend
+  _checks.check_implementation(implementation)
+  plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   from jaxsparse.ivf.evaluation import _metric_inputs, _resolve_corrector
   corrector = _resolve_corrector(corrector, layer)
   ki, qmap, amat = _metric_inputs(q, k, metric, layer, map_queries=False)
@@ -108,14 +112,14 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
     p = v * wnd
     e = holder((p - wnd) // c)
     states[e] = index.seal(states[e], k_loc[e], local_prefix(e, p), config=config,
-                           sink=sinks[e])
+                           sink=sinks[e], platform=plat)
     slot_gid[e][used[e]:used[e] + gw] = (p - wnd) // wnd * gw + np.arange(gw)
     used[e] += gw
     if config.refit_interval and p % config.refit_interval == 0:
       for f in range(p_dev):
         if local_prefix(f, p) > 0:
           states[f] = index.refit(states[f], k_loc[f], local_prefix(f, p), config=config,
-                                  sink=sinks[f])
+                                  sink=sinks[f], platform=plat)
       for f in range(p_dev):
         export(f)
     else:
@@ -136,7 +140,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
                       members, offsets, put(jnp.full((hi - qlo,), p, jnp.int32)),
                       put(jnp.arange(qlo, hi, dtype=jnp.int32)), topk=topk,
                       budget=config.budget, sink=config.sink, window=wnd,
-                      block=config.query_block, **rank)
+                      block=config.query_block, platform=plat, **rank)
     pending.append((lo, hi, res))
   for lo, hi, (idx, num) in pending:
     out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)
