@@ -617,7 +617,7 @@ def test_causal_prefill_topk_gpu():
 def test_ivf_kernels_gpu():
   """AttentionIndex's kernels compiled (k-means assignment, gathered-candidate, ranked-group
   walk and representative scoring) against float64, and the whole prefill with them against
-  XLA, also under a grouping metric."""
+  XLA, also under a grouping metric, and through the sharded driver."""
   from jaxsparse.backend import KernelPlatform
   from tests import test_ivf_kernels as t
   gpu = KernelPlatform("gpu", False)
@@ -654,6 +654,13 @@ def test_ivf_kernels_gpu():
   plain = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   assert (got[0] == want[0]).mean() > 0.999 and (got[0] != plain[0]).any()
+  # the sharded driver on this one device, seal only: the single-device kernels' result
+  from jaxsparse.distributed import sharded_ivf_prefill_topk
+  cfg = dataclasses.replace(cfg, refit_interval=0)
+  want = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  got = sharded_ivf_prefill_topk(q, w, k, cfg, implementation="pallas")
+  np.testing.assert_array_equal(got[1], np.asarray(want[1]))
+  assert (got[0] == np.asarray(want[0])).mean() > 0.999
 
 
 @pytest.mark.parametrize("script,args", [
