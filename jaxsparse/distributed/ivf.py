@@ -38,7 +38,6 @@ def _map_queries(q, qmap):
       q.dtype)
 
 
-
 def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corrector=None,
                              layer=None, implementation=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
@@ -49,8 +48,8 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
   learned representative correction (a model, a file of `jaxsparse train corrector` with
   `layer`, or a callable), applied to each shard's groups; implementation: None (the kernels
   on a GPU/TPU, XLA on a CPU), "xla" or "pallas"; all as in `jaxsparse.ivf.prefill_topk`.
-  Returns (indices [N, topk] int32, -1 where fewer keys are
-  visible; num_candidates [N] int32), as `jaxsparse.ivf.prefill_topk`.
+  Returns (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N]
+  int32), as `jaxsparse.ivf.prefill_topk`.
   """
   q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
   n = k.shape[0]
