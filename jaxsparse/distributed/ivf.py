@@ -25,17 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
-from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal
+from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal, map_queries
 
 __all__ = ["sharded_ivf_prefill_topk"]
 
 
-@jax.jit
-def _map_queries(q, qmap):
-  """q [Q, H, D] @ qmap [D, D] (a metric's A^-1) in float32, back in q's dtype: the ranking
-  queries, as `jaxsparse.ivf.prefill_topk` maps each window's."""
-  return jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), qmap.astype(jnp.float32)).astype(
-      q.dtype)
+_map_queries = jax.jit(map_queries)  # a chunk's ranking queries under a grouping metric
 
 
 def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corrector=None,

@@ -172,6 +172,13 @@ def _maintain(state, k, clusters, p, *, config, refit, platform=None):
   return index._refit(state, k, p, config, platform=platform) if refit else state
 
 
+def map_queries(q, qmap):
+  """The ranking queries under a grouping metric: q [Q, H, D] @ qmap [D, D] (A^-1) in
+  float32, back in q's dtype."""
+  return jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), qmap.astype(jnp.float32)).astype(
+      q.dtype)
+
+
 def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qmap=None):
   """`_chunk_topk` for the `size` queries from position p - 1 on, under `state`'s version
   (their q, w sliced here, with the query_block - 1 before them that rank the first shared
@@ -183,8 +190,7 @@ def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qmap
   qlo = p - blk  # = (p - 1) - (blk - 1)
   members, offsets = candidates.lists_by_rank(state["assign"], state["rank"], state["sizes"])
   qs = jax.lax.dynamic_slice_in_dim(q, qlo, rows)
-  rank_q = None if qmap is None else jnp.einsum(
-      "nhd,de->nhe", qs.astype(jnp.float32), qmap.astype(jnp.float32)).astype(q.dtype)
+  rank_q = None if qmap is None else map_queries(qs, qmap)
   return _chunk_topk_impl(
       jax.lax.dynamic_slice_in_dim(q, qlo, rows), jax.lax.dynamic_slice_in_dim(w, qlo, rows), k,
       reps, state["sizes"], state["last"], members, offsets,
