@@ -51,11 +51,11 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
   ("metric"), and a layer planned "ivf" should then run with it. cache: a dict shared by calls
   on the same trace objects (with and without a metric, say): HiSA's per-query recalls, which
   no metric changes, are kept there by (trace, layer, config, queries) and measured once.
-  Returns the plan: {"format",
-  "methods": {layer: "ivf" | "hisa"}, "recall": {layer: {"ivf", "hisa", "difference" (HiSA
-  minus IVF), "std_error", "texts", and with several texts "per_text": the same figures for
-  each}}, "config": IVFConfig fields, "queries" (positions in the first trace), "z", "prefer",
-  "trace": the first trace's meta, "traces": every trace's meta, "metric"}.
+  Returns the plan: {"format", "methods": {layer: "ivf" | "hisa"}, "recall": {layer: {"ivf",
+  "hisa", "difference" (HiSA minus IVF), "std_error", "texts", and with several texts
+  "per_text": the same figures for each}}, "config": IVFConfig fields, "queries" (positions
+  in the first trace), "z", "prefer", "trace": the first trace's meta, "traces": every trace's
+  meta, "metric"}.
   """
   from jaxsparse.ivf.evaluation import evaluate
   if queries < 2:
@@ -82,7 +82,7 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
       for m in _METHODS:
         key = (id(tr), int(layer), config, len(pos))
         if m == "hisa" and cache is not None and key in cache:
-          got[m].append(cache[key])
+          got[m].append(cache[key][1])
           continue
         extra = {}
         if m == "ivf" and metric is not None:
@@ -90,8 +90,8 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
                    else dict(metric=metric[int(layer)]))
         got[m].append(np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos,
                                           **extra)["recall"], np.float64))
-        if m == "hisa" and cache is not None:
-          cache[key] = got[m][-1]
+        if m == "hisa" and cache is not None:  # the trace held too: no other takes its id
+          cache[key] = (tr, got[m][-1])
       if progress:
         progress(f"layer {layer}, text {len(got['ivf'])}: IVF {got['ivf'][-1].mean():.4f}, "
                  f"HiSA {got['hisa'][-1].mean():.4f}")
