@@ -192,7 +192,7 @@ def _queries(state, reps, q, w, k, p, *, config, size, topk, platform=None, qmap
   qs = jax.lax.dynamic_slice_in_dim(q, qlo, rows)
   rank_q = None if qmap is None else map_queries(qs, qmap)
   return _chunk_topk_impl(
-      jax.lax.dynamic_slice_in_dim(q, qlo, rows), jax.lax.dynamic_slice_in_dim(w, qlo, rows), k,
+      qs, jax.lax.dynamic_slice_in_dim(w, qlo, rows), k,
       reps, state["sizes"], state["last"], members, offsets,
       jnp.full((rows,), state["grouped_end"], jnp.int32),
       qlo + jnp.arange(rows, dtype=jnp.int32), topk=topk, budget=config.budget,
