@@ -25,7 +25,9 @@
 #                    those layers (files *_l2*; a CPU records 32K of layers 0-2 in 4 minutes);
 #                    RECORD_ONLY=1: record the missing traces and stop (a later call evaluates)
 #   cpu-tables       the README figures measured on a CPU (also runs here): replay, SPIN
-#                    studies, TPU estimates, AttentionIndex recall at 256K / 1M (TRACES)
+#                    studies, TPU estimates, AttentionIndex recall at 256K / 1M, the 8K
+#                    group-size and compact-index studies, the corrector (TRACES: the 8K
+#                    held-out and training traces of ivf-recall; ~50 minutes on 2 cores)
 #   ivf-prefill      AttentionIndex prefill time against full DSA's at 64K, 256K and 1M tokens
 #                    (TOKENS=262144 runs one context into ivf_prefill_262144.json, ~5 min with
 #                    PROFILE=1; 1M: TOKENS=1048576 WARMUP=1048576 REPEATS=1, most of a call;
@@ -154,7 +156,22 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
         --out "$OUT/ivf_prefill_recall_b24576_cpu.json" 2>&1 | tail -4
       python3 benchmarks/bench_ivf_prefill.py --trace "$tr/prefill_8k.npz" --layers 3 \
         --tokens 1048576 --query-block 64 --budget 24576 --recall-only \
-        --out "$OUT/ivf_prefill_recall_1m_cpu.json" 2>&1 | tail -4 ;;
+        --out "$OUT/ivf_prefill_recall_1m_cpu.json" 2>&1 | tail -4
+      # 8K studies: groups and blocks of 16; the compact index against a float32 one
+      python3 benchmarks/bench_ivf_recall.py --trace "$tr/prefill_8k.npz" --cluster-size 16 \
+        --corrector '' --out "$OUT/ivf_recall_8k_g16" 2>&1 | tail -3
+      for idx in compact float32; do
+        python3 benchmarks/bench_ivf_recall.py --trace "$tr/prefill_8k.npz" --layers 3,15,25,27 \
+          --budgets 512,1024 --main-budget 1024 --queries 128 \
+          $([ $idx = float32 ] && echo --float32-index) --out "$OUT/ivf_recall_index_$idx" 2>&1 | tail -3
+      done
+      # the representative correction, retrained (the shipped file stays: CPU float sums differ
+      # in the last bits from host to host); its report is corrector.json
+      python3 train/corrector.py --train-trace "$tr/train_8k_3100000.npz,$tr/train_8k_600000.npz" \
+        --val-trace "$tr/train_8k_1600000.npz" --eval-trace "$tr/prefill_8k.npz" \
+        --out "$OUT/corrector" --steps 300 --lr 1e-3 --scale 0.25 --eval-every 300 \
+        --eval-queries 128 --topk 128 --budget 512 --seal-window 256 --cluster-size 32 \
+        --refit-interval 2048 2>&1 | tail -3 ;;
     *) echo "unknown target $what"; exit 2 ;;
   esac
 done

@@ -136,7 +136,9 @@ def test_junit_record_counts_what_pytest_wrote(tmp_path):
 
 @pytest.mark.parametrize("target, scripts", [
     ("cpu-tables", ["jaxsparse eval", "spin_studies.py", "tpu_estimates.py",
-                    "ivf_prefill_recall_b24576_cpu.json", "ivf_prefill_recall_1m_cpu.json"]),
+                    "ivf_prefill_recall_b24576_cpu.json", "ivf_prefill_recall_1m_cpu.json",
+                    "ivf_recall_8k_g16", "--float32-index --out", "ivf_recall_index_compact",
+                    "train/corrector.py"]),
     ("readme-tables", ["decode_table.json", "topk_table_b64.json", "topk_table_1m.json",
                        "topk_table_b1.json"]),
     ("prefill-sharded", ["--tokens 262144,524288"]),
