@@ -166,7 +166,7 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
           $([ $idx = float32 ] && echo --float32-index) --out "$OUT/ivf_recall_index_$idx" 2>&1 | tail -3
       done
       # the representative correction, retrained (the shipped file stays: CPU float sums differ
-      # in the last bits from host to host); its report is corrector.json
+      # in the last bits from host to host); $OUT/corrector/report.json is results/corrector.json
       python3 train/corrector.py --train-trace "$tr/train_8k_3100000.npz,$tr/train_8k_600000.npz" \
         --val-trace "$tr/train_8k_1600000.npz" --eval-trace "$tr/prefill_8k.npz" \
         --out "$OUT/corrector" --steps 300 --lr 1e-3 --scale 0.25 --eval-every 300 \
