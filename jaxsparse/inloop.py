@@ -211,6 +211,11 @@ def _select(q, w, k, seed, *, kind, kk, start, config, chunk):
   return _spin(q, w, k, kk=kk, start=start, config=config, seed=seed, chunk=chunk)
 
 
+@functools.partial(jax.jit, static_argnames=("kind", "kk", "start", "config", "chunk"))
+def _select_batched(q, w, k, seeds, **static):
+  return jax.vmap(lambda a, b, c, d: _select(a, b, c, d, **static))(q, w, k, seeds)
+
+
 def _select_batch(method: Method, iq, ik, iw, s: LoopSettings, layer: int):
   """Kept ids [B, T, K] int32 and scored keys [B, T] int32 for a batch of sequences."""
   kk = s.k
@@ -226,14 +231,12 @@ def _select_batch(method: Method, iq, ik, iw, s: LoopSettings, layer: int):
     spin_cfg = SpinConfig(block_size=s.block_size, topk=kk, sparsity=float(method.sparsity))
   seeds = jnp.asarray([s.seed * 1000003 + layer * 131 + i for i in range(iq.shape[0])],
                       jnp.uint32)
-  fn = functools.partial(_select, kind=method.kind, kk=kk, start=s.decode_from, config=spin_cfg,
-                         chunk=s.chunk)
-  return jax.vmap(fn)(iq, iw, ik, seeds)
+  return _select_batched(iq, iw, ik, seeds, kind=method.kind, kk=kk, start=s.decode_from,
+                         config=spin_cfg, chunk=s.chunk)
 
 
 # ----------------------------------------------------------------------------- the model
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
 def _layer_in(cfg, icfg, w, ip, x):
   """x [T, width] -> attention q [T, nh, hd], k, v [T, nkv, hd]; indexer q, k, w."""
   from jaxsparse.model import lightning
@@ -255,7 +258,6 @@ def _mask_of(idx, t):
   return jnp.zeros((c, t + 1), bool).at[rows, jnp.where(idx >= 0, idx, t)].set(True)[:, :t]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
 def _layer_out(cfg, chunk, w, x, q, k, v, idx, ref):
   """Attention restricted to the kept ids (idx [T, K], or None: dense), then the MLP.
 
@@ -282,7 +284,6 @@ def _layer_out(cfg, chunk, w, x, q, k, v, idx, ref):
   return x, hit.reshape(-1)[:t]
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
 def _head(chunk, x, final_norm, embed, tokens, eps):
   """Next-token NLL [T-1] and greedy prediction [T] (chunked over positions)."""
   from jaxsparse.model.llama import rms_norm
@@ -297,6 +298,24 @@ def _head(chunk, x, final_norm, embed, tokens, eps):
 
   nll, pred = jax.lax.map(one, rows)
   return nll.reshape(-1)[:t - 1], pred.reshape(-1)[:t].astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _layer_in_batch(cfg, icfg, w, ip, x):
+  return jax.vmap(lambda xx: _layer_in(cfg, icfg, w, ip, xx))(x)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _layer_out_batch(cfg, chunk, w, x, q, k, v, idx, ref):
+  def one(xx, qq, kk, vv, ii, rr):
+    return _layer_out(cfg, chunk, w, xx, qq, kk, vv, ii, rr)
+  return jax.vmap(one, in_axes=(0, 0, 0, 0, None if idx is None else 0,
+                                None if ref is None else 0))(x, q, k, v, idx, ref)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _head_batch(chunk, x, final_norm, embed, tokens, eps):
+  return jax.vmap(lambda xx, tt: _head(chunk, xx, final_norm, embed, tt, eps))(x, tokens)
 
 
 def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict:
@@ -334,16 +353,14 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict
   for l in range(cfg.layers):
     w_l = jax.tree.map(lambda a: a[l], layers)
     ip_l = jax.tree.map(lambda a: a[l], ip) if use_idx else None
-    q, k, v, iq, ik, iw = jax.vmap(functools.partial(_layer_in, cfg, icfg, w_l, ip_l))(x)
+    q, k, v, iq, ik, iw = _layer_in_batch(cfg, icfg, w_l, ip_l, x)
     if use_idx:
       idx, scored = _select_batch(method, iq, ik, iw, settings, l)
       ref = idx if method.kind == "dsa" else _select_batch(Method("dsa"), iq, ik, iw,
                                                            settings, l)[0]
     else:
       idx = ref = None
-    x, hit = jax.vmap(functools.partial(_layer_out, cfg, settings.chunk, w_l),
-                      in_axes=(0, 0, 0, 0, None if idx is None else 0,
-                               None if ref is None else 0))(x, q, k, v, idx, ref)
+    x, hit = _layer_out_batch(cfg, settings.chunk, w_l, x, q, k, v, idx, ref)
     if use_idx:
       hit = np.asarray(hit, np.float64)[:, decided]
       recall.append(float(hit.mean() / kk) if hit.size else math.nan)
@@ -353,9 +370,8 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict
     else:
       recall.append(math.nan)
       unscored.append(math.nan)
-  fn = jax.vmap(functools.partial(_head, settings.chunk),
-                in_axes=(0, None, None, 0, None))
-  nll, pred = fn(x, var_value(model.final_norm), embed, tok, cfg.norm_eps)
+  nll, pred = _head_batch(settings.chunk, x, var_value(model.final_norm), embed, tok,
+                          cfg.norm_eps)
   return {"nll": np.asarray(nll), "pred": np.asarray(pred),
           "recall": np.asarray(recall), "unscored": np.asarray(unscored)}
 
@@ -369,7 +385,8 @@ def measure(model, indexers, windows, methods, settings: LoopSettings, *, tasks=
   """Every method on the same windows: perplexity, recall, unscored keys, task scores.
 
   windows [B, T] int token ids (held-out text); tasks: optional {name: `tasks.Task`} built on
-  windows of the same length (copy, passkey), scored from the model's own logits.
+  windows of the same length (copy, passkey), scored from the model's own logits; each method
+  runs the text windows and every task's windows as one batch (recall and unscored pool them).
   Returns a dict keyed by method name, each with perplexity (whole window) and second_half
   (predictions at positions >= T // 2) and per-window values for standard errors, per-layer
   recall and unscored, and per task its score dict (`tasks.score`).
@@ -380,19 +397,22 @@ def measure(model, indexers, windows, methods, settings: LoopSettings, *, tasks=
   t = windows.shape[1]
   half = t // 2
   out = {}
+  tasks = dict(tasks or {})
+  batch = np.concatenate([windows] + [tk.tokens for tk in tasks.values()], 0)
   for m in methods:
-    say(f"{m.name}: {len(windows)} window(s) of {t:,} tokens")
-    r = run(model, indexers, windows, m, settings)
-    nll = r["nll"].astype(np.float64)
+    say(f"{m.name}: {len(batch)} sequence(s) of {t:,} tokens")
+    r = run(model, indexers, batch, m, settings)  # text windows and task windows together
+    nll = r["nll"][:len(windows)].astype(np.float64)
     res = {"perplexity": float(np.exp(nll.mean())),
            "second_half": float(np.exp(nll[:, half:].mean())),
            "window_nll": nll.mean(1).tolist(), "window_nll_second_half":
            nll[:, half:].mean(1).tolist(),
            "recall": _nan_none(r["recall"]), "unscored": _nan_none(r["unscored"])}
-    for name, task in (tasks or {}).items():
-      say(f"{m.name}: {name} task")
-      tr = run(model, indexers, task.tokens, m, settings)
-      res[name] = _tasks.score(task, tr["nll"], tr["pred"])
+    at = len(windows)
+    for name, task in tasks.items():
+      n = len(task.tokens)
+      res[name] = _tasks.score(task, r["nll"][at:at + n], r["pred"][at:at + n])
+      at += n
     out[m.name] = res
   return out
 
