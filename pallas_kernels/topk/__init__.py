@@ -21,9 +21,9 @@ top-k entry is >= t, and the entries >= t (typically ~k of them) are the only ca
      chunk ranges, or for many long rows single slots, reserved by atomic adds;
      TopkConfig.compact). Otherwise `lax.top_k` over the C candidates (ties -> lower candidate
      slot -> lower index; finish="sort"). The shapes at which the GPU's choices switch were
-     measured: they are the internal table `_tuning.TUNING`. On TPU the threshold (an exact bitwise search for
-     the k-th largest group maximum), the compaction (lane rotations, no scatter) and a
-     bitonic finish are Mosaic kernels (`tpu.py`).
+     measured: they are the internal table `_tuning.TUNING`. On TPU the threshold (an exact
+     bitwise search for the k-th largest group maximum), the compaction (lane rotations, no
+     scatter) and a bitonic finish are Mosaic kernels (`tpu.py`).
      When the caller asks for the top-k as a set
      (ordered=False: ascending index order, what sparse attention consumes), step 3 counts
      then compacts in index order, and a GPU kernel finds the exact k-th candidate (four bits a

@@ -11,7 +11,11 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._util import is_pow2
 
-__all__ = ["NEG_INF", "COUNTER_STRIDE", "PER_ROW", "row_chunk_specs", "scatter_width", "valid", "lengths_in", "listed_entries", "check_group_list", "ordered_key", "from_ordered_key", "count_in", "check_cap", "block_map_in", "ranked_row", "store_tail", "per_row_finish"]
+__all__ = [
+    "NEG_INF", "COUNTER_STRIDE", "PER_ROW", "row_chunk_specs", "scatter_width", "valid",
+    "lengths_in", "listed_entries", "check_group_list", "ordered_key", "from_ordered_key",
+    "count_in", "check_cap", "block_map_in", "ranked_row", "store_tail", "per_row_finish"
+]
 
 
 NEG_INF = float("-inf")

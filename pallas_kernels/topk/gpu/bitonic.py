@@ -29,7 +29,7 @@ def _bitonic_runs_kernel(v_ref, i_ref, live_ref, ko_ref, io_ref, *n_ref, cap: in
                          descending: bool = False):
   """Step 1 of the split bitonic finish, one (row, run) per program: the run's candidates
   sorted as the first merge sizes of the whole row's network (direction by row position;
-  descending: every run descending, for `_rank_merge_kernel`, and n_ref [1] gets the run's
+  descending: every run descending, for `merge.rank_merge_runs`, and n_ref [1] gets the run's
   live entry count).
   A run wholly at or past the row's live count holds only dead slots, which are in order in
   either direction: it writes them without sorting (the compaction fills slots from 0, so
@@ -133,7 +133,7 @@ def bitonic_finish_split(cv, ci, live, k: int, cap: int, *, run: int, num_warps:
   top-k from x instead (no `repair` kernel before the finish).
   rank_merge: 0, or b (a power of two <= run): no merges; the runs are sorted descending and
   a kernel of (rows, cap / b) programs (rank_merge_warps each) places every entry by binary
-  searches in the runs (`_rank_merge_kernel`); mid is then ignored."""
+  searches in the runs (`merge.rank_merge_runs`); mid is then ignored."""
   r = cv.shape[0]
   width = next_pow2(k)
   check_cap(cap, k, cv.shape[1])

@@ -191,8 +191,9 @@ def compact_atomic(x, lengths, thr, *, capacity: int, chunk: int, num_warps: int
   indices) [R, W >= capacity] float32 / int32 and the row counters [R, COUNTER_STRIDE]
   (element 0: the row's candidate count; `repair` reads them as they are): row r's first
   min(count, capacity) slots hold its candidates (entries >= thr[r]) in no fixed order; the
-  slots past them are NOT initialised. One pass (no count pass). counter: [R, COUNTER_STRIDE] zeros of `counter_dtype(placement)` to count in
-  (updated in place; `threshold(..., counter=dtype)` makes them), else a fresh zero array.
+  slots past them are NOT initialised. One pass (no count pass). counter: [R, COUNTER_STRIDE]
+  zeros of `counter_dtype(placement)` to count in (updated in place; `threshold(...,
+  counter=dtype)` makes them), else a fresh zero array.
   placement: see _compact_atomic_kernel ("lane" needs N <= 2**24).
   pivot [R] float32 (placement "scan" only, chunk < 2**16, N <= 2**24; `threshold(...,
   pivot=True)`): two value buckets, the candidates >= pivot in slots [0, counters[:, 1]) and
