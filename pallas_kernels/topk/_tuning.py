@@ -35,7 +35,7 @@ class Tuning:
   bucket_chunk: int = 1024
   # bucketed calls below it keep small_chunk (efc9e82)
   bucket_chunk_min_entries: int = 1 << 16
-  # the streaming passes are bandwidth- or latency-bound: 4 warps hold a 2048-score chunk
+  # warps of the streaming passes, unchanged since the first version (ab60496)
   num_warps: int = 4
   # Threshold (one program per row)
   # bisection steps (2**-14 of the maxima's range), and the most probes of regula falsi
@@ -60,7 +60,7 @@ class Tuning:
   # Rank finish (sorting by counting, few rows)
   # finish="auto" ranks one row ... (NOTES: one row of 32K 21.8 -> 9.2 us)
   rank_max_rows: int = 1
-  # ... at k >= 512; for more rows the bitonic network's compares fill the GPU
+  # ... at k >= 512 (52ac5e8); for more rows the network wins: its compares fill the GPU
   rank_min_k: int = 512
   # candidates a rank program places (NOTES: blocks of 8)
   rank_block_i: int = 8
