@@ -800,7 +800,7 @@ def test_filter_path_keeps_few_candidates_on_random_rows(n, bound):
   gm = kgpu.group_max(x, lens, chunk=4096, group=g, num_warps=4, interpret=True)
   gp = jnp.pad(gm, ((0, 0), (0, next_pow2(gm.shape[1]) - gm.shape[1])),
                constant_values=-np.inf)
-  assert gp.shape[1] == cfg.groups_per_k * k  # the threshold kernel's input, padded
+  assert gp.shape[1] == TUNING.groups_per_k * k  # the threshold kernel's input, padded
   thr = kgpu.threshold(gp, k, iters=20, num_warps=8, interpret=True)
   total = np.asarray(kgpu.count(x, lens, thr, chunk=4096, num_warps=4, interpret=True)).sum(1)
   assert (total >= k).all() and (total <= bound * k).all(), total
