@@ -26,7 +26,7 @@ def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
   return min(num_blocks, max(m, 2))
 
 
-# 32 blocks of 64 slots = 2048 scores: the top-K's chunk (TopkConfig.chunk) and the scoring
+# 32 blocks of 64 slots = 2048 scores: the top-K's chunk (its tuning table's) and the scoring
 # kernel's 32-page runs (at 64 x 128K, 40%, the 1229 selected blocks pad to 1248).
 ALIGN_BLOCKS = 32
 
