@@ -134,12 +134,20 @@ def _run_inloop(args) -> int:
               methods=[m.name for m in methods], tasks=["ppl"] + tasks, ks=list(args.k),
               tokens=list(lengths), windows=args.windows)
   save = (lambda r: write_json(args.out, dict(head, **r))) if args.out else None
+  import sys
+  import time
   from rich.console import Console
+  t0 = time.time()
+
+  def progress(m, st):  # a status line on a terminal, timed log lines otherwise
+    st.update(m) if sys.stderr.isatty() else print(f"[{time.time() - t0:7.1f} s] {m}",
+                                                   file=sys.stderr, flush=True)
+
   with Console(stderr=True).status("measuring") as st:
     res = inloop.study(base, idx, ids, tok, tokens=lengths, ks=args.k, methods=methods,
                        tasks=tasks, windows=args.windows, decode_from=args.decode_from,
                        budget=args.budget, seed=args.seed, chunk=args.chunk,
-                       progress=lambda m: st.update(m), on_cell=save)
+                       progress=lambda m: progress(m, st), on_cell=save)
   _print_inloop(res, tasks)
   if args.out:
     print(f"wrote {args.out}")
