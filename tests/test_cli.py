@@ -305,3 +305,58 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
                     (["--trace", str(tmp_path / "no.npz")], "does not exist")]:
     assert cli.main(["plan", "--trace", paths[0], "--out", out] + opts + argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def _help_examples():
+  """Every `jaxsparse ...` example line of every command's help (continuations joined)."""
+  import re
+  import shlex
+  from jaxsparse.cli import bench, eval as eval_cmd, metric, model, plan, quality, trace, train
+  from train import indexer
+  texts = [m.HELP for m in (bench, eval_cmd, metric, model, plan, quality, trace)]
+  texts += [train.HELP.format(provenance=""), indexer.__doc__]
+  out = []
+  for text in texts:
+    lines = text.replace("\\\\", "\\").splitlines()
+    for i, line in enumerate(lines):
+      if not line.lstrip().startswith("jaxsparse "):
+        continue
+      while line.rstrip().endswith("\\"):  # a continued example
+        i += 1
+        line = line.rstrip()[:-1].rstrip() + " " + lines[i].strip()
+      line = re.split(r"\s{2,}", line.strip())[0]  # drop the comment after the command
+      argv = shlex.split(line)[1:]
+      out.append(argv[:argv.index("...")] if "..." in argv else argv)
+  return out
+
+
+@pytest.mark.parametrize("argv", _help_examples(), ids=lambda a: " ".join(a[:4]))
+def test_every_help_example_parses_and_passes_the_option_rules(argv):
+  """Each example's options exist, apply to its mode and agree with each other (the checks
+  that run before any work); running them at full size is the README's and GPU suite's job."""
+  if argv[:2] == ["train", "indexer"]:
+    from train import indexer
+    indexer.config_from_args(indexer.build_parser().parse_args(argv[2:]))
+    return
+  if argv[:2] == ["train", "corrector"]:
+    from train import corrector
+    corrector.build_parser().parse_args(argv[2:])
+    return
+  args, extra = cli.build_parser().parse_known_args(argv)
+  assert not extra, extra
+  from jaxsparse.cli import _common, bench, trace
+  if argv[0] in ("trace", "bench"):
+    mod = {"trace": trace, "bench": bench}[argv[0]]
+    mine, other = ((mod.DECODE, mod.PREFILL) if args.kind == "decode" else
+                   (mod.PREFILL, mod.DECODE)) if argv[0] == "trace" else \
+        ((mod.PREFILL, mod.KERNELS) if args.what == "prefill" else (mod.KERNELS, mod.PREFILL))
+    _common.reject_given(args, other, "here")
+
+
+def test_the_library_does_not_import_train():
+  import pathlib
+  import re
+  root = pathlib.Path(__file__).resolve().parents[1] / "jaxsparse"
+  bad = [str(p) for p in root.rglob("*.py") if "cli" not in p.relative_to(root).parts
+         and re.search(r"^\s*(from train\b|import train\b)", p.read_text(), re.M)]
+  assert not bad
