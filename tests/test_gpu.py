@@ -637,30 +637,30 @@ def test_ivf_kernels_gpu():
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
   q, k = jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16)  # exact products in the MMAs
   cfg = ivf.IVFConfig(topk=64, budget=768, seal_window=256, cluster_size=32, refit_interval=1024)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="xla")
+  got = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
   assert (got[0] == want[0]).mean() > 0.999  # float32 sums in another order: rare near-ties
   # shared query blocks: the dense prefill scoring kernel over each block's gathered keys
   cfg = dataclasses.replace(cfg, budget=1536, query_block=64)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="xla")
+  got = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   assert (got[0] == want[0]).mean() > 0.999
   # under a grouping metric: mapped keys through the assignment kernel, mapped queries
   # through the representative kernel; the metric changes the result
   from jaxsparse.ivf import metric
-  a = metric.fit(np.asarray(q, np.float32) * np.linspace(0.3, 2, d), w, np.asarray(k, np.float32))
+  a = metric.fit(np.asarray(q, np.float32) * np.linspace(0.3, 2, d), np.asarray(k, np.float32), w)
   cfg = dataclasses.replace(cfg, budget=768, query_block=1)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla", metric=a)
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas", metric=a)
-  plain = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="xla", metric=a)
+  got = ivf.prefill_topk(q, k, w, cfg, implementation="pallas", metric=a)
+  plain = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   assert (got[0] == want[0]).mean() > 0.999 and (got[0] != plain[0]).any()
   # the sharded driver on this one device, seal only: the single-device kernels' result
   from jaxsparse.distributed import sharded_ivf_prefill_topk
   cfg = dataclasses.replace(cfg, refit_interval=0)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
-  got = sharded_ivf_prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
+  got = sharded_ivf_prefill_topk(q, k, w, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], np.asarray(want[1]))
   assert (got[0] == np.asarray(want[0])).mean() > 0.999
 
