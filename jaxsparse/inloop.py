@@ -8,8 +8,12 @@ Methods (`parse_methods("dense,dsa,spin:0.4,ivf,hisa,recent")`):
             is a decode step whose indexer scores only the 64-slot blocks SPIN selects at block
             sparsity S, the state (vertical and diagonal EMAs) carried step to step per layer,
             reset at decode_from; the top-K comes from the scored blocks;
+  spin:S:EXPLORE:GAMMA  the same with another exploration policy and fraction (`SpinConfig`;
+            "query" explores the blocks whose mean key the current query scores highest);
   ivf       every query's top-K from AttentionIndex's candidates at `budget`, the index built
             over the growing prefix exactly as `ivf.prefill_topk` builds it;
+  ivf-metric  the same under SmolLM2's shipped grouping metric (`ivf.metric.SHIPPED`, the
+            layer's own);
   hisa      the same with HiSA's contiguous blocks;
   recent    the K newest keys (no indexer: the floor).
 A query with at most K visible keys keeps all of them under every method.
@@ -34,14 +38,17 @@ import numpy as np
 __all__ = ["METHOD_KINDS", "Method", "parse_methods", "LoopSettings", "ivf_config", "run",
            "measure", "compare", "study", "plot"]
 
-METHOD_KINDS = ("dense", "dsa", "spin", "ivf", "hisa", "recent")
+METHOD_KINDS = ("dense", "dsa", "spin", "ivf", "ivf-metric", "hisa", "recent")
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """One selection method: kind in METHOD_KINDS; sparsity (spin only) in (0, 1)."""
+  """One selection method: kind in METHOD_KINDS; for spin its sparsity in (0, 1), exploration
+  policy (`SpinConfig.explore`) and exploration fraction (gamma, in [0, 0.5])."""
   kind: str
   sparsity: float | None = None
+  explore: str = "random"
+  explore_fraction: float = 0.05
 
   def __post_init__(self):
     if self.kind not in METHOD_KINDS:
@@ -50,17 +57,29 @@ class Method:
       s = self.sparsity
       if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0.0 < s < 1.0:
         raise ValueError(f"spin sparsity={s!r} must lie in (0, 1)")
-    elif self.sparsity is not None:
-      raise ValueError(f"sparsity applies to spin only, not to {self.kind!r}")
+      self.spin_config(64, 64)  # the explore policy and fraction, checked by SpinConfig
+    elif self.sparsity is not None or (self.explore, self.explore_fraction) != ("random", 0.05):
+      raise ValueError(f"sparsity and exploration apply to spin only, not to {self.kind!r}")
+
+  def spin_config(self, block_size: int, k: int):
+    from jaxsparse.spin import SpinConfig
+    return SpinConfig(block_size=block_size, topk=k, sparsity=float(self.sparsity),
+                      explore=self.explore, explore_fraction=float(self.explore_fraction))
 
   @property
   def name(self) -> str:
-    return f"spin:{self.sparsity:g}" if self.kind == "spin" else self.kind
+    if self.kind != "spin":
+      return self.kind
+    if (self.explore, self.explore_fraction) == ("random", 0.05):
+      return f"spin:{self.sparsity:g}"
+    return f"spin:{self.sparsity:g}:{self.explore}:{self.explore_fraction:g}"
 
 
 def parse_methods(spec: str) -> tuple[Method, ...]:
   """'dense,dsa,spin:0.2,spin:0.4,ivf,hisa,recent' -> Methods (each once, in order).
 
+  spin:S[:EXPLORE[:GAMMA]] picks SPIN's exploration (default random, gamma 0.05, the paper's):
+  e.g. spin:0.4:query:0.1.
   Raises ValueError naming the bad entry: an unknown name, a spin sparsity outside (0, 1) or
   missing, an empty entry, a duplicate."""
   out = []
@@ -70,13 +89,19 @@ def parse_methods(spec: str) -> tuple[Method, ...]:
       raise ValueError(f"empty method in {spec!r}")
     kind, _, arg = part.partition(":")
     if kind == "spin":
+      sp, _, rest = arg.partition(":")
+      explore, _, gamma = rest.partition(":")
       try:
-        s = float(arg)
+        s = float(sp)
       except ValueError:
         raise ValueError(f"{part!r}: spin needs a sparsity, e.g. spin:0.4") from None
       if not 0.0 < s < 1.0 or not math.isfinite(s):
-        raise ValueError(f"{part!r}: spin sparsity {arg} must lie in (0, 1)")
-      m = Method("spin", s)
+        raise ValueError(f"{part!r}: spin sparsity {sp} must lie in (0, 1)")
+      try:
+        g = float(gamma) if gamma else 0.05
+        m = Method("spin", s, explore or "random", g)
+      except ValueError as e:
+        raise ValueError(f"{part!r}: {e} (spin:S[:EXPLORE[:GAMMA]])") from None
     elif arg:
       raise ValueError(f"{part!r}: only spin takes an argument")
     elif kind not in METHOD_KINDS:
@@ -183,18 +208,22 @@ def _spin(q, w, k, *, kk: int, start: int, config, seed, chunk: int):
   z = jax.lax.map(lambda r: _causal_scores(q, k, w, start + r), rchunks)
   z = jnp.pad(z.reshape(n * chunk, t)[:n_dec], ((0, 0), (0, cap - t)), constant_values=-jnp.inf)
 
+  km = jnp.pad(k, ((0, cap - t), (0, 0))).reshape(cap // b, b, -1).mean(1)  # block mean keys
+
   def step(carry, xs):
     st, key = carry
-    zs, length = xs
+    zs, length, qq, ww = xs
     key, sub = jax.random.split(key)
-    mask, _ = algorithm.select_rows(st, length[None], config, sub)
+    prio = algorithm.query_priorities(qq, ww, km)[None] if config.explore == "query" else None
+    mask, _ = algorithm.select_rows(st, length[None], config, sub, priorities=prio)
     slots = algorithm.slot_mask(mask, b)
     seen = jnp.where(slots, zs, -jnp.inf)
     st = algorithm.update_rows(st, seen[None], mask, length[None], 0, config)
     return (st, key), (seen[:t], jnp.sum(slots[:t] & (jnp.arange(t) < length)))
 
   st0 = algorithm.init_state(cap, config)
-  _, (seen, num) = jax.lax.scan(step, (st0, jax.random.PRNGKey(seed)), (z, rows + 1))
+  _, (seen, num) = jax.lax.scan(step, (st0, jax.random.PRNGKey(seed)),
+                                (z, rows + 1, q[start:], w[start:]))
   _, dchunks = _chunks(n_dec, chunk)
   dec = jax.lax.map(lambda r: topk_xla(seen[r], kk)[1], dchunks).reshape(-1, kk)[:n_dec]
   idx = jnp.concatenate([head_idx, dec], 0)
@@ -219,16 +248,15 @@ def _select_batched(q, w, k, seeds, **static):
 def _select_batch(method: Method, iq, ik, iw, s: LoopSettings, layer: int):
   """Kept ids [B, T, K] int32 and scored keys [B, T] int32 for a batch of sequences."""
   kk = s.k
-  if method.kind in ("ivf", "hisa"):
+  if method.kind in ("ivf", "ivf-metric", "hisa"):
     from jaxsparse import ivf
     cfg = ivf_config(s)
-    out = [ivf.prefill_topk(q=iq[i], w=iw[i], k=ik[i], config=cfg, method=method.kind)
+    kw = dict(metric=ivf.metric.SHIPPED, layer=layer) if method.kind == "ivf-metric" else {}
+    out = [ivf.prefill_topk(q=iq[i], w=iw[i], k=ik[i], config=cfg,
+                            method="hisa" if method.kind == "hisa" else "ivf", **kw)
            for i in range(iq.shape[0])]
     return jnp.stack([o[0] for o in out]), jnp.stack([o[1] for o in out])
-  spin_cfg = None
-  if method.kind == "spin":
-    from jaxsparse.spin import SpinConfig
-    spin_cfg = SpinConfig(block_size=s.block_size, topk=kk, sparsity=float(method.sparsity))
+  spin_cfg = method.spin_config(s.block_size, kk) if method.kind == "spin" else None
   seeds = jnp.asarray([s.seed * 1000003 + layer * 131 + i for i in range(iq.shape[0])],
                       jnp.uint32)
   return _select_batched(iq, iw, ik, seeds, kind=method.kind, kk=kk, start=s.decode_from,

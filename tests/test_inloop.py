@@ -86,14 +86,16 @@ def test_recent_selection():
   assert not np.asarray(scored).any()
 
 
-@pytest.mark.parametrize("sparsity,reduction", [(0.4, "A1"), (0.6, "A0")])
-def test_spin_selection_against_a_step_by_step_reference(sparsity, reduction):
+@pytest.mark.parametrize("sparsity,reduction,explore", [(0.4, "A1", "random"), (0.6, "A0", "random"),
+                                                       (0.5, "A1", "query")])
+def test_spin_selection_against_a_step_by_step_reference(sparsity, reduction, explore):
   """Prefill rows: exact top-K. Decode rows, one step at a time in float64: the reference
   SPIN state selects blocks, the top-K comes from their visible slots, the state updates
   from the scored slots only."""
   rng = np.random.default_rng(1)
   q, w, k = _dyadic(rng, T)
-  cfg = SpinConfig(block_size=8, topk=8, sparsity=sparsity, reduction=reduction)
+  cfg = SpinConfig(block_size=8, topk=8, sparsity=sparsity, reduction=reduction,
+                   explore=explore, explore_fraction=0.25)
   start = 40
   idx, scored = inloop._select(q, w, k, jnp.uint32(5), kind="spin", kk=8, start=start,
                                config=cfg, chunk=32)
@@ -105,9 +107,13 @@ def test_spin_selection_against_a_step_by_step_reference(sparsity, reduction):
   st = np_spin_state(algorithm.init_state(cap, cfg))
   key = jax.random.PRNGKey(5)
   skipped = 0
+  kd = np.pad(k.astype(np.float64), ((0, cap - T), (0, 0)))
+  means = kd.reshape(cap // 8, 8, -1).mean(1)  # only complete blocks' priorities are used
   for t in range(start, T):
     key, sub = jax.random.split(key)
-    blocks = np_spin_select(st, t, t + 1, cfg, np_request_seed(sub, 0))
+    prio = np.einsum("h,hj->j", w[t].astype(np.float64),
+                     np.maximum(q[t].astype(np.float64) @ means.T, 0.0))
+    blocks = np_spin_select(st, t, t + 1, cfg, np_request_seed(sub, 0), prio)
     slots = np.repeat(blocks, 8)[:T] & (np.arange(T) <= t)
     zs = np.where(slots, z[t], -np.inf)
     _, want = np_topk(zs[None], 8)
@@ -119,7 +125,8 @@ def test_spin_selection_against_a_step_by_step_reference(sparsity, reduction):
   assert skipped > 0  # the blocks it skipped are real
 
 
-@pytest.mark.parametrize("name", ["dense", "dsa", "spin:0.4", "ivf", "hisa", "recent"])
+@pytest.mark.parametrize("name", ["dense", "dsa", "spin:0.4", "spin:0.4:query:0.2", "ivf", "hisa",
+                                  "recent"])
 def test_the_loop_is_causal_prefix_by_prefix(tiny, name):
   """Every position's output equals the output of a run that stops there: the layer-at-a-time
   forward is what a token-by-token decode with the method would produce."""
@@ -142,6 +149,23 @@ def test_the_loop_is_causal_prefix_by_prefix(tiny, name):
     np.testing.assert_array_equal(full["unscored"], 0.0)
   if m.kind in ("spin", "ivf", "hisa"):
     assert (full["unscored"] > 0).all()  # each skips keys on every layer
+
+
+def test_ivf_metric_runs_the_shipped_metric_of_each_layer():
+  from jaxsparse import ivf
+  rng = np.random.default_rng(6)
+  q, k = rng.standard_normal((2, 300, 16, 64)), rng.standard_normal((2, 300, 64))
+  w = rng.uniform(0, 1, (2, 300, 16))
+  s = dataclasses.replace(SETTINGS, k=16, budget=96, seal_window=32, cluster_size=8,
+                          refit_interval=64)
+  got, num = inloop._select_batch(inloop.Method("ivf-metric"), q, k, w, s, 7)
+  plain = inloop._select_batch(inloop.Method("ivf"), q, k, w, s, 7)[0]
+  for b in range(2):
+    want = ivf.prefill_topk(q=q[b], k=k[b], w=w[b], config=inloop.ivf_config(s),
+                            metric=ivf.metric.SHIPPED, layer=7)
+    np.testing.assert_array_equal(np.asarray(got[b]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(num[b]), np.asarray(want[1]))
+  assert not np.array_equal(np.asarray(got), np.asarray(plain))  # the metric changes groups
 
 
 def test_dsa_in_the_loop_matches_the_models_dsa_path(tiny):
@@ -225,7 +249,9 @@ def test_task_and_method_errors():
     tasks.build("retrieve", np.arange(5000), None, windows=1, tokens=512)
   for spec, msg in (("dense,foo", "unknown method"), ("spin:1", r"\(0, 1\)"),
                     ("spin:0", r"\(0, 1\)"), ("spin:nan", r"\(0, 1\)"), ("spin", "sparsity"),
-                    ("ivf:2", "only spin"), ("dsa,,ivf", "empty"), ("dsa,dsa", "twice")):
+                    ("ivf:2", "only spin"), ("dsa,,ivf", "empty"), ("dsa,dsa", "twice"),
+                    ("spin:0.4:sideways", "explore"), ("spin:0.4:query:0.9", "explore_fraction"),
+                    ("spin:0.4:query:x", "spin:S")):
     with pytest.raises(ValueError, match=msg):
       inloop.parse_methods(spec)
   with pytest.raises(ValueError, match="decode_from"):

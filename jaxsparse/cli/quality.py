@@ -15,8 +15,10 @@ chunks: 8,192 tokens fit in a few GB of CPU memory (about 4 minutes on 2 cores f
 
 With --methods (or --task) every layer attends only to the keys a method picks, the method
 running causally inside the forward (`jaxsparse.inloop`): dense, dsa (exact indexer top-K),
-spin:S (decode steps from --decode-from on score only the blocks SPIN selects at sparsity S),
-ivf / hisa (AttentionIndex / HiSA candidates at --budget), recent (the K newest keys). Reports
+spin:S[:EXPLORE[:GAMMA]] (decode steps from --decode-from on score only the blocks SPIN
+selects at sparsity S; exploration policy and fraction as in SpinConfig, default random 0.05),
+ivf / ivf-metric / hisa (AttentionIndex, plain or under the shipped grouping metric, / HiSA
+candidates at --budget), recent (the K newest keys). Reports
 per method and K whole-window and second-half perplexity against dense and exact DSA, per-layer
 recall of exact DSA's top-K, the share of keys the indexer did not score, and the tasks: copy
 (a 64-token span from the first quarter repeated at the end: accuracy on its tokens after the
@@ -93,7 +95,7 @@ def _inloop_plan(args):
         raise CliError(f"--k={kk} must be below --tokens={t}")
       s = inloop.LoopSettings.for_window(t, kk, decode_from=args.decode_from,
                                          budget=args.budget)
-      if any(m.kind in ("ivf", "hisa") for m in methods):
+      if any(m.kind in ("ivf", "ivf-metric", "hisa") for m in methods):
         try:
           inloop.ivf_config(s)
         except ValueError as e:

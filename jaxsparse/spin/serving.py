@@ -41,6 +41,9 @@ def _aligned_width(width: int, num_blocks: int) -> int:
 
 def _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config):
   from jaxsparse.indexer import _validate_paged
+  if config.explore == "query":
+    raise NotImplementedError("explore='query' runs in the reference algorithm (select_rows "
+                              "with priorities, jaxsparse.inloop), not in the serving steps")
   _validate_paged(q, k_cache, block_table, lengths, w, k_scale)
   if k_cache.shape[1] != config.block_size:
     raise ValueError(f"config.block_size={config.block_size} must equal the cache page size "
