@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxsparse import _checks
 from jaxsparse import backend
+from pallas_kernels._util import masked_relu
 from pallas_kernels._util import row_lengths  # noqa: F401  (public: jaxsparse.row_lengths)
 
 __all__ = [
@@ -29,7 +30,8 @@ def indexer_scores_xla(q, k, w, k_scale=None, query_positions=None):
   """Plain-jnp DSA indexer; see `indexer_scores` for shapes."""
   cd = _checks.compute_dtype(q.dtype)
   s = jnp.einsum("thd,nd->thn", q.astype(cd), k.astype(cd), preferred_element_type=jnp.float32)
-  z = jnp.einsum("thn,th->tn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("thn,th->tn", masked_relu(s, wf[:, :, None]), wf)
   if k_scale is not None:
     z = z * k_scale[None, :]
   if query_positions is not None:
@@ -47,7 +49,8 @@ def paged_indexer_scores_xla(q, k_cache, block_table, lengths, w, k_scale=None):
   cd = _checks.compute_dtype(q.dtype)
   s = jnp.einsum("brhd,bsd->brhs", q.astype(cd), keys.astype(cd),
                  preferred_element_type=jnp.float32)
-  z = jnp.einsum("brhs,brh->brs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("brhs,brh->brs", masked_relu(s, wf[..., None]), wf)
   if k_scale is not None:
     z = z * k_scale[pages].reshape(bsz, 1, max_blocks * page)
   lens = row_lengths(lengths, q.shape[1])  # [B, R]

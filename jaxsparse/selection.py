@@ -10,9 +10,10 @@ from jax import lax
 from jaxsparse import _checks
 from jaxsparse import backend
 from jaxsparse import indexer as _indexer
+from pallas_kernels._util import flush_zero
 
 __all__ = [
-    "NEG_INF", "topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk",
+    "NEG_INF", "topk_xla", "keyed_topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk",
     "causal_prefill_topk", "causal_segments", "default_query_chunk"
 ]
 
@@ -27,11 +28,33 @@ def topk_xla(scores, k: int, lengths=None):
   valid = ~jnp.isnan(x)
   if lengths is not None:
     valid &= jnp.arange(n) < lengths[..., None]
-  x = jnp.where(valid, jnp.where(x == 0, 0.0, x), NEG_INF)  # -0.0 and +0.0 tie
+  x = jnp.where(valid, flush_zero(x), NEG_INF)  # -0.0, +0.0 and subnormals tie
   if k > n:
     x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, k - n)], constant_values=NEG_INF)
   v, i = lax.top_k(x, k)  # ties: lower index first
   return v.astype(scores.dtype), jnp.where(v == NEG_INF, -1, i).astype(jnp.int32)
+
+
+def keyed_topk_xla(scores, ids, k: int):
+  """Top-k of rows whose columns hold keys in any order: scores [R, S] float, ids [R, S] int
+  (the key id of each column, -1: empty) -> (values [R, k] float32, ids [R, k] int32).
+
+  The README's input rules with ties to the lower key id (not the lower column): values
+  descending; NaN, -inf and empty columns never chosen; -inf / -1 tail. One two-key sort.
+  """
+  x = flush_zero(scores.astype(jnp.float32))
+  ids = ids.astype(jnp.int32)
+  dead = (ids < 0) | jnp.isnan(x) | (x == NEG_INF)
+  neg = jnp.where(dead, jnp.inf, -x)
+  key = jnp.where(dead, jnp.iinfo(jnp.int32).max, ids)
+  if k > x.shape[-1]:
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, k - x.shape[-1])]
+    neg = jnp.pad(neg, pad, constant_values=jnp.inf)
+    key = jnp.pad(key, pad, constant_values=jnp.iinfo(jnp.int32).max)
+  neg, key = lax.sort((neg, key), dimension=x.ndim - 1, num_keys=2)
+  neg, key = neg[..., :k], key[..., :k]
+  dead = neg == jnp.inf
+  return jnp.where(dead, NEG_INF, -neg), jnp.where(dead, -1, key)
 
 
 def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
@@ -43,22 +66,17 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
   the concatenated rows. The building block of sharded top-K (per-shard results merged).
   """
   k = values_a.shape[-1] if k is None else k
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k={k!r} must be a positive int")
   if values_a.shape[:-1] != values_b.shape[:-1] or indices_a.shape != values_a.shape or \
       indices_b.shape != values_b.shape:
     raise ValueError(f"values/indices shapes {values_a.shape}, {indices_a.shape}, "
                      f"{values_b.shape}, {indices_b.shape} do not pair up")
   if k > values_a.shape[-1] + values_b.shape[-1]:
     raise ValueError(f"k={k} exceeds the {values_a.shape[-1] + values_b.shape[-1]} entries")
-  v = jnp.concatenate([values_a, values_b], -1).astype(jnp.float32)
-  i = jnp.concatenate([indices_a, indices_b], -1).astype(jnp.int32)
-  dead = (i < 0) | (v == NEG_INF)
-  # sort by (-value, index): live entries first, descending, ties to the lower index
-  key_i = jnp.where(dead, jnp.iinfo(jnp.int32).max, i)
-  neg, idx = lax.sort((jnp.where(dead, jnp.inf, -v), key_i), dimension=v.ndim - 1, num_keys=2)
-  neg, idx = neg[..., :k], idx[..., :k]
-  dead = neg == jnp.inf
-  return (jnp.where(dead, NEG_INF, -neg).astype(values_a.dtype),
-          jnp.where(dead, -1, idx).astype(jnp.int32))
+  v, i = keyed_topk_xla(jnp.concatenate([values_a, values_b], -1),
+                        jnp.concatenate([indices_a, indices_b], -1), k)
+  return v.astype(values_a.dtype), i
 
 
 def _validate(scores, k, lengths):
@@ -152,6 +170,9 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
     lens = lens[:, 0] if q.ndim == 3 else lens
     return topk(z, k, lengths=lens, implementation=impl, config=topk_config, sorted=sorted)
   _indexer._validate_paged(q, k_cache, block_table, lengths, w, k_scale)
+  # the README's input rules: a traced length clamps, a request reading a page outside the
+  # cache is void (length 0: every slot -inf, top-K all -1)
+  lengths = _indexer.sanitize_paged(block_table, lengths, k_cache.shape[0], k_cache.shape[1])
   from pallas_kernels import indexer_decode, topk as ktopk
   topk_config = topk_config or ktopk.TopkConfig()
   decode_config = decode_config or indexer_decode.DecodeConfig()

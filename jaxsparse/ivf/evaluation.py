@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
+from jaxsparse.selection import topk_xla
+from pallas_kernels._util import masked_relu
 
 __all__ = ["evaluate", "METHODS"]
 
@@ -32,10 +34,10 @@ def _check(q, w, k, config, method, positions):
 def _exact(q, w, k, positions, topk):
   """Exact causal scores [Q, N] and the reference top-k indices (-1 where fewer visible)."""
   s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
-  z = jnp.einsum("qhn,qh->qn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("qhn,qh->qn", masked_relu(s, wf[..., None]), wf)
   z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
-  v, i = jax.lax.top_k(z, topk)
-  return z, jnp.where(jnp.isfinite(v), i, -1)
+  return z, topk_xla(z, topk)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "oracle"))
@@ -52,8 +54,7 @@ def _select(z, ref, q, w, reps, sizes, last, assign, rank, grouped_end, position
     gs = candidates.representative_scores(q, w, reps, valid)
   mask, num = candidates.candidate_mask(gs, sizes, assign, rank, grouped_end, positions,
                                         budget=budget, sink=sink)
-  v, i = jax.lax.top_k(jnp.where(mask, z, -jnp.inf), topk)
-  return jnp.where(jnp.isfinite(v), i, -1), num
+  return topk_xla(jnp.where(mask, z, -jnp.inf), topk)[1], num
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink"))
@@ -73,8 +74,7 @@ def _select_blocks(z, qb, wb, bvalid, reps, sizes, last, assign, rank, grouped_e
   mask, _ = candidates.candidate_mask(agg, sizes, assign, rank, grouped_end, block_last,
                                       budget=budget, sink=sink)
   mask &= jnp.arange(z.shape[1])[None, :] <= positions[:, None]
-  v, i = jax.lax.top_k(jnp.where(mask, z, -jnp.inf), topk)
-  return jnp.where(jnp.isfinite(v), i, -1), mask.sum(1).astype(jnp.int32)
+  return topk_xla(jnp.where(mask, z, -jnp.inf), topk)[1], mask.sum(1).astype(jnp.int32)
 
 
 def query_blocks(positions, n: int, block: int):
@@ -137,8 +137,7 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
   compared = []
   kw = dict(topk=topk, budget=config.budget, sink=config.sink, oracle=oracle)
   if method == "full":
-    v, i = jax.lax.top_k(z, topk)
-    out_idx = np.asarray(jnp.where(jnp.isfinite(v), i, -1))
+    out_idx = np.asarray(ref)
     out_num = (positions + 1).astype(np.int32)
   elif method == "hisa":
     assign, rank, sizes, last = _hisa_structure(n, config)
@@ -166,8 +165,7 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
       if not len(sel):
         continue
       if v == 0:  # before the first seal a query scores every key
-        v_, i_ = jax.lax.top_k(z[sel], topk)
-        out_idx[sel] = np.asarray(jnp.where(jnp.isfinite(v_), i_, -1))
+        out_idx[sel] = np.asarray(ref)[sel]
         out_num[sel] = positions[sel] + 1
         continue
       reps = index.representatives(state, k, corrector, a)

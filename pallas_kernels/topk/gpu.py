@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._util import is_pow2, next_pow2
+from pallas_kernels._util import flush_zero, is_pow2, next_pow2
 
 __all__ = [
     "NEG_INF", "COUNTER_STRIDE", "PLACEMENTS", "counter_dtype", "compact_atomic",
@@ -766,8 +766,7 @@ def repair(x, lengths, total, v, i, *, k: int, capacity: int, chunk: int, num_wa
 
 def _ordered_key(x):
   """float32 -> uint32 whose unsigned order is the float order (-0.0 and +0.0 equal)."""
-  x = jnp.where(x == 0, 0.0, x)
-  b = lax.bitcast_convert_type(x, jnp.uint32)
+  b = lax.bitcast_convert_type(flush_zero(x), jnp.uint32)
   neg = (b >> 31) == 1
   return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
 
