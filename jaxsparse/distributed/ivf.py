@@ -51,7 +51,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
     raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
                      f"[N, H, D], [N, H], [N, D]")
-  devices = list(devices or jax.devices())
+  devices = list(jax.devices() if devices is None else devices)
   if not devices:
     raise ValueError("devices must not be empty")
   from jaxsparse import _checks, backend
