@@ -46,6 +46,16 @@ def check_positions(name: str, x) -> None:
     raise ValueError(f"{name} must fit int32; got min={v.min()} max={v.max()}")
 
 
+def clip_positions(positions, n: int):
+  """Positions -> int32 in [-1, n - 1], clipped before the cast so that a traced uint32 or
+  int64 position past 2^31 never wraps to a negative one (it sees every key, as any position
+  >= n - 1 does)."""
+  p = positions
+  if jnp.issubdtype(p.dtype, jnp.unsignedinteger):
+    return jnp.minimum(p, jnp.asarray(n - 1, p.dtype)).astype(jnp.int32)
+  return jnp.clip(p, -1, n - 1).astype(jnp.int32)
+
+
 def check_implementation(implementation):
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"{implementation=} must be one of {IMPLEMENTATIONS}")

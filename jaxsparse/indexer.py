@@ -35,7 +35,8 @@ def indexer_scores_xla(q, k, w, k_scale=None, query_positions=None):
   if k_scale is not None:
     z = z * k_scale[None, :]
   if query_positions is not None:
-    visible = jnp.arange(k.shape[0])[None, :] <= query_positions[:, None]
+    visible = jnp.arange(k.shape[0])[None, :] <= _checks.clip_positions(query_positions,
+                                                                         k.shape[0])[:, None]
     z = jnp.where(visible, z, -jnp.inf)
   return z
 
@@ -82,8 +83,7 @@ def _validate_dense(q, k, w, k_scale, query_positions):
   if query_positions is not None:
     if query_positions.shape != (t,):
       raise ValueError(f"query_positions.shape={tuple(query_positions.shape)} must be ({t},)")
-    if not jnp.issubdtype(query_positions.dtype, jnp.integer):
-      raise ValueError(f"query_positions.dtype={query_positions.dtype} must be an integer type")
+    _checks.check_positions("query_positions", query_positions)
 
 
 def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementation=None,

@@ -311,6 +311,8 @@ def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
     raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, H, D] and [N, D] "
                      f"with N >= start + T = {start + q.shape[0]} (query t at position "
                      f"start + t)")
+  if k_scale is not None:  # checked whole here: the segments see slices of it
+    _checks.check_key_scale(k, jnp.asarray(k_scale), (k.shape[0],))
   vs, ix = [], []
   for lo, hi in causal_segments(q.shape[0], segments):
     end = min(k.shape[0], -(-(start + hi) // key_align) * key_align)
@@ -343,7 +345,7 @@ def _prefill_topk_kernels(q, k, w, k_scale, positions, topk, is_sorted, chunk, p
   n = k.shape[0]
   nc = -(-t // chunk)
   tp = nc * chunk
-  pos = jnp.clip(positions.astype(jnp.int32), -1, n - 1)
+  pos = _checks.clip_positions(positions, n)
   qs = jnp.pad(q, ((0, tp - t), (0, 0), (0, 0))).reshape(nc, chunk, h, d)
   ws = jnp.pad(w, ((0, tp - t), (0, 0))).reshape(nc, chunk, h)
   ps = jnp.pad(pos, (0, tp - t), constant_values=-1).reshape(nc, chunk)
@@ -373,13 +375,14 @@ def _prefill_topk(q, k, w, k_scale, positions, topk, is_sorted, block):
   kb = jnp.pad(k, ((0, pad), (0, 0))).reshape(nb, b, d)
   sb = None if k_scale is None else jnp.pad(k_scale, (0, pad)).reshape(nb, b)
   kk = min(topk, b)
+  pos = _checks.clip_positions(positions, n)
 
   def step(carry, xs):
     v, i = carry
     j, keys = xs[0], xs[1]
     z = _indexer.indexer_scores_xla(q, keys, w, None if sb is None else xs[2], None)
     idx = j * b + jnp.arange(b)
-    ok = (idx[None, :] <= positions[:, None]) & (idx[None, :] < n)
+    ok = (idx[None, :] <= pos[:, None]) & (idx[None, :] < n)
     bv, bi = topk_xla(jnp.where(ok, z, NEG_INF), kk)
     bi = jnp.where(bi >= 0, j * b + bi, -1)
     return merge_topk(v, i, bv, bi, topk), None

@@ -46,6 +46,9 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
   Returns (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N]
   int32), as `jaxsparse.ivf.prefill_topk`.
   """
+  from jaxsparse import _checks
+  for _name, _x in (("q", q), ("w", w), ("k", k)):
+    _checks.check_real_dtype(_name, _x)
   q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:

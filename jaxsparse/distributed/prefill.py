@@ -110,6 +110,10 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   kernels = backend.resolve(implementation) == "pallas"
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
+  for _name, _x in (("q", q), ("w", w), ("k", k)):
+    _checks.check_real_dtype(_name, _x)
+  if not isinstance(topk, int) or isinstance(topk, bool):
+    raise ValueError(f"topk={topk!r} must be a positive int")
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or q.shape[0] != n or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]):

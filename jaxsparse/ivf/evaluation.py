@@ -17,6 +17,12 @@ METHODS = ("ivf", "hisa", "full")
 
 
 def _check(q, w, k, config, method, positions):
+  from jaxsparse import _checks
+  for _name, _x in (("q", q), ("w", w), ("k", k)):
+    _checks.check_real_dtype(_name, _x)
+  if not np.issubdtype(np.asarray(positions).dtype, np.integer):
+    raise ValueError(f"query_positions.dtype={np.asarray(positions).dtype} must be an integer "
+                     "type")
   if method not in METHODS:
     raise ValueError(f"method={method!r} must be one of {METHODS}")
   if q.ndim != 3 or w.shape != q.shape[:2] or k.ndim != 2 or k.shape != (q.shape[0], q.shape[2]):
@@ -121,9 +127,10 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
   Returns {"recall" [Q] float, "topk_indices" [Q, topk] int32 (-1 padded), "num_candidates"
   [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
   """
-  positions = np.asarray(query_positions, np.int64)
+  positions = np.asarray(query_positions)
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   _check(q, w, k, config, method, positions)
+  positions = positions.astype(np.int64)
   if method != "ivf" and metric is not None:
     raise ValueError(f"metric applies to method='ivf' only; got method={method!r}")
   corrector = _resolve_corrector(corrector, layer)

@@ -314,6 +314,9 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     raise ValueError("corrector applies to method='ivf' only")
   if method == "hisa" and metric is not None:
     raise ValueError("metric applies to method='ivf' only")
+  from jaxsparse import _checks
+  for _name, _x in (("q", q), ("w", w), ("k", k)):
+    _checks.check_real_dtype(_name, _x)
   q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
