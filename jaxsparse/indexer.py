@@ -106,7 +106,8 @@ def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementatio
     config: optional kernel config (`pallas_kernels.indexer_prefill.PrefillConfig`).
 
   Returns:
-    [T, N] float32 scores.
+    [T, N] float32 scores. NaN / Inf inputs, zero-weight heads and traced positions follow
+    README "Input rules".
   """
   _checks.check_implementation(implementation)
   _validate_dense(q, k, w, k_scale, query_positions)

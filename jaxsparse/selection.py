@@ -111,6 +111,7 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sort
     values [..., k] (scores.dtype) and indices [..., k] int32, ordered as `sorted` says.
     Entries past lengths, -inf entries and NaN entries are never chosen (NaN counts as "no
     score"); when fewer than k entries are valid the tail is index -1 with value -inf.
+    Subnormal scores rank as 0. README "Input rules" states these rules for every path.
   """
   _checks.check_implementation(implementation)
   _validate(scores, k, lengths)
@@ -155,6 +156,8 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
   maxima that the top-k threshold needs, saving one 4-byte-per-slot pass over the scores; on
   the H200 that epilogue cost more than it saved (benchmarks/NOTES.md), so it is off by default.
   sorted: as in `topk` (False: the top-k set in ascending slot order, no final sort on GPU).
+  Every path applies `sanitize_paged` under jit (README "Input rules": a request whose block
+  table points outside the cache returns all -1).
   """
   _checks.check_implementation(implementation)
   impl = backend.resolve(implementation)

@@ -22,6 +22,12 @@ def representative_scores(q, w, reps, valid):
   return jnp.where(valid, z, -jnp.inf)
 
 
+def _nan_last(group_scores):
+  """A NaN representative score (a group holding a NaN key) ranks after every number but the
+  group stays usable (README "Input rules"); -inf still marks an unusable group."""
+  return jnp.where(jnp.isnan(group_scores), -jnp.finfo(jnp.float32).max, group_scores)
+
+
 def candidate_mask(group_scores, sizes, assign, rank, grouped_end, positions, *, budget: int,
                    sink: int):
   """Which keys each query scores exactly (paper: "How does a query choose candidates?").
@@ -38,8 +44,9 @@ def candidate_mask(group_scores, sizes, assign, rank, grouped_end, positions, *,
   visible = pos[None, :] <= positions[:, None]
   fixed = visible & ((pos[None, :] < sink) | (pos[None, :] >= grouped_end[:, None]))
   room = budget - fixed.sum(1)
+  group_scores = _nan_last(group_scores)
   order = jnp.argsort(-group_scores, axis=1, stable=True)
-  usable = jnp.take_along_axis(group_scores, order, 1) > -jnp.inf  # not -inf, not NaN
+  usable = jnp.take_along_axis(group_scores, order, 1) > -jnp.inf
   sz = jnp.where(usable, sizes[order], 0)
   before = jnp.cumsum(sz, axis=1) - sz
   take_sorted = jnp.clip(room[:, None] - before, 0, sz)
@@ -101,8 +108,9 @@ def ranked_groups(group_scores, sizes, offsets, room):
   group's members begin in the inverted lists), take (members taken, the earliest first:
   the last group is cut to fit), slot (the grouped slot its first member fills), and used
   [Q] int32 (ranked groups up to the last that takes members: the rest have take == 0)."""
+  group_scores = _nan_last(group_scores)
   order = jnp.argsort(-group_scores, axis=1, stable=True)
-  usable = jnp.take_along_axis(group_scores, order, 1) > -jnp.inf  # not -inf, not NaN
+  usable = jnp.take_along_axis(group_scores, order, 1) > -jnp.inf
   sz = jnp.where(usable, sizes[order], 0).astype(jnp.int32)
   cum = jnp.cumsum(sz, axis=1)
   slot = cum - sz

@@ -306,6 +306,7 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
   `layer`): the index groups k @ A (a mapped copy of the keys, [N, D] in k's dtype) and each
   window's queries rank with q @ A^-1; candidates are scored with k and q. Returns jax arrays
   (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32).
+  Ties go to the lower key index and NaN scores are never chosen (README "Input rules").
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
   if method not in ("ivf", "hisa"):
