@@ -1,0 +1,63 @@
+"""AttentionIndex settings and prefill-trace checks shared by `eval`, `plan` and `fit-metric`."""
+from __future__ import annotations
+
+from ._common import CliError, load_trace, positive
+
+__all__ = ["index_options", "ivf_config", "prefill_traces", "check_metric"]
+
+
+def index_options(p, note: str = "") -> None:
+  """AttentionIndex settings shared by `eval` (prefill traces) and `plan`."""
+  p.add_argument("--budget", type=positive("--budget"), default=1024,
+                 help=f"{note}candidate slots per query (default 1024)")
+  p.add_argument("--seal-window", type=positive("--seal-window"), default=256,
+                 help=f"{note}keys per seal (default 256)")
+  p.add_argument("--cluster-size", type=positive("--cluster-size"), default=32,
+                 help=f"{note}keys per group on average (default 32)")
+  p.add_argument("--refit-interval", type=int, default=2048,
+                 help=f"{note}tokens between refits, 0 = seal only (default 2048)")
+
+
+
+def ivf_config(args):
+  from jaxsparse import ivf
+  try:
+    return ivf.IVFConfig(topk=args.k, budget=args.budget, seal_window=args.seal_window,
+                         cluster_size=args.cluster_size, refit_interval=args.refit_interval)
+  except ValueError as e:
+    msg = str(e)
+    for name in ("budget", "seal_window", "cluster_size", "refit_interval"):
+      msg = msg.replace(f"{name}=", f"--{name.replace('_', '-')}=")
+    raise CliError(msg.replace("topk=", "--k=")) from None
+
+
+def prefill_traces(paths, what: str) -> list:
+  """--trace's files, each loaded and checked to be a prefill trace (`what` needs them)."""
+  trs = []
+  for path in paths:
+    tr = load_trace("--trace", path)
+    if tr.kind != "prefill":
+      raise CliError(f"--trace={path!r} is a {tr.kind} trace; {what} needs prefill traces")
+    trs.append(tr)
+  return trs
+
+
+
+def check_metric(args, tr) -> None:
+  """The --metric file, checked against the trace's layers and key width."""
+  from jaxsparse.ivf import metric as ivf_metric
+  try:
+    metrics = ivf_metric.load(args.metric)
+  except FileNotFoundError:
+    raise CliError(f"--metric={args.metric!r} does not exist") from None
+  except ValueError as e:
+    raise CliError(f"--metric={args.metric!r}: {e}") from None
+  missing = [int(x) for x in tr.layers.tolist() if int(x) not in metrics]
+  if missing:
+    raise CliError(f"--metric={args.metric!r} holds no metric for layers {missing}")
+  d = tr.k.shape[-1]
+  bad = [layer for layer, a in metrics.items() if a.shape != (d, d)]
+  if bad:
+    raise CliError(f"--metric={args.metric!r}: layers {bad} are not [{d}, {d}] (the trace's "
+                   f"key width)")
+
