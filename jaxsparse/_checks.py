@@ -10,6 +10,52 @@ QUERY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
 IMPLEMENTATIONS = (None, "xla", "pallas")
 
 
+def check_int(name: str, value, minimum=None) -> None:
+  """A Python or numpy integer (never a bool or a float), at least `minimum` when given."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"{name}={value!r} must be an int")
+  if minimum is not None and value < minimum:
+    raise ValueError(f"{name}={value!r} must be >= {minimum}")
+
+
+def check_real(name: str, value) -> None:
+  """A finite real number (int or float, never a bool, a complex or NaN / inf)."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                    np.floating)):
+    raise ValueError(f"{name}={value!r} must be a real number")
+  if not np.isfinite(value):
+    raise ValueError(f"{name}={value!r} must be finite")
+
+
+def check_real_dtype(name: str, x) -> None:
+  """Reject complex (and other non-real) arrays before any conversion drops a part."""
+  dt = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+  if not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)
+          or dt == jnp.bfloat16 or dt.name.startswith("float8")):
+    raise ValueError(f"{name}.dtype={dt.name} must be a real (float or integer) type")
+
+
+def check_positions(name: str, x) -> None:
+  """query_positions: an integer dtype; concrete values must fit int32 (positions past 2^31
+  would wrap and hide every key). Traced values are clipped by the kernels."""
+  if not jnp.issubdtype(x.dtype, jnp.integer):
+    raise ValueError(f"{name}.dtype={x.dtype} must be an integer type")
+  v = concrete_values(x)
+  if v is not None and v.size and (v.max() > np.iinfo(np.int32).max
+                                   or v.min() < np.iinfo(np.int32).min):
+    raise ValueError(f"{name} must fit int32; got min={v.min()} max={v.max()}")
+
+
+def clip_positions(positions, n: int):
+  """Positions -> int32 in [-1, n - 1], clipped before the cast so that a traced uint32 or
+  int64 position past 2^31 never wraps to a negative one (it sees every key, as any position
+  >= n - 1 does)."""
+  p = positions
+  if jnp.issubdtype(p.dtype, jnp.unsignedinteger):
+    return jnp.minimum(p, jnp.asarray(n - 1, p.dtype)).astype(jnp.int32)
+  return jnp.clip(p, -1, n - 1).astype(jnp.int32)
+
+
 def check_implementation(implementation):
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"{implementation=} must be one of {IMPLEMENTATIONS}")

@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxsparse import _checks
 from jaxsparse import backend
+from pallas_kernels._util import masked_relu
 from pallas_kernels._util import row_lengths  # noqa: F401  (public: jaxsparse.row_lengths)
 
 __all__ = [
@@ -29,11 +30,13 @@ def indexer_scores_xla(q, k, w, k_scale=None, query_positions=None):
   """Plain-jnp DSA indexer; see `indexer_scores` for shapes."""
   cd = _checks.compute_dtype(q.dtype)
   s = jnp.einsum("thd,nd->thn", q.astype(cd), k.astype(cd), preferred_element_type=jnp.float32)
-  z = jnp.einsum("thn,th->tn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("thn,th->tn", masked_relu(s, wf[:, :, None]), wf)
   if k_scale is not None:
     z = z * k_scale[None, :]
   if query_positions is not None:
-    visible = jnp.arange(k.shape[0])[None, :] <= query_positions[:, None]
+    visible = jnp.arange(k.shape[0])[None, :] <= _checks.clip_positions(query_positions,
+                                                                         k.shape[0])[:, None]
     z = jnp.where(visible, z, -jnp.inf)
   return z
 
@@ -47,7 +50,8 @@ def paged_indexer_scores_xla(q, k_cache, block_table, lengths, w, k_scale=None):
   cd = _checks.compute_dtype(q.dtype)
   s = jnp.einsum("brhd,bsd->brhs", q.astype(cd), keys.astype(cd),
                  preferred_element_type=jnp.float32)
-  z = jnp.einsum("brhs,brh->brs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("brhs,brh->brs", masked_relu(s, wf[..., None]), wf)
   if k_scale is not None:
     z = z * k_scale[pages].reshape(bsz, 1, max_blocks * page)
   lens = row_lengths(lengths, q.shape[1])  # [B, R]
@@ -79,8 +83,7 @@ def _validate_dense(q, k, w, k_scale, query_positions):
   if query_positions is not None:
     if query_positions.shape != (t,):
       raise ValueError(f"query_positions.shape={tuple(query_positions.shape)} must be ({t},)")
-    if not jnp.issubdtype(query_positions.dtype, jnp.integer):
-      raise ValueError(f"query_positions.dtype={query_positions.dtype} must be an integer type")
+    _checks.check_positions("query_positions", query_positions)
 
 
 def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementation=None,
@@ -103,7 +106,8 @@ def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementatio
     config: optional kernel config (`pallas_kernels.indexer_prefill.PrefillConfig`).
 
   Returns:
-    [T, N] float32 scores.
+    [T, N] float32 scores. NaN / Inf inputs, zero-weight heads and traced positions follow
+    README "Input rules".
   """
   _checks.check_implementation(implementation)
   _validate_dense(q, k, w, k_scale, query_positions)

@@ -75,16 +75,21 @@ def hadamard_rotate(x):
   return jnp.matmul(x.astype(jnp.float32), h, precision=jax.lax.Precision.HIGHEST).astype(x.dtype)
 
 
+SCALE_FLOOR = 2.0 ** -126  # quantize_fp8's smallest scale: the smallest normal float32
+
+
 def quantize_fp8(x):
   """Per-row float8_e4m3fn quantisation with a power-of-two scale (DeepSeek-V3.2 style).
 
   x: [..., D] float. Returns (x_fp8 [..., D] float8_e4m3fn, scale [...] float32) with
-  x ~= x_fp8 * scale and scale = 2**ceil(log2(amax / 448)). All-zero rows get scale 1.
+  x ~= x_fp8 * scale and scale = max(2**ceil(log2(amax / 448)), 2**-126). All-zero rows get
+  scale 1. The floor (the smallest normal float32) keeps a tiny but non-zero row finite: its
+  scale never underflows to 0 (README "Input rules": subnormals count as zero).
   """
   xf = x.astype(jnp.float32)
   amax = jnp.max(jnp.abs(xf), axis=-1)
   safe = jnp.where(amax > 0, amax, FP8_MAX)
-  scale = jnp.exp2(jnp.ceil(jnp.log2(safe / FP8_MAX)))
+  scale = jnp.maximum(jnp.exp2(jnp.ceil(jnp.log2(safe / FP8_MAX))), SCALE_FLOOR)
   q = (xf / scale[..., None]).astype(jnp.float8_e4m3fn)
   return q, scale.astype(jnp.float32)
 

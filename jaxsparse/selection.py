@@ -10,9 +10,10 @@ from jax import lax
 from jaxsparse import _checks
 from jaxsparse import backend
 from jaxsparse import indexer as _indexer
+from pallas_kernels._util import flush_zero
 
 __all__ = [
-    "NEG_INF", "topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk",
+    "NEG_INF", "topk_xla", "keyed_topk_xla", "merge_topk", "topk", "indexer_topk", "prefill_topk",
     "causal_prefill_topk", "causal_segments", "default_query_chunk"
 ]
 
@@ -27,11 +28,33 @@ def topk_xla(scores, k: int, lengths=None):
   valid = ~jnp.isnan(x)
   if lengths is not None:
     valid &= jnp.arange(n) < lengths[..., None]
-  x = jnp.where(valid, jnp.where(x == 0, 0.0, x), NEG_INF)  # -0.0 and +0.0 tie
+  x = jnp.where(valid, flush_zero(x), NEG_INF)  # -0.0, +0.0 and subnormals tie
   if k > n:
     x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, k - n)], constant_values=NEG_INF)
   v, i = lax.top_k(x, k)  # ties: lower index first
   return v.astype(scores.dtype), jnp.where(v == NEG_INF, -1, i).astype(jnp.int32)
+
+
+def keyed_topk_xla(scores, ids, k: int):
+  """Top-k of rows whose columns hold keys in any order: scores [R, S] float, ids [R, S] int
+  (the key id of each column, -1: empty) -> (values [R, k] float32, ids [R, k] int32).
+
+  The README's input rules with ties to the lower key id (not the lower column): values
+  descending; NaN, -inf and empty columns never chosen; -inf / -1 tail. One two-key sort.
+  """
+  x = flush_zero(scores.astype(jnp.float32))
+  ids = ids.astype(jnp.int32)
+  dead = (ids < 0) | jnp.isnan(x) | (x == NEG_INF)
+  neg = jnp.where(dead, jnp.inf, -x)
+  key = jnp.where(dead, jnp.iinfo(jnp.int32).max, ids)
+  if k > x.shape[-1]:
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, k - x.shape[-1])]
+    neg = jnp.pad(neg, pad, constant_values=jnp.inf)
+    key = jnp.pad(key, pad, constant_values=jnp.iinfo(jnp.int32).max)
+  neg, key = lax.sort((neg, key), dimension=x.ndim - 1, num_keys=2)
+  neg, key = neg[..., :k], key[..., :k]
+  dead = neg == jnp.inf
+  return jnp.where(dead, NEG_INF, -neg), jnp.where(dead, -1, key)
 
 
 def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
@@ -43,22 +66,17 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
   the concatenated rows. The building block of sharded top-K (per-shard results merged).
   """
   k = values_a.shape[-1] if k is None else k
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k={k!r} must be a positive int")
   if values_a.shape[:-1] != values_b.shape[:-1] or indices_a.shape != values_a.shape or \
       indices_b.shape != values_b.shape:
     raise ValueError(f"values/indices shapes {values_a.shape}, {indices_a.shape}, "
                      f"{values_b.shape}, {indices_b.shape} do not pair up")
   if k > values_a.shape[-1] + values_b.shape[-1]:
     raise ValueError(f"k={k} exceeds the {values_a.shape[-1] + values_b.shape[-1]} entries")
-  v = jnp.concatenate([values_a, values_b], -1).astype(jnp.float32)
-  i = jnp.concatenate([indices_a, indices_b], -1).astype(jnp.int32)
-  dead = (i < 0) | (v == NEG_INF)
-  # sort by (-value, index): live entries first, descending, ties to the lower index
-  key_i = jnp.where(dead, jnp.iinfo(jnp.int32).max, i)
-  neg, idx = lax.sort((jnp.where(dead, jnp.inf, -v), key_i), dimension=v.ndim - 1, num_keys=2)
-  neg, idx = neg[..., :k], idx[..., :k]
-  dead = neg == jnp.inf
-  return (jnp.where(dead, NEG_INF, -neg).astype(values_a.dtype),
-          jnp.where(dead, -1, idx).astype(jnp.int32))
+  v, i = keyed_topk_xla(jnp.concatenate([values_a, values_b], -1),
+                        jnp.concatenate([indices_a, indices_b], -1), k)
+  return v.astype(values_a.dtype), i
 
 
 def _validate(scores, k, lengths):
@@ -93,6 +111,7 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sort
     values [..., k] (scores.dtype) and indices [..., k] int32, ordered as `sorted` says.
     Entries past lengths, -inf entries and NaN entries are never chosen (NaN counts as "no
     score"); when fewer than k entries are valid the tail is index -1 with value -inf.
+    Subnormal scores rank as 0. README "Input rules" states these rules for every path.
   """
   _checks.check_implementation(implementation)
   _validate(scores, k, lengths)
@@ -137,6 +156,8 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
   maxima that the top-k threshold needs, saving one 4-byte-per-slot pass over the scores; on
   the H200 that epilogue cost more than it saved (benchmarks/NOTES.md), so it is off by default.
   sorted: as in `topk` (False: the top-k set in ascending slot order, no final sort on GPU).
+  Every path applies `sanitize_paged` under jit (README "Input rules": a request whose block
+  table points outside the cache returns all -1).
   """
   _checks.check_implementation(implementation)
   impl = backend.resolve(implementation)
@@ -152,6 +173,9 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
     lens = lens[:, 0] if q.ndim == 3 else lens
     return topk(z, k, lengths=lens, implementation=impl, config=topk_config, sorted=sorted)
   _indexer._validate_paged(q, k_cache, block_table, lengths, w, k_scale)
+  # the README's input rules: a traced length clamps, a request reading a page outside the
+  # cache is void (length 0: every slot -inf, top-K all -1)
+  lengths = _indexer.sanitize_paged(block_table, lengths, k_cache.shape[0], k_cache.shape[1])
   from pallas_kernels import indexer_decode, topk as ktopk
   topk_config = topk_config or ktopk.TopkConfig()
   decode_config = decode_config or indexer_decode.DecodeConfig()
@@ -290,6 +314,8 @@ def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
     raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, H, D] and [N, D] "
                      f"with N >= start + T = {start + q.shape[0]} (query t at position "
                      f"start + t)")
+  if k_scale is not None:  # checked whole here: the segments see slices of it
+    _checks.check_key_scale(k, jnp.asarray(k_scale), (k.shape[0],))
   vs, ix = [], []
   for lo, hi in causal_segments(q.shape[0], segments):
     end = min(k.shape[0], -(-(start + hi) // key_align) * key_align)
@@ -322,7 +348,7 @@ def _prefill_topk_kernels(q, k, w, k_scale, positions, topk, is_sorted, chunk, p
   n = k.shape[0]
   nc = -(-t // chunk)
   tp = nc * chunk
-  pos = jnp.clip(positions.astype(jnp.int32), -1, n - 1)
+  pos = _checks.clip_positions(positions, n)
   qs = jnp.pad(q, ((0, tp - t), (0, 0), (0, 0))).reshape(nc, chunk, h, d)
   ws = jnp.pad(w, ((0, tp - t), (0, 0))).reshape(nc, chunk, h)
   ps = jnp.pad(pos, (0, tp - t), constant_values=-1).reshape(nc, chunk)
@@ -352,13 +378,14 @@ def _prefill_topk(q, k, w, k_scale, positions, topk, is_sorted, block):
   kb = jnp.pad(k, ((0, pad), (0, 0))).reshape(nb, b, d)
   sb = None if k_scale is None else jnp.pad(k_scale, (0, pad)).reshape(nb, b)
   kk = min(topk, b)
+  pos = _checks.clip_positions(positions, n)
 
   def step(carry, xs):
     v, i = carry
     j, keys = xs[0], xs[1]
     z = _indexer.indexer_scores_xla(q, keys, w, None if sb is None else xs[2], None)
     idx = j * b + jnp.arange(b)
-    ok = (idx[None, :] <= positions[:, None]) & (idx[None, :] < n)
+    ok = (idx[None, :] <= pos[:, None]) & (idx[None, :] < n)
     bv, bi = topk_xla(jnp.where(ok, z, NEG_INF), kk)
     bi = jnp.where(bi >= 0, j * b + bi, -1)
     return merge_topk(v, i, bv, bi, topk), None

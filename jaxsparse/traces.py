@@ -140,15 +140,14 @@ def load(path: str):
   """Read and validate a trace; never unpickles. Returns DecodeTrace or PrefillTrace."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"trace file {path!r} does not exist")
-  import zipfile
-  try:
-    z = np.load(path, allow_pickle=False)
-  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-    raise TraceError(f"{path!r} is not a readable npz trace: {e}") from e
-  with z:
+  from jaxsparse._io import open_npz
+  with open_npz(path, TraceError, "npz trace") as z:
     keys = set(z.files)
     _need("schema_version" in keys, f"{path!r}: missing field schema_version")
-    ver = int(z["schema_version"])
+    sv = z["schema_version"]
+    _need(sv.shape == () and np.issubdtype(sv.dtype, np.integer),
+          f"{path!r}: schema_version must be an integer scalar; got {sv.dtype.name} {sv.shape}")
+    ver = int(sv)
     _need(ver == SCHEMA_VERSION, f"{path!r}: schema_version={ver}, this jaxsparse reads "
                                  f"{SCHEMA_VERSION}")
     kind = str(z["kind"]) if "kind" in keys else None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def next_pow2(n: int) -> int:
@@ -20,6 +21,27 @@ def pad_axis(x, axis: int, size: int, value=0):
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, extra)
   return jnp.pad(x, widths, constant_values=value)
+
+
+TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, 2^-126
+
+
+def flush_zero(x):
+  """Subnormal float32 values (and -0.0) -> +0.0; everything else, NaN and +-inf included,
+  unchanged. Every top-K ranks its scores through this (README "Input rules"), so a subnormal
+  score ties with 0 on every path, whether or not the hardware flushes it."""
+  return jnp.where(jnp.abs(x) < TINY, 0.0, x)
+
+
+def masked_relu(s, w):
+  """relu(s) where the head weight w (broadcast against s) is non-zero, else 0.
+
+  The head sum's rule (README "Input rules"): z = sum_h w_h * relu(q_h . k) in IEEE float32
+  (an infinite dot stays infinite, NaN propagates through the ReLU and the sum), except that
+  a head whose weight is 0 adds exactly 0, even when q_h . k is +-inf or NaN. Padded heads
+  (weight 0) therefore never change a score. Use as `masked_relu(s, w) * w`.
+  """
+  return jnp.where(w != 0, jnp.maximum(s, 0.0), 0.0)
 
 
 def tpu_interpret_params():

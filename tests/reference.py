@@ -51,8 +51,23 @@ def paged(q, k_cache, table, lens, w, k_scale=None):
 np_indexer = types.SimpleNamespace(dense=dense, paged=paged)
 
 
+def rule_scores(q, k, w, positions=None):
+  """float64 scores under the README's input rules: z[t, i] = sum_h w relu(q . k) in IEEE
+  arithmetic (NaN and +-inf propagate through the ReLU and the head sum), except that a head
+  of weight 0 adds exactly 0; -inf where i > positions[t]. q [T, H, D], k [N, D], w [T, H]."""
+  q, k, w = (np.asarray(a, np.float64) for a in (q, k, w))
+  with np.errstate(invalid="ignore", over="ignore"):
+    s = np.einsum("thd,nd->thn", q, k)  # exact for the small integers the tests draw
+    r = np.where(w[:, :, None] != 0, np.where(np.isnan(s), np.nan, np.maximum(s, 0)), 0.0)
+    z = np.einsum("thn,th->tn", r, w)
+  if positions is not None:
+    z = np.where(np.arange(k.shape[0])[None] <= np.asarray(positions)[:, None], z, -np.inf)
+  return z
+
+
 def np_topk(x, k, lengths=None):
-  """Exact top-k with ties to the lower index; invalid/NaN/-inf never chosen; tail -1/-inf."""
+  """Exact top-k with ties to the lower index; invalid/NaN/-inf never chosen; tail -1/-inf;
+  subnormal scores are 0 (README "Input rules")."""
   x = np.asarray(x, np.float32)
   lead, n = x.shape[:-1], x.shape[-1]
   xf = x.reshape(-1, n)
@@ -60,7 +75,8 @@ def np_topk(x, k, lengths=None):
   vals = np.full((xf.shape[0], k), -np.inf, np.float32)
   idx = np.full((xf.shape[0], k), -1, np.int32)
   for r in range(xf.shape[0]):
-    row = xf[r, : lens[r]]
+    row = xf[r, : max(int(lens[r]), 0)]
+    row = np.where(np.abs(row) < np.finfo(np.float32).tiny, np.float32(0), row)
     ok = np.nonzero(~np.isnan(row) & (row > -np.inf))[0]
     order = ok[np.lexsort((ok, -row[ok]))][:k]
     vals[r, : len(order)] = row[order]

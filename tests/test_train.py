@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -113,6 +114,49 @@ def test_damaged_latest_checkpoint_falls_back_with_a_warning(tmp_path, trained, 
     rep = tr.train(cfg, progress=False)
   assert rep["steps_run"] == 2  # resumed from step 4
   assert os.path.isdir(os.path.join(out, "checkpoints.bad", "6"))
+
+
+def test_flipped_bits_in_the_newest_step_fall_back_to_the_intact_one(tmp_path, trained, corpus):
+  """A few flipped bytes (size unchanged) fail the step's checksum: the run resumes from step 4
+  to the same parameters, and only the damaged step is moved aside."""
+  ref_out, _, _ = trained
+  out = str(tmp_path / "f")
+  shutil.copytree(ref_out, out)
+  latest = os.path.join(out, "checkpoints", "6")
+  files = sorted(os.path.join(r, f) for r, _, fs in os.walk(latest) for f in fs)
+  big = max(files, key=os.path.getsize)
+  with open(big, "r+b") as fh:
+    fh.seek(os.path.getsize(big) // 2)
+    b = fh.read(1)
+    fh.seek(-1, 1)
+    fh.write(bytes([b[0] ^ 0x10]))
+  with pytest.warns(UserWarning, match="step 6.*checksum"):
+    rep = tr.train(tr.TrainConfig(out=out, corpus=corpus, **TINY), progress=False)
+  assert rep["steps_run"] == 2
+  assert os.path.isdir(os.path.join(out, "checkpoints.bad", "6"))
+  assert not os.path.exists(os.path.join(out, "checkpoints.bad", "4"))
+  ref, got = _params(ref_out), _params(out)
+  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("stray", ["empty_dir", "file"])
+def test_stray_step_names_never_discard_intact_steps(tmp_path, trained, corpus, stray):
+  ref_out, _, _ = trained
+  out = str(tmp_path / stray)
+  shutil.copytree(ref_out, out)
+  path = os.path.join(out, "checkpoints", "9")
+  if stray == "file":
+    with open(path, "w") as fh:
+      fh.write("x")
+  else:
+    os.makedirs(path)
+  with pytest.warns(UserWarning, match="named like a step"):
+    rep = tr.train(tr.TrainConfig(out=out, corpus=corpus, **TINY), progress=False)
+  assert rep["steps_run"] == 0  # step 6 restored: nothing left to run
+  assert sorted(d for d in os.listdir(os.path.join(out, "checkpoints")) if d.isdigit()) == \
+      ["4", "6"]
+  assert os.listdir(os.path.join(out, "checkpoints.bad")) == ["9"]
 
 
 def test_no_good_checkpoint_is_an_error_not_a_restart(tmp_path, trained, corpus):

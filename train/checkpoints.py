@@ -1,16 +1,23 @@
 """One Orbax checkpoint manager for training runs: atomic saves, the latest N kept, and a resume
 that never silently starts over.
 
-- A step whose files cannot be restored (a damaged latest checkpoint, or one half-deleted when
-  a run was killed during the clean-up of old steps) is moved aside to `OUT/checkpoints.bad/`
-  with a warning, and the newest good step is used; when steps exist and none restores, the
-  run stops with `CheckpointError` instead of starting from scratch.
+- Each step, once Orbax has committed it, gets a SHA-256 of its files in
+  `OUT/checkpoints.sums/STEP.sha256`; a restore checks it first. A step whose checksum does not
+  match, or whose files cannot be restored (a damaged latest checkpoint, or one half-deleted
+  when a run was killed during the clean-up of old steps) is moved aside to
+  `OUT/checkpoints.bad/` with a warning, and the newest intact step is used; a step whose
+  checksum matches is never moved. When steps exist and none restores, the run stops with
+  `CheckpointError` instead of starting from scratch.
+- Entries named like a step that hold no checkpoint (an empty directory, a stray file) are
+  moved aside before Orbax sees them, so they never count as the newest step nor push intact
+  steps out of the kept ones.
 - `OUT/run.json` records the options a resumed run must share (head count, seed, ...) and the
   total steps: a rerun that changes them, or asks for fewer steps than were already taken, is
   refused before the model loads.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -68,10 +75,32 @@ def write_identity(out: str, identity: dict, steps: int) -> None:
   os.replace(tmp, _identity_path(out))
 
 
+def _is_step(directory, name) -> bool:
+  """A directory named by a step number that holds something (an empty one is no step)."""
+  path = os.path.join(directory, name)
+  return name.isdigit() and os.path.isdir(path) and bool(os.listdir(path))
+
+
 def _step_dirs(directory):
   if not os.path.isdir(directory):
     return []
-  return sorted((int(d) for d in os.listdir(directory) if d.isdigit()), reverse=True)
+  return sorted((int(d) for d in os.listdir(directory) if _is_step(directory, d)),
+                reverse=True)
+
+
+def _digest(path: str) -> str:
+  """SHA-256 over a step directory's files: their relative paths and contents, in order."""
+  h = hashlib.sha256()
+  for root, dirs, files in os.walk(path):
+    dirs.sort()
+    for name in sorted(files):
+      full = os.path.join(root, name)
+      h.update(os.path.relpath(full, path).encode() + b"\0")
+      with open(full, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          h.update(block)
+      h.update(b"\0")
+  return h.hexdigest()
 
 
 def _latest_step_number(directory):
@@ -87,20 +116,36 @@ class Manager:
     self._ocp = ocp
     self.directory = os.path.abspath(directory)
     self.save_every = save_every
+    self.sums = self.directory + ".sums"
+    self._strays = self._set_aside_strays()
     self._mgr = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=False))
 
   def restore_latest(self, target):
     """(step, tree) from the newest step that restores; (0, None) when there is none."""
     steps = _step_dirs(self.directory)
+    if not steps and self._strays:
+      raise CheckpointError(f"no checkpoint under {self.directory} can be restored: "
+                            f"{', '.join(self._strays)} named like steps held none (moved to "
+                            f"{self.directory}.bad)")
     if not steps:
       return 0, None
     abstract = jax.tree.map(lambda a: np.zeros(np.shape(a), np.asarray(a).dtype), target)
     errors = []
     for step in steps:
+      verified = self._verify(step)
+      if verified is False:
+        errors.append(f"step {step}: its files do not match the checksum written when it was "
+                      "saved")
+        self._quarantine(step)
+        continue
       try:
         tree = self._mgr.restore(step, args=self._ocp.args.StandardRestore(abstract))
       except Exception as e:  # noqa: BLE001 -- orbax raises many types for damaged files
+        if verified:  # intact files that do not restore: not damage, never moved aside
+          raise CheckpointError(f"step {step} under {self.directory} is intact but does not "
+                                f"restore into this run ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200]})") from None
         errors.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         self._quarantine(step)
         continue
@@ -112,13 +157,43 @@ class Manager:
                           f"({'; '.join(errors)}); the damaged steps were moved to "
                           f"{self.directory}.bad")
 
-  def _quarantine(self, step):
+  def _sum_path(self, step) -> str:
+    return os.path.join(self.sums, f"{step}.sha256")
+
+  def _verify(self, step):
+    """True: the step's files match its checksum; False: they do not; None: no checksum (a
+    step saved before checksums, or killed between its commit and its checksum)."""
+    try:
+      with open(self._sum_path(step)) as f:
+        want = f.read().strip()
+    except OSError:
+      return None
+    return _digest(os.path.join(self.directory, str(step))) == want
+
+  def _set_aside_strays(self):
+    """Move entries named like a step but holding no checkpoint to `.bad` (see above)."""
+    if not os.path.isdir(self.directory):
+      return []
+    strays = sorted(n for n in os.listdir(self.directory)
+                    if n.isdigit() and not _is_step(self.directory, n))
+    for name in strays:
+      warnings.warn(f"{os.path.join(self.directory, name)} is named like a step but holds "
+                    f"no checkpoint; moved to {self.directory}.bad", stacklevel=3)
+      self._move_aside(name)
+    return strays
+
+  def _move_aside(self, name):
     bad = self.directory + ".bad"
     os.makedirs(bad, exist_ok=True)
-    dest = os.path.join(bad, str(step))
-    if os.path.exists(dest):
+    dest = os.path.join(bad, name)
+    if os.path.isdir(dest):
       shutil.rmtree(dest)
-    shutil.move(os.path.join(self.directory, str(step)), dest)
+    elif os.path.exists(dest):
+      os.remove(dest)
+    shutil.move(os.path.join(self.directory, name), dest)
+
+  def _quarantine(self, step):
+    self._move_aside(str(step))
     self._mgr.reload()
 
   def maybe_save(self, step: int, tree) -> None:
@@ -129,6 +204,12 @@ class Manager:
     if step in (self._mgr.all_steps() or []):
       return
     self._mgr.save(step, args=self._ocp.args.StandardSave(tree), force=True)
+    self._mgr.wait_until_finished()  # committed: only now is the checksum written
+    os.makedirs(self.sums, exist_ok=True)
+    tmp = self._sum_path(step) + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(_digest(os.path.join(self.directory, str(step))) + "\n")
+    os.replace(tmp, self._sum_path(step))
 
   def close(self) -> None:
     self._mgr.wait_until_finished()

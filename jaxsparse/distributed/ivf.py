@@ -46,14 +46,16 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
   Returns (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N]
   int32), as `jaxsparse.ivf.prefill_topk`.
   """
-  q, k, w = np.asarray(q), np.asarray(k), np.asarray(w)
   from jaxsparse import _checks, backend
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
+    _checks.check_real_dtype(_name, _x)
+  q, k, w = np.asarray(q), np.asarray(k), np.asarray(w)
   _checks.check_kw_order(q, k, w)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
     raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
                      f"[N, H, D], [N, D], [N, H]")
-  devices = list(devices or jax.devices())
+  devices = list(jax.devices() if devices is None else devices)
   if not devices:
     raise ValueError("devices must not be empty")
   _checks.check_implementation(implementation)

@@ -22,7 +22,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxsparse.selection import merge_topk
+from jaxsparse.selection import keyed_topk_xla, merge_topk
+from pallas_kernels._util import masked_relu
 
 __all__ = ["sharded_prefill_topk", "balanced_order", "quantize_keys_fp8", "STRATEGIES"]
 
@@ -57,23 +58,17 @@ def _scores(q, w, k, qpos, kpos, block):
 
   def tile(kk):
     s = jnp.einsum("thd,sd->ths", q.astype(jnp.float32), kk)
-    return jnp.einsum("ths,th->ts", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+    wf = w.astype(jnp.float32)
+    return jnp.einsum("ths,th->ts", masked_relu(s, wf[..., None]), wf)
 
   z = jnp.moveaxis(lax.map(tile, kb), 0, 1).reshape(q.shape[0], nb * block)
   return jnp.where(kpos[None, :] <= qpos[:, None], z, NEG_INF)
 
 
 def _local_topk(z, kpos, topk):
-  """Top-k of scores z [T, S] with keys at positions kpos [S]: ties to the lower position."""
-  order = jnp.argsort(kpos)
-  zs, ps = z[:, order], kpos[order]
-  v, j = lax.top_k(zs, min(topk, zs.shape[1]))
-  i = jnp.where(v == NEG_INF, -1, ps[j])
-  if v.shape[1] < topk:
-    pad = topk - v.shape[1]
-    v = jnp.pad(v, ((0, 0), (0, pad)), constant_values=NEG_INF)
-    i = jnp.pad(i, ((0, 0), (0, pad)), constant_values=-1)
-  return v, i.astype(jnp.int32)
+  """Top-k of scores z [T, S] with keys at positions kpos [S] under the README's input rules:
+  ties to the lower position, NaN and -inf never chosen (-inf / -1 tail)."""
+  return keyed_topk_xla(z, jnp.broadcast_to(kpos[None, :], z.shape), topk)
 
 
 def _chunked(fn, q, w, qpos, block):
@@ -115,6 +110,10 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
   kernels = backend.resolve(implementation) == "pallas"
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
+    _checks.check_real_dtype(_name, _x)
+  if not isinstance(topk, int) or isinstance(topk, bool):
+    raise ValueError(f"topk={topk!r} must be a positive int")
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   _checks.check_kw_order(q, k, w)
   n = k.shape[0]
@@ -196,8 +195,11 @@ def _unzigzag(x, n: int, shards: int):
 def _reassemble(mesh, n: int, shards: int):
   """(v, i) in device order -> (v, i) [n, K] in position order, replicated on the mesh."""
   rep = NamedSharding(mesh, P())
-  return jax.jit(lambda v, i: (_unzigzag(v, n, shards), _unzigzag(i, n, shards)),
-                 out_shardings=(rep, rep))
+  def whole(x):  # replicate, then cut the padding: slicing a sharded dim needs N % P == 0
+    x = jax.sharding.reshard(_unzigzag(x, x.shape[0], shards), rep)
+    return x[:n]
+
+  return jax.jit(lambda v, i: (whole(v), whole(i)), out_shardings=(rep, rep))
 
 
 def _varying(x, axis):

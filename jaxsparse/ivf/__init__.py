@@ -53,10 +53,12 @@ class IVFConfig:
   def __post_init__(self):
     if not isinstance(self.compact, bool):
       raise ValueError(f"compact={self.compact!r} must be a bool")
+    from jaxsparse._checks import check_int
     for name in ("topk", "budget", "seal_window", "cluster_size", "seal_iters", "refit_batch",
                  "query_block"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name}={getattr(self, name)} must be positive")
+      check_int(name, getattr(self, name), 1)
+    for name in ("refit_interval", "sink"):
+      check_int(name, getattr(self, name), 0)
     if self.sink < 0:
       raise ValueError(f"sink={self.sink} must be >= 0")
     if self.cluster_size > self.seal_window:

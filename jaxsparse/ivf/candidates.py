@@ -4,6 +4,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels._util import masked_relu
+
 __all__ = ["representative_scores", "candidate_mask", "candidate_indices", "inverted_lists",
            "lists_by_rank", "fixed_slots", "ranked_groups"]
 
@@ -15,8 +17,15 @@ def representative_scores(q, w, reps, valid):
   a group is not usable by that query).
   """
   s = jnp.einsum("qhd,gd->qhg", q.astype(jnp.float32), reps.astype(jnp.float32))
-  z = jnp.einsum("qhg,qh->qg", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("qhg,qh->qg", masked_relu(s, wf[..., None]), wf)
   return jnp.where(valid, z, -jnp.inf)
+
+
+def _nan_last(group_scores):
+  """A NaN representative score (a group holding a NaN key) ranks after every number but the
+  group stays usable (README "Input rules"); -inf still marks an unusable group."""
+  return jnp.where(jnp.isnan(group_scores), -jnp.finfo(jnp.float32).max, group_scores)
 
 
 def candidate_mask(group_scores, sizes, assign, rank, grouped_end, positions, *, budget: int,
@@ -35,8 +44,9 @@ def candidate_mask(group_scores, sizes, assign, rank, grouped_end, positions, *,
   visible = pos[None, :] <= positions[:, None]
   fixed = visible & ((pos[None, :] < sink) | (pos[None, :] >= grouped_end[:, None]))
   room = budget - fixed.sum(1)
+  group_scores = _nan_last(group_scores)
   order = jnp.argsort(-group_scores, axis=1, stable=True)
-  usable = jnp.isfinite(jnp.take_along_axis(group_scores, order, 1))
+  usable = jnp.take_along_axis(group_scores, order, 1) > -jnp.inf
   sz = jnp.where(usable, sizes[order], 0)
   before = jnp.cumsum(sz, axis=1) - sz
   take_sorted = jnp.clip(room[:, None] - before, 0, sz)
@@ -98,8 +108,9 @@ def ranked_groups(group_scores, sizes, offsets, room):
   group's members begin in the inverted lists), take (members taken, the earliest first:
   the last group is cut to fit), slot (the grouped slot its first member fills), and used
   [Q] int32 (ranked groups up to the last that takes members: the rest have take == 0)."""
+  group_scores = _nan_last(group_scores)
   order = jnp.argsort(-group_scores, axis=1, stable=True)
-  usable = jnp.isfinite(jnp.take_along_axis(group_scores, order, 1))
+  usable = jnp.take_along_axis(group_scores, order, 1) > -jnp.inf
   sz = jnp.where(usable, sizes[order], 0).astype(jnp.int32)
   cum = jnp.cumsum(sz, axis=1)
   slot = cum - sz

@@ -106,34 +106,27 @@ def load(path: str) -> dict[int, Corrector]:
   """{layer: Corrector} from a file written by `save` (validated)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"corrector file {path!r} does not exist")
-  try:
-    z = np.load(path, allow_pickle=False)
-  except (ValueError, OSError, EOFError) as e:
-    raise CorrectorFileError(f"{path!r} is not a readable corrector file: {e}") from e
-  import zipfile
-  try:
-    with z:
-      if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
-        raise CorrectorFileError(f"{path!r}: not a corrector file of format {FILE_FORMAT}")
-      info = json.loads(str(z["config"]))
-      out = {}
-      for layer, c in info["layers"].items():
-        m = Corrector(CorrectorConfig(**c), rngs=nnx.Rngs(0))
-        st = nnx.state(m, nnx.Param)
-        flat = []
-        for name, leaf in nnx.to_flat_state(st):
-          key = f"{layer}/{'/'.join(map(str, name))}"
-          if key not in z.files:
-            raise CorrectorFileError(f"{path!r}: missing array {key!r}")
-          a = z[key]
-          if a.shape != leaf.shape:
-            raise CorrectorFileError(f"{path!r}: {key}.shape={a.shape}, expected {leaf.shape}")
-          flat.append((name, jnp.asarray(a)))
-        nnx.update(m, nnx.from_flat_state(flat))
-        out[int(layer)] = m
-      return out
-  except zipfile.BadZipFile as e:
-    raise CorrectorFileError(f"{path!r} is not a readable corrector file: {e}") from e
+  from jaxsparse._io import open_npz
+  with open_npz(path, CorrectorFileError, "corrector file") as z:
+    if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
+      raise CorrectorFileError(f"{path!r}: not a corrector file of format {FILE_FORMAT}")
+    info = json.loads(str(z["config"]))
+    out = {}
+    for layer, c in info["layers"].items():
+      m = Corrector(CorrectorConfig(**c), rngs=nnx.Rngs(0))
+      st = nnx.state(m, nnx.Param)
+      flat = []
+      for name, leaf in nnx.to_flat_state(st):
+        key = f"{layer}/{'/'.join(map(str, name))}"
+        if key not in z.files:
+          raise CorrectorFileError(f"{path!r}: missing array {key!r}")
+        a = z[key]
+        if a.shape != leaf.shape:
+          raise CorrectorFileError(f"{path!r}: {key}.shape={a.shape}, expected {leaf.shape}")
+        flat.append((name, jnp.asarray(a)))
+      nnx.update(m, nnx.from_flat_state(flat))
+      out[int(layer)] = m
+    return out
 
 
 def file_meta(path: str) -> dict:

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
+from jaxsparse.selection import topk_xla
+from pallas_kernels._util import masked_relu
 
 __all__ = ["evaluate", "METHODS"]
 
@@ -15,9 +17,14 @@ METHODS = ("ivf", "hisa", "full")
 
 
 def _check(q, k, w, config, method, positions):
+  from jaxsparse import _checks
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
+    _checks.check_real_dtype(_name, _x)
+  if not np.issubdtype(np.asarray(positions).dtype, np.integer):
+    raise ValueError(f"query_positions.dtype={np.asarray(positions).dtype} must be an integer "
+                     "type")
   if method not in METHODS:
     raise ValueError(f"method={method!r} must be one of {METHODS}")
-  from jaxsparse import _checks
   _checks.check_kw_order(q, k, w)
   if q.ndim != 3 or w.shape != q.shape[:2] or k.ndim != 2 or k.shape != (q.shape[0], q.shape[2]):
     raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
@@ -34,10 +41,10 @@ def _check(q, k, w, config, method, positions):
 def _exact(q, w, k, positions, topk):
   """Exact causal scores [Q, N] and the reference top-k indices (-1 where fewer visible)."""
   s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
-  z = jnp.einsum("qhn,qh->qn", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+  wf = w.astype(jnp.float32)
+  z = jnp.einsum("qhn,qh->qn", masked_relu(s, wf[..., None]), wf)
   z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
-  v, i = jax.lax.top_k(z, topk)
-  return z, jnp.where(jnp.isfinite(v), i, -1)
+  return z, topk_xla(z, topk)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "oracle"))
@@ -54,8 +61,7 @@ def _select(z, ref, q, w, reps, sizes, last, assign, rank, grouped_end, position
     gs = candidates.representative_scores(q, w, reps, valid)
   mask, num = candidates.candidate_mask(gs, sizes, assign, rank, grouped_end, positions,
                                         budget=budget, sink=sink)
-  v, i = jax.lax.top_k(jnp.where(mask, z, -jnp.inf), topk)
-  return jnp.where(jnp.isfinite(v), i, -1), num
+  return topk_xla(jnp.where(mask, z, -jnp.inf), topk)[1], num
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink"))
@@ -75,8 +81,7 @@ def _select_blocks(z, qb, wb, bvalid, reps, sizes, last, assign, rank, grouped_e
   mask, _ = candidates.candidate_mask(agg, sizes, assign, rank, grouped_end, block_last,
                                       budget=budget, sink=sink)
   mask &= jnp.arange(z.shape[1])[None, :] <= positions[:, None]
-  v, i = jax.lax.top_k(jnp.where(mask, z, -jnp.inf), topk)
-  return jnp.where(jnp.isfinite(v), i, -1), mask.sum(1).astype(jnp.int32)
+  return topk_xla(jnp.where(mask, z, -jnp.inf), topk)[1], mask.sum(1).astype(jnp.int32)
 
 
 def query_blocks(positions, n: int, block: int):
@@ -123,9 +128,10 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
   Returns {"recall" [Q] float, "topk_indices" [Q, topk] int32 (-1 padded), "num_candidates"
   [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
   """
-  positions = np.asarray(query_positions, np.int64)
+  positions = np.asarray(query_positions)
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   _check(q, k, w, config, method, positions)
+  positions = positions.astype(np.int64)
   if method != "ivf" and metric is not None:
     raise ValueError(f"metric applies to method='ivf' only; got method={method!r}")
   corrector = _resolve_corrector(corrector, layer)
@@ -139,8 +145,7 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
   compared = []
   kw = dict(topk=topk, budget=config.budget, sink=config.sink, oracle=oracle)
   if method == "full":
-    v, i = jax.lax.top_k(z, topk)
-    out_idx = np.asarray(jnp.where(jnp.isfinite(v), i, -1))
+    out_idx = np.asarray(ref)
     out_num = (positions + 1).astype(np.int32)
   elif method == "hisa":
     assign, rank, sizes, last = _hisa_structure(n, config)
@@ -168,8 +173,7 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
       if not len(sel):
         continue
       if v == 0:  # before the first seal a query scores every key
-        v_, i_ = jax.lax.top_k(z[sel], topk)
-        out_idx[sel] = np.asarray(jnp.where(jnp.isfinite(v_), i_, -1))
+        out_idx[sel] = np.asarray(ref)[sel]
         out_num[sel] = positions[sel] + 1
         continue
       reps = index.representatives(state, k, corrector, a)

@@ -163,8 +163,9 @@ def save(path: str, metrics: dict[int, np.ndarray], meta: dict | None = None) ->
 def _load(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"metric file {path!r} does not exist")
+  from jaxsparse._io import open_npz
   try:
-    with np.load(path, allow_pickle=False) as z:
+    with open_npz(path, MetricFileError, "metric file") as z:
       if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
         raise MetricFileError(f"{path!r}: not a metric file of format {FILE_FORMAT}")
       info = json.loads(str(z["config"]))
@@ -180,8 +181,8 @@ def _load(path: str):
       return out, info.get("meta", {})
   except MetricFileError:
     raise
-  except (ValueError, OSError, EOFError, KeyError, TypeError) as e:
-    raise MetricFileError(f"{path!r} is not a readable metric file: {e}") from e
+  except (ValueError, KeyError, TypeError) as e:  # a config of the wrong shape
+    raise MetricFileError(f"{path!r} is not a readable metric file: {e}") from None
 
 
 def load(path: str) -> dict[int, np.ndarray]:

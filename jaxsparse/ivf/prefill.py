@@ -17,6 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
+from jaxsparse.selection import keyed_topk_xla
+from pallas_kernels._util import flush_zero
+from pallas_kernels._util import masked_relu
 
 __all__ = ["prefill_topk"]
 
@@ -35,23 +38,36 @@ def _candidate_scores(q, w, k, idx, platform=None):
   if platform is None:
     kc = k[jnp.maximum(idx, 0)].astype(jnp.float32)  # [Q, S, D]
     s = jnp.einsum("qhd,qsd->qhs", q.astype(jnp.float32), kc)
-    z = jnp.einsum("qhs,qh->qs", jnp.maximum(s, 0.0), w.astype(jnp.float32))
+    wf = w.astype(jnp.float32)
+    z = jnp.einsum("qhs,qh->qs", masked_relu(s, wf[..., None]), wf)
     return jnp.where(idx >= 0, z, -jnp.inf)
   from pallas_kernels import ivf as kivf  # keys gathered inside the kernel: no [Q, S, D]
   return kivf.gathered_scores(q, w, k, idx, platform=platform)
 
 
 def _select(z, idx, topk, platform=None, block=1):
-  """The top-K candidates' key indices [Q, topk] (-1 where fewer are finite) of scores z
-  [Q, S]; idx [Q / block, S]: the key index of each column, shared by `block` rows."""
-  if platform is None:
-    v, j = jax.lax.top_k(z, topk)
-  else:  # the top-K kernels: the same entries (ties to the lower column, -inf never chosen)
-    from pallas_kernels import topk as ktopk
-    v, j = ktopk.topk_rows(z, None, topk, ktopk.TopkConfig(), platform)
+  """The top-K candidates' key indices [Q, topk] of scores z [Q, S]; idx [Q / block, S]: the
+  key index of each column (-1: empty), shared by `block` rows. The README's input rules:
+  values descending, ties to the lower key index (not the lower column), NaN and -inf never
+  chosen, -1 where fewer are left."""
   nb = idx.shape[0]
-  picked = jnp.take_along_axis(idx, jnp.maximum(j, 0).reshape(nb, -1), 1).reshape(j.shape)
-  return jnp.where(jnp.isfinite(v) & (j >= 0), picked, -1)
+  ids = jnp.repeat(idx, z.shape[0] // nb, axis=0) if nb != z.shape[0] else idx
+  if platform is None:
+    return keyed_topk_xla(z, ids, topk)[1]
+  # the top-K kernels rank by column; their result is the rule's unless a tie crosses the
+  # K-th entry or sits inside the top-K (then the columns' order may not be the keys'): only
+  # then, for the whole batch, the exact two-key sort
+  from pallas_kernels import topk as ktopk
+  v, j = ktopk.topk_rows(z, None, topk, ktopk.TopkConfig(), platform)
+  picked = jnp.where(j >= 0, jnp.take_along_axis(ids, jnp.maximum(j, 0), 1), -1)
+  zf = flush_zero(z.astype(jnp.float32))
+  live = (ids >= 0) & (zf > -jnp.inf)
+  tau = v[:, -1:]
+  at_tau = jnp.sum(live & (zf == tau), 1) > jnp.sum(v == tau, 1)
+  inner = jnp.any((v[:, 1:] == v[:, :-1]) & (v[:, 1:] > -jnp.inf), 1)
+  tied = jnp.any((at_tau & (tau[:, 0] > -jnp.inf)) | inner)
+  return jax.lax.cond(tied, lambda: keyed_topk_xla(z, ids, topk)[1],
+                      lambda: jnp.where(v > -jnp.inf, picked, -1))
 
 
 def _walks(platform) -> bool:
@@ -88,7 +104,8 @@ def _block_scores(qb, wb, kc, platform=None):
   prefill scoring kernel on a GPU/TPU, no causal mask)."""
   if platform is None:
     s = jnp.einsum("nbhd,nsd->nbhs", qb.astype(jnp.float32), kc.astype(jnp.float32))
-    return jnp.einsum("nbhs,nbh->nbs", jnp.maximum(s, 0.0), wb.astype(jnp.float32))
+    wf = wb.astype(jnp.float32)
+    return jnp.einsum("nbhs,nbh->nbs", masked_relu(s, wf[..., None]), wf)
   from pallas_kernels import indexer_prefill
   cfg = (indexer_prefill.TPU_DEFAULT if platform.kind == "tpu"
          else indexer_prefill.PrefillConfig())
@@ -289,6 +306,7 @@ def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=
   `layer`): the index groups k @ A (a mapped copy of the keys, [N, D] in k's dtype) and each
   window's queries rank with q @ A^-1; candidates are scored with k and q. Returns jax arrays
   (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32).
+  Ties go to the lower key index and NaN scores are never chosen (README "Input rules").
   """
   from jaxsparse.ivf.evaluation import _resolve_corrector
   if method not in ("ivf", "hisa"):
@@ -297,8 +315,10 @@ def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=
     raise ValueError("corrector applies to method='ivf' only")
   if method == "hisa" and metric is not None:
     raise ValueError("metric applies to method='ivf' only")
-  q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   from jaxsparse import _checks, backend
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
+    _checks.check_real_dtype(_name, _x)
+  q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   _checks.check_kw_order(q, k, w)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
@@ -388,9 +408,12 @@ def _hisa_chunks(q, w, k, reps, sizes, last, members, offsets, *, config, topk, 
                             platform=platform)
 
   whole = n // chunk
-  idx, num = jax.lax.map(lambda c: run(c * chunk, chunk),
-                         jnp.arange(whole, dtype=jnp.int32))
-  idx, num = idx.reshape(whole * chunk, topk), num.reshape(whole * chunk)
+  if whole:
+    idx, num = jax.lax.map(lambda c: run(c * chunk, chunk),
+                           jnp.arange(whole, dtype=jnp.int32))
+    idx, num = idx.reshape(whole * chunk, topk), num.reshape(whole * chunk)
+  else:  # N < seal_window: one short chunk
+    idx, num = jnp.zeros((0, topk), jnp.int32), jnp.zeros((0,), jnp.int32)
   if n % chunk:
     ti, tn = run(whole * chunk, n % chunk)
     idx, num = jnp.concatenate([idx, ti]), jnp.concatenate([num, tn])

@@ -180,11 +180,8 @@ def load_indexers(path: str | None = None, *, layers: int | None = None,
   path = path or default_indexers_path()
   if not os.path.isfile(path):
     raise FileNotFoundError(f"indexer file {path!r} does not exist")
-  try:
-    z = np.load(path, allow_pickle=False)
-  except (ValueError, OSError) as e:
-    raise IndexerFileError(f"{path!r} is not a readable indexer file: {e}") from e
-  with z:
+  from jaxsparse._io import open_npz
+  with open_npz(path, IndexerFileError, "indexer file") as z:
     fmt = int(z["format"]) if "format" in z.files and z["format"].shape == () else None
     if fmt not in (1, FILE_FORMAT):
       raise IndexerFileError(f"{path!r}: not an indexer file of format 1 or {FILE_FORMAT}")

@@ -70,8 +70,11 @@ class SpinConfig:
     b = self.block_size
     if not isinstance(b, int) or b < 1 or b & (b - 1):
       raise ValueError(f"block_size={b!r} must be a power of two")
-    if not isinstance(self.topk, int) or self.topk < 1:
-      raise ValueError(f"topk={self.topk!r} must be a positive int")
+    from jaxsparse._checks import check_int, check_real
+    check_int("block_size", b, 1)
+    check_int("topk", self.topk, 1)
+    for name in ("sparsity", "ema_decay", "explore_fraction"):
+      check_real(name, getattr(self, name))
     if not 0.0 <= self.sparsity < 1.0:
       raise ValueError(f"sparsity={self.sparsity!r} must lie in [0, 1)")
     if not 0.0 <= self.ema_decay < 1.0:

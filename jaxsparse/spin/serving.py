@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsparse.indexer import sanitize_paged
 from jaxsparse.spin.algorithm import (compact_blocks, realized_sparsity, select_rows,
@@ -265,8 +266,21 @@ _decode_rows = jax.jit(_decode_rows_impl, static_argnums=(8, 9, 10, 11))
 
 def commit(state, pending, accepted, config: SpinConfig):
   """Deferred EMA update after verification: rows 0..accepted[b] in order
-  (update_policy="prefix") or row 0 only ("row0"). accepted: [B] int drafts accepted."""
-  return _commit(state, pending, jnp.asarray(accepted, jnp.int32), config)
+  (update_policy="prefix") or row 0 only ("row0"). accepted: [B] int drafts accepted, each in
+  [0, R - 1]; concrete values outside it, fractional ones or a non-integer dtype raise
+  ValueError; traced ones are clipped to [0, R - 1] (README "Input rules")."""
+  rows = pending["scores"].shape[1]
+  bsz = pending["scores"].shape[0]
+  a = accepted if isinstance(accepted, jax.core.Tracer) else np.asarray(accepted)
+  if not jnp.issubdtype(a.dtype, jnp.integer):
+    raise ValueError(f"accepted.dtype={a.dtype} must be an integer type")
+  if a.shape != (bsz,):
+    raise ValueError(f"accepted.shape={a.shape} must be ({bsz},)")
+  if not isinstance(a, jax.core.Tracer) and ((a < 0).any() or (a > rows - 1).any()):
+    raise ValueError(f"accepted must lie in [0, {rows - 1}] (R - 1 drafts); got min={a.min()} "
+                     f"max={a.max()}")
+  acc = jnp.clip(jnp.asarray(a), 0, rows - 1).astype(jnp.int32)
+  return _commit(state, pending, acc, config)
 
 
 def _commit_impl(state, pending, accepted, config):

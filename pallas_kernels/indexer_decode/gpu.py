@@ -15,6 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._util import masked_relu
 from pallas_kernels.indexer_decode.config import DecodeConfig
 
 __all__ = [
@@ -71,7 +72,7 @@ def _decode_kernel(table_ref, len_ref, q_ref, w_ref, k_ref, *rest, rows: int, he
     k = k_ref[ids].reshape(step_keys, -1)  # [step_keys, D]
     k = k.astype(q.dtype)
     sc = plgpu.dot(q, k, trans_b=True)  # [rows*heads, step_keys] f32
-    p = jnp.maximum(sc, 0.0) * w[:, None]
+    p = masked_relu(sc, w[:, None]) * w[:, None]
     z = p.reshape(rows, heads, step_keys).sum(axis=1)  # [rows, step_keys]
     if has_scale:
       z = z * scale_ref[ids].reshape(1, step_keys)

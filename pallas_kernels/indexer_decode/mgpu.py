@@ -23,6 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import _mosaic
+from pallas_kernels._util import masked_relu
 from pallas_kernels.indexer_decode.config import run_length_ok
 
 __all__ = [
@@ -137,7 +138,8 @@ def decode_scores_mgpu(q, k_cache, block_table, lengths, w, k_scale=None, *, pag
         # mixed: the fp8 page goes to registers as f16, then a register-A wgmma
         s = _mosaic.scores_nt(k_smem[...].astype(q.dtype) if mixed else k_smem, q_smem,
                               interpret)
-        z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (page, h), [1])).sum(axis=1)
+        wb = lax.broadcast_in_dim(wv, (page, h), [1])
+        z = (masked_relu(s, wb) * wb).sum(axis=1)
         if has_scale:
           z = z * _mosaic.load(s_smem[0], plgpu.Layout.WGMMA.reduce(1), interpret)
         o_smem[j] = jnp.where(first + lane < length, z, NEG_INF)

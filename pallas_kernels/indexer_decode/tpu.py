@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._util import tpu_interpret_params
+from pallas_kernels._util import masked_relu, tpu_interpret_params
 from pallas_kernels.indexer_decode.config import DecodeConfig
 
 __all__ = ["NEG_INF", "decode_scores_tpu", "run_pages"]
@@ -93,7 +93,7 @@ def _decode_kernel(table_ref, maxlen_ref, logical_ref, q_ref, w_ref, lens_ref, k
         k = kbuf[step % 2, p].astype(cd)  # [page, D]
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32)  # [R*H, page]
-        prod = jnp.maximum(s, 0.0) * w
+        prod = masked_relu(s, w) * w
         z = jnp.concatenate(
             [jnp.sum(prod[r * heads:(r + 1) * heads], axis=0, keepdims=True)
              for r in range(rows)], axis=0)  # [R, page]

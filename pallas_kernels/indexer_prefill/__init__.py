@@ -63,7 +63,8 @@ def _prefill(q, k, w, k_scale, query_positions, config, platform):
   if query_positions is None:
     pos = jnp.full((t,), n - 1, jnp.int32)
   else:
-    pos = jnp.clip(query_positions.astype(jnp.int32), -1, n - 1)
+    from jaxsparse._checks import clip_positions
+    pos = clip_positions(query_positions, n)
   if platform.kind == "gpu" and _use_mosaic(q, k, k_scale, config, platform):
     from pallas_kernels.indexer_prefill import mgpu
     bt, bn = config.block_t, config.block_n

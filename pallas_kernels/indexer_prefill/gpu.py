@@ -15,6 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._util import masked_relu
 from pallas_kernels.indexer_prefill.config import PrefillConfig
 
 __all__ = [
@@ -44,7 +45,7 @@ def _prefill_kernel(pos_ref, q_ref, w_ref, k_ref, *rest, heads: int, block_t: in
   def body(s, carry):
     k = k_ref[pl.ds(s * block_n, block_n), :].astype(q.dtype)
     sc = plgpu.dot(q, k, trans_b=True)  # [block_t*H, block_n] f32
-    p = jnp.maximum(sc, 0.0) * w[:, None]
+    p = masked_relu(sc, w[:, None]) * w[:, None]
     z = p.reshape(block_t, heads, block_n).sum(axis=1)
     if has_scale:
       z = z * scale_ref[pl.ds(s * block_n, block_n)][None, :]

@@ -21,6 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import _mosaic
+from pallas_kernels._util import masked_relu
 
 __all__ = [
     "NEG_INF", "POS_ROW", "tiling_fits", "prefill_scores_mgpu"
@@ -97,7 +98,8 @@ def prefill_scores_mgpu(q, k, w, pos, k_scale=None, *, block_t: int = 4, block_n
         for r in range(block_t):
           s = _mosaic.scores_nt(k_smem, q_smem.at[pl.ds(r * h, h)], interpret)
           wv = _mosaic.load(w_smem.at[r], plgpu.Layout.WGMMA.reduce(0), interpret)
-          z = (jnp.maximum(s, 0.0) * lax.broadcast_in_dim(wv, (block_n, h), [1])).sum(axis=1)
+          wb = lax.broadcast_in_dim(wv, (block_n, h), [1])
+          z = (masked_relu(s, wb) * wb).sum(axis=1)
           if has_scale:
             z = z * _mosaic.load(s_smem[0], plgpu.Layout.WGMMA.reduce(1), interpret)
           out[r] = jnp.where(key <= pos_smem[r], z, NEG_INF)

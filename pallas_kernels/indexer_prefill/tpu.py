@@ -13,7 +13,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._util import tpu_interpret_params
+from pallas_kernels._util import masked_relu, tpu_interpret_params
 from pallas_kernels.indexer_prefill.config import PrefillConfig
 
 __all__ = [
@@ -40,7 +40,8 @@ def _prefill_kernel(last_ref, pos_ref, q_ref, w_ref, k_ref, *rest, heads: int, b
     k = k_ref[...].astype(cd)
     s = lax.dot_general(q_ref[...].astype(cd), k, (((1,), (1,)), ((), ())),
                         preferred_element_type=jnp.float32)  # [block_t*H, block_n]
-    p = jnp.maximum(s, 0.0) * w_ref[...]
+    wv = w_ref[...]
+    p = masked_relu(s, wv) * wv
     z = jnp.concatenate(
         [jnp.sum(p[r * heads:(r + 1) * heads], axis=0, keepdims=True) for r in range(block_t)],
         axis=0)

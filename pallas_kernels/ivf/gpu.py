@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._util import masked_relu
 from pallas_kernels.ivf.common import assign_call
 
 __all__ = ["assign_gpu", "gathered_scores_gpu", "ranked_scores_gpu"]
@@ -45,7 +46,7 @@ def _gathered_kernel(q_ref, w_ref, i_ref, k_ref, o_ref, *, dim: int, block: int,
     ids = i_ref[pl.ds(j * block, block)]
     off = jnp.maximum(ids, 0)[:, None] * dim + cols
     keys = plgpu.load(k_ref.at[off])  # [block, D]
-    z = jnp.sum(jnp.maximum(_dot(q, keys), 0.0) * w, axis=0)  # [block]
+    z = jnp.sum(masked_relu(_dot(q, keys), w) * w, axis=0)  # [block]
     o_ref[pl.ds(j * block, block)] = jnp.where(ids >= 0, z, NEG_INF)
     return carry
 
@@ -92,7 +93,7 @@ def _ranked_kernel(q_ref, w_ref, meta_ref, start_ref, take_ref, slot_ref, m_ref,
       m = (c * block + lanes < t) & (sl + c * block + lanes < width)  # never past the row
       ids = plgpu.load(m_ref.at[pl.ds(st + c * block, block)], mask=m, other=0)
       keys = plgpu.load(k_ref.at[ids[:, None] * dim + cols], mask=m[:, None], other=0)
-      z = jnp.sum(jnp.maximum(_dot(q, keys), 0.0) * w, axis=0)
+      z = jnp.sum(masked_relu(_dot(q, keys), w) * w, axis=0)
       plgpu.store(o_ref.at[pl.ds(sl + c * block, block)], z, mask=m)
       plgpu.store(id_ref.at[pl.ds(sl + c * block, block)], ids, mask=m)
       return carry

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._util import tpu_interpret_params
+from pallas_kernels._util import masked_relu, tpu_interpret_params
 from pallas_kernels.ivf.common import assign_call
 
 __all__ = ["assign_tpu", "gathered_scores_tpu"]
@@ -56,7 +56,8 @@ def _gathered_kernel(ids_ref, q_ref, w_ref, iv_ref, k_hbm, o_ref, buf, sem, *, b
   jax.lax.fori_loop(0, block, start, 0)
   jax.lax.fori_loop(0, block, wait, 0)
   s = _dot(q_ref[...].astype(jnp.float32), buf[...].astype(jnp.float32))  # [H, block]
-  z = jnp.sum(jnp.maximum(s, 0.0) * w_ref[...], axis=0, keepdims=True)  # [1, block]
+  wv = w_ref[...]
+  z = jnp.sum(masked_relu(s, wv) * wv, axis=0, keepdims=True)  # [1, block]
   o_ref[...] = jnp.where(iv_ref[...] >= 0, z, NEG_INF)  # the same ids, as a VMEM row
 
 

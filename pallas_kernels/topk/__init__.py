@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels._platform import KernelPlatform
-from pallas_kernels._util import next_pow2, pad_axis
+from pallas_kernels._util import flush_zero, next_pow2, pad_axis
 from pallas_kernels.topk._tuning import TUNING, Tuning
 from pallas_kernels.topk.config import TopkConfig
 from pallas_kernels.topk import gpu as _gpu
@@ -98,8 +98,7 @@ def masked_rows(x, lengths):
 
   (`lax.top_k` orders -0.0 below +0.0; they are equal scores, so ties must go by index.)
   """
-  x = x.astype(jnp.float32)
-  x = jnp.where(x == 0, 0.0, x)
+  x = flush_zero(x.astype(jnp.float32))
   idx = jnp.arange(x.shape[1])[None, :]
   return jnp.where((idx < lengths[:, None]) & ~jnp.isnan(x), x, NEG_INF)
 

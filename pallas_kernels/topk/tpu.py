@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._util import tpu_interpret_params
+from pallas_kernels._util import flush_zero, tpu_interpret_params
 
 __all__ = ["NEG_INF", "LANES", "COMPACT_CHUNK", "group_max", "count", "threshold", "compact",
            "bitonic_finish", "ordered_key", "lane_prefix", "to_front"]
@@ -107,7 +107,7 @@ def count(x, lengths, thr, *, chunk: int, interpret: bool):
 
 def ordered_key(x):
   """float32 -> int32 whose signed order is the float order (x has no NaN; -0.0 as +0.0)."""
-  b = lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x), jnp.int32)
+  b = lax.bitcast_convert_type(flush_zero(x), jnp.int32)
   return jnp.where(b < 0, b ^ 0x7FFFFFFF, b)
 
 

@@ -9,7 +9,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._util import is_pow2
+from pallas_kernels._util import flush_zero, is_pow2
 
 __all__ = [
     "NEG_INF", "COUNTER_STRIDE", "PER_ROW", "row_chunk_specs", "scatter_width", "valid",
@@ -94,8 +94,7 @@ def check_group_list(n: int, group: int, lanes: int, glist, nlisted, r: int, wid
 
 def ordered_key(x):
   """float32 -> uint32 whose unsigned order is the float order (-0.0 and +0.0 equal)."""
-  x = jnp.where(x == 0, 0.0, x)
-  b = lax.bitcast_convert_type(x, jnp.uint32)
+  b = lax.bitcast_convert_type(flush_zero(x), jnp.uint32)
   neg = (b >> 31) == 1
   return jnp.where(neg, ~b, b | jnp.uint32(0x80000000))
 

@@ -1,0 +1,333 @@
+"""Differential property tests of README "Input rules": the same adversarial inputs (NaN, +-inf,
+-0.0, subnormals, ties, empty and ragged rows, out-of-range tables and lengths, positions near
+the int32 limit) go to every path of an op, eagerly and under jit, and each must equal the
+float64 numpy reference (tests/reference.py) under the documented rules.
+
+Shapes are fixed per test so that each path compiles once; hypothesis varies the values."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import jaxsparse
+from jaxsparse import ivf
+from tests.reference import np_topk, rule_scores
+
+SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow,
+                                           HealthCheck.function_scoped_fixture])
+TINY = float(np.finfo(np.float32).tiny)
+# scores: ties (small integers), signed zeros, subnormals, infinities, NaN
+SCORE = st.sampled_from([0.0, -0.0, 1.0, 2.0, -1.0, 3.5, TINY / 4, -TINY / 4, TINY,
+                         np.inf, -np.inf, np.nan])
+# inputs of the indexer: exact float32 arithmetic for these small values at D <= 16
+INPUT = st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, 0.5, -2.0, np.inf, -np.inf, np.nan])
+WEIGHT = st.sampled_from([0.0, 1.0, 0.5, 2.0, -1.0, np.inf, np.nan])
+
+
+def _arrays(shape, elements, rare=INPUT):
+  """Mostly ordinary values, with adversarial ones mixed in."""
+  ordinary = st.sampled_from([0.0, 1.0, -1.0, 2.0, 0.5, -0.5])
+  return hnp.arrays(np.float32, shape, elements=st.one_of(ordinary, ordinary, rare))
+
+
+def _same_topk(got, want):
+  v, i = (np.asarray(a) for a in got)
+  np.testing.assert_array_equal(i, want[1])
+  np.testing.assert_array_equal(np.where(np.abs(v) < TINY, 0, v), want[0])
+
+
+ROWS, N, K = 3, 200, 7
+
+
+# jitted once per path (module level, so that every example reuses the compilation)
+@functools.partial(jax.jit, static_argnames="impl")
+def _topk_jit(x, lengths, *, impl):
+  return jaxsparse.topk(x, K, lengths=lengths, implementation=impl)
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _scores_jit(q, k, w, pos, *, impl):
+  return jaxsparse.indexer_scores(q, k, w, query_positions=pos, implementation=impl)
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _paged_topk_jit(q, kc, table, lengths, w, *, impl):
+  return jaxsparse.indexer_topk(q, kc, table, lengths, w, 6, implementation=impl)
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _paged_scores_jit(q, kc, table, lengths, w, *, impl):
+  return jaxsparse.paged_indexer_scores(q, kc, table, lengths, w, implementation=impl)
+
+
+@SETTINGS
+@given(x=hnp.arrays(np.float32, (ROWS, N), elements=SCORE),
+       lengths=hnp.arrays(np.int32, (ROWS,), elements=st.integers(-3, N + 5)))
+def test_topk_every_path(x, lengths):
+  want = np_topk(x, K, np.clip(lengths, 0, N))
+  for impl in ("xla", "pallas"):
+    _same_topk(jaxsparse.topk(jnp.asarray(x), K, lengths=jnp.asarray(lengths),
+                              implementation=impl), want)
+    _same_topk(_topk_jit(jnp.asarray(x), jnp.asarray(lengths), impl=impl), want)
+
+
+@SETTINGS
+@given(a=hnp.arrays(np.float32, (2, 6), elements=SCORE),
+       b=hnp.arrays(np.float32, (2, 5), elements=SCORE))
+def test_merge_topk_is_topk_of_the_union(a, b):
+  """Per-part top-K (any order of NaN and ties) merged = top-K of the concatenated row."""
+  va, ia = jaxsparse.topk(jnp.asarray(a), 5, implementation="xla")
+  vb, ib = jaxsparse.topk(jnp.asarray(b), 5, implementation="xla")
+  want = np_topk(np.concatenate([a, b], 1), 5)
+  _same_topk(jaxsparse.merge_topk(va, ia, vb, jnp.where(ib >= 0, ib + 6, -1), 5), want)
+  with pytest.raises(ValueError, match="k=0"):
+    jaxsparse.merge_topk(va, ia, vb, ib, 0)
+
+
+T, H, D, NK = 8, 2, 16, 24
+
+
+def _scores_equal(got, want):
+  got = np.asarray(got, np.float64)
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+  ok = ~np.isnan(want)
+  np.testing.assert_array_equal(got[ok], want[ok])
+
+
+@SETTINGS
+@given(q=_arrays((T, H, D), None), k=_arrays((NK, D), None),
+       w=hnp.arrays(np.float32, (T, H), elements=WEIGHT),
+       pos=hnp.arrays(np.int32, (T,), elements=st.integers(-2, NK + 3)))
+def test_indexer_scores_and_prefill_topk_every_path(q, k, w, pos):
+  """IEEE through the ReLU and the head sum, zero-weight heads add 0 (the kernels pad heads
+  with them), NaN scores never chosen, ties to the lower key."""
+  want = rule_scores(q, k, w, pos)
+  args = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(w))
+  for impl in ("xla", "pallas"):
+    _scores_equal(jaxsparse.indexer_scores(*args, query_positions=jnp.asarray(pos),
+                                           implementation=impl), want)
+    _scores_equal(_scores_jit(*args, jnp.asarray(pos), impl=impl), want)
+  ref = np_topk(want.astype(np.float32), 5)
+  for impl in ("xla", "pallas"):
+    _same_topk(jaxsparse.prefill_topk(*args, 5, query_positions=jnp.asarray(pos),
+                                      implementation=impl, block=8), ref)
+
+
+def test_positions_near_the_int32_limit():
+  """Concrete positions past int32 are refused; traced ones clip before the cast, so a
+  uint32 position past 2^31 sees every key instead of wrapping to none."""
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((T, H, D)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((NK, D)), jnp.float32)
+  w = jnp.ones((T, H), jnp.float32)
+  big = np.full((T,), 2 ** 31 + 7, np.uint32)
+  with pytest.raises(ValueError, match="query_positions must fit int32"):
+    jaxsparse.indexer_scores(q, k, w, query_positions=jnp.asarray(big))
+  with pytest.raises(ValueError, match="query_positions.dtype"):
+    jaxsparse.prefill_topk(q, k, w, 4, query_positions=np.arange(T) + 0.5)
+  want = rule_scores(q, k, w)
+  edge = np.full((T,), np.iinfo(np.int32).max, np.int32)
+  for impl in ("xla", "pallas"):
+    for p in (jnp.asarray(big), jnp.asarray(edge)):
+      f = jax.jit(lambda a, impl=impl: jaxsparse.indexer_scores(q, k, w, query_positions=a,
+                                                                implementation=impl))
+      np.testing.assert_allclose(np.asarray(f(p)), want, rtol=1e-5, atol=1e-5)
+
+
+B, PAGES, MAXB = 3, 4, 2
+
+
+@SETTINGS
+@given(q=_arrays((B, H, D), None), kc=_arrays((PAGES, 64, D), None),
+       table=hnp.arrays(np.int32, (B, MAXB), elements=st.integers(-2, PAGES + 1)),
+       lengths=hnp.arrays(np.int32, (B,), elements=st.integers(-5, MAXB * 64 + 9)))
+def test_paged_topk_block_tables_outside_the_cache(q, kc, table, lengths):
+  """Under jit a length clamps to [0, capacity] and a request whose table points outside the
+  cache within its length scores -inf everywhere (top-K all -1): XLA and kernel paths alike,
+  and for SPIN's dense step. Concretely the same inputs raise ValueError."""
+  w = np.ones((B, H), np.float32)
+  lens = np.clip(lengths, 0, MAXB * 64)
+  used = (lens[:, None] + 63) // 64 > np.arange(MAXB)[None]
+  void = (used & ((table < 0) | (table >= PAGES))).any(1)
+  keys = kc[np.clip(table, 0, PAGES - 1)].reshape(B, MAXB * 64, D)
+  z = np.full((B, MAXB * 64), -np.inf)
+  for b in range(B):
+    if not void[b]:
+      z[b, :lens[b]] = rule_scores(q[b:b + 1], keys[b, :lens[b]], w[b:b + 1])[0]
+  want = np_topk(z.astype(np.float32), 6)
+  args = [jnp.asarray(a) for a in (q, kc, table, lengths, w)]
+  for impl in ("xla", "pallas"):
+    _same_topk(_paged_topk_jit(*args, impl=impl), want)
+    _scores_equal(_paged_scores_jit(*args, impl=impl), z)
+  if void.any() or (lengths != lens).any():
+    with pytest.raises(ValueError):
+      jaxsparse.indexer_topk(*args, 6, implementation="xla")
+
+
+def test_spin_steps_void_requests_outside_the_cache():
+  from jaxsparse import spin
+  rng = np.random.default_rng(1)
+  cfg = spin.SpinConfig(block_size=64, topk=8, sparsity=0.4)
+  q = jnp.asarray(rng.integers(-2, 3, (2, H, D)), jnp.float32)  # exact sums in any order
+  kc = jnp.asarray(rng.integers(-2, 3, (PAGES, 64, D)), jnp.float32)
+  table = jnp.asarray([[0, 1], [PAGES + 3, 1]], jnp.int32)
+  lengths = jnp.asarray([100, 100], jnp.int32)
+  w = jnp.ones((2, H), jnp.float32)
+  state = spin.init_state(MAXB * 64, cfg, (2,))
+  for impl in ("xla", "pallas"):
+    step = jax.jit(lambda s, t, impl=impl: spin.decode_step(
+        s, q, kc, t, lengths, w, cfg, jax.random.PRNGKey(0), implementation=impl))
+    vals, slots, _, _ = step(state, table)
+    assert (np.asarray(slots)[1] == -1).all() and (np.asarray(vals)[1] == -np.inf).all()
+    want = np_topk(rule_scores(q[:1], kc[:2].reshape(128, D)[:100], w[:1]).astype(np.float32),
+                   8)
+    _same_topk((vals[:1], slots[:1]), want)
+
+
+CFG = ivf.IVFConfig(topk=5, budget=64, seal_window=16, cluster_size=4, refit_interval=32,
+                    sink=2)
+NI = 40
+
+
+@settings(SETTINGS, max_examples=5)
+@given(q=_arrays((NI, H, D), None, rare=st.sampled_from([0.0, 1.0, np.nan, np.inf])),
+       k=_arrays((NI, D), None, rare=st.sampled_from([0.0, 1.0, np.nan, np.inf, -np.inf])))
+def test_ivf_and_hisa_follow_the_rules(q, k):
+  """With a budget past N every visible key is a candidate, so AttentionIndex and HiSA must
+  return the exact top-K (NaN never chosen, ties to the lower key, -1 tail) on XLA and the
+  kernels, as must `evaluate`."""
+  w = np.ones((NI, H), np.float32)
+  pos = np.arange(NI)
+  want = np_topk(rule_scores(q, k, w, pos).astype(np.float32), CFG.topk)[1]
+  for method in ("ivf", "hisa"):
+    for impl in ("xla", "pallas"):
+      idx, _ = ivf.prefill_topk(q=q, k=k, w=w, config=CFG, method=method, implementation=impl)
+      np.testing.assert_array_equal(np.asarray(idx), want, err_msg=f"{method} {impl}")
+  r = ivf.evaluate(q=q, k=k, w=w, config=CFG, method="ivf", query_positions=pos)
+  np.testing.assert_array_equal(r["topk_indices"], want)
+
+
+SHARDED = r"""
+import json, sys
+import numpy as np, jax
+from jaxsparse.distributed import sharded_prefill_topk
+n, h, d = int(sys.argv[1]), 2, 16
+rng = np.random.default_rng(n)
+q = rng.integers(-1, 2, (n, h, d)).astype(np.float32)
+k = rng.integers(-1, 2, (n, d)).astype(np.float32)
+k[3], k[10, 0] = np.nan, np.inf
+w = np.ones((n, h), np.float32)
+mesh = jax.make_mesh((4,), ("x",))
+out = {}
+for strategy in ("allgather", "ring"):
+  for impl in ("xla", "pallas"):
+    v, i = sharded_prefill_topk(q=q, k=k, w=w, topk=6, mesh=mesh, strategy=strategy, block=8,
+                                implementation=impl)
+    out[f"{strategy}-{impl}"] = np.asarray(i).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_sharded_prefill_follows_the_rules():
+  """N = 45 on 4 devices (jax.make_mesh, N not divisible): NaN keys are never chosen and ties
+  go to the lower position on the all-gather and ring paths, XLA and kernels."""
+  import json
+  import os
+  import subprocess
+  import sys
+  n = 45
+  root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+  env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  res = subprocess.run([sys.executable, "-c", SHARDED, str(n)], env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  got = json.loads(res.stdout.strip().splitlines()[-1])
+  rng = np.random.default_rng(n)
+  q = rng.integers(-1, 2, (n, H, D)).astype(np.float32)
+  k = rng.integers(-1, 2, (n, D)).astype(np.float32)
+  k[3], k[10, 0] = np.nan, np.inf
+  want = np_topk(rule_scores(q, k, np.ones((n, H), np.float32), np.arange(n)).astype(
+      np.float32), 6)[1]
+  assert len(got) == 4
+  for name, idx in got.items():
+    np.testing.assert_array_equal(np.asarray(idx), want, err_msg=name)
+
+
+def test_quantize_fp8_tiny_rows_stay_finite():
+  from jaxsparse import prep
+  x = jnp.asarray([[1e-40, 0.0, -1e-42, 0.0], [2e-38, 4e-38, 0.0, 0.0],
+                   [0.0, 0.0, 0.0, 0.0]], jnp.float32)
+  x8, scale = prep.quantize_fp8(x)
+  assert np.isfinite(np.asarray(x8, np.float32)).all() and (np.asarray(scale) > 0).all()
+  back = np.asarray(x8, np.float32) * np.asarray(scale)[:, None]
+  np.testing.assert_allclose(back[1], np.asarray(x[1]), rtol=0.07)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: jaxsparse.spin.SpinConfig(block_size=True), "block_size"),
+    (lambda: jaxsparse.spin.SpinConfig(topk=8.0), "topk"),
+    (lambda: ivf.IVFConfig(budget=float("inf")), "budget"),
+    (lambda: ivf.IVFConfig(seal_window=16.0, cluster_size=4, budget=64, sink=1,
+                           refit_interval=0), "seal_window"),
+    (lambda: ivf.prefill_topk(q=np.zeros((4, 1, 4), np.complex64), k=np.zeros((4, 4)),
+                              w=np.ones((4, 1)), config=CFG), "q.dtype=complex64"),
+    (lambda: ivf.evaluate(q=np.zeros((40, 1, 4)), k=np.zeros((40, 4)), w=np.ones((40, 1)),
+                          config=CFG, query_positions=np.array([20.5])), "query_positions"),
+    (lambda: jaxsparse.causal_prefill_topk(jnp.zeros((8, 1, 4)), jnp.zeros((40, 4)),
+                                           jnp.ones((8, 1)), 4,
+                                           k_scale=jnp.ones((7,), jnp.float32)),
+     r"k_scale.shape=\(7,\) must be \(40,\)"),
+])
+def test_arguments_refused_with_their_name(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()
+
+
+def test_sharded_ivf_refuses_no_devices():
+  from jaxsparse.distributed import sharded_ivf_prefill_topk
+  with pytest.raises(ValueError, match="devices"):
+    sharded_ivf_prefill_topk(q=np.zeros((40, 1, 4)), k=np.zeros((40, 4)), w=np.ones((40, 1)),
+                             config=CFG, devices=[])
+
+
+def test_spin_commit_checks_accepted():
+  from jaxsparse import spin
+  cfg = spin.SpinConfig(block_size=64, topk=8)
+  state = spin.init_state(128, cfg, (2,))
+  pending = {"scores": jnp.zeros((2, 3, 128)), "sel": jnp.zeros((2, 2), jnp.int32),
+             "lrows": jnp.ones((2, 3), jnp.int32)}
+  for bad, match in ((np.array([0, 3]), r"\[0, 2\]"), (np.array([0.5, 1.0]), "dtype"),
+                     (np.array([-1, 0]), r"\[0, 2\]")):
+    with pytest.raises(ValueError, match=match):
+      spin.commit(state, pending, bad, cfg)
+
+
+@pytest.mark.parametrize("damage", ["flip", "text", "truncate"])
+def test_damaged_trace_files_raise_trace_error_naming_the_file(tmp_path, damage, capsys):
+  from jaxsparse import traces
+  src = open(traces.default_trace_path(), "rb").read()
+  path = str(tmp_path / "t.npz")
+  data = bytearray(src)
+  if damage == "flip":
+    for off in (len(data) // 3, len(data) // 2):
+      data[off] ^= 0xFF
+  elif damage == "text":
+    data = bytearray(b"not an archive at all")
+  else:
+    data = data[:len(data) // 2]
+  open(path, "wb").write(bytes(data))
+  with pytest.raises(traces.TraceError, match="t.npz") as e:
+    traces.load(path)
+  assert "pickle" not in str(e.value)
+  from jaxsparse import cli
+  assert cli.main(["eval", "--trace", path]) != 0
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "t.npz" in err[0] and "Traceback" not in err[0]
