@@ -286,10 +286,12 @@ def _mask_of(idx, t):
   return jnp.zeros((c, t + 1), bool).at[rows, jnp.where(idx >= 0, idx, t)].set(True)[:, :t]
 
 
-def _layer_out(cfg, chunk, w, x, q, k, v, idx, ref):
+def _layer_out(cfg, chunk, w, x, q, k, v, idx, ref, source):
   """Attention restricted to the kept ids (idx [T, K], or None: dense), then the MLP.
 
-  ref: exact DSA's ids [T, K] (or None) -> also per row the number of kept ids in it [T]."""
+  ref: exact DSA's ids [T, K] (or None) -> also per row the number of kept ids in it [T].
+  source [T] bool: key positions whose share of attention (head mean) and of the kept keys is
+  returned per row ([T] float32 each; a task's needle or copied span)."""
   from jaxsparse.model.llama import _gqa_scores, rms_norm
   t = x.shape[0]
   nh, hd = cfg.heads, cfg.head_dim
@@ -303,13 +305,16 @@ def _layer_out(cfg, chunk, w, x, q, k, v, idx, ref):
     p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1)
     o = jnp.einsum("ngct,tnd->cngd", p, v).reshape(r.shape[0], nh * hd)
     hit = (mask & _mask_of(ref[r], t)).sum(-1) if ref is not None else jnp.zeros(r.shape, int)
-    return o, hit
+    on = (vis & source[None, :])
+    mass = jnp.where(on, p.sum((0, 1)), 0.0).sum(-1) / nh
+    kept = (mask & on).sum(-1) / jnp.maximum(on.sum(-1), 1)
+    return o, (hit, mass, kept)
 
-  o, hit = jax.lax.map(one, rows)
+  o, (hit, mass, kept) = jax.lax.map(one, rows)
   x = x + o.reshape(n * chunk, nh * hd)[:t] @ w["o"].T
   h2 = rms_norm(x, w["ffn_norm"], cfg.norm_eps)
   x = x + (jax.nn.silu(h2 @ w["gate"].T) * (h2 @ w["up"].T)) @ w["down"].T
-  return x, hit.reshape(-1)[:t]
+  return x, (hit.reshape(-1)[:t], mass.reshape(-1)[:t], kept.reshape(-1)[:t])
 
 
 def _head(chunk, x, final_norm, embed, tokens, eps):
@@ -334,11 +339,11 @@ def _layer_in_batch(cfg, icfg, w, ip, x):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _layer_out_batch(cfg, chunk, w, x, q, k, v, idx, ref):
-  def one(xx, qq, kk, vv, ii, rr):
-    return _layer_out(cfg, chunk, w, xx, qq, kk, vv, ii, rr)
+def _layer_out_batch(cfg, chunk, w, x, q, k, v, idx, ref, source):
+  def one(xx, qq, kk, vv, ii, rr, ss):
+    return _layer_out(cfg, chunk, w, xx, qq, kk, vv, ii, rr, ss)
   return jax.vmap(one, in_axes=(0, 0, 0, 0, None if idx is None else 0,
-                                None if ref is None else 0))(x, q, k, v, idx, ref)
+                                None if ref is None else 0, 0))(x, q, k, v, idx, ref, source)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -346,7 +351,7 @@ def _head_batch(chunk, x, final_norm, embed, tokens, eps):
   return jax.vmap(lambda xx, tt: _head(chunk, xx, final_norm, embed, tt, eps))(x, tokens)
 
 
-def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict:
+def run(model, indexers, tokens, method: Method, settings: LoopSettings, *, focus=None) -> dict:
   """One forward of the model with `method` selecting every layer's keys.
 
   model: `llama.Llama`; indexers: `lightning.LightningIndexers` (unused by dense and recent);
@@ -356,6 +361,9 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict
     the method keeps; NaN for dense), unscored (share of visible keys on decided rows whose
     indexer score was never computed; NaN for dense), where decided rows are those with more
     than K visible keys (and at or past decode_from for spin).
+  focus: optional (rows [B, T] bool, source [B, T] bool): then also per layer [L] float64
+    source_mass (head-mean attention on the source keys) and source_kept (share of the source
+    keys the selection keeps), means over the focus rows: where a task's answer looks back.
   """
   from jaxsparse.model.llama import var_value
   tokens = np.asarray(tokens)
@@ -377,7 +385,9 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict
   decided = np.arange(t) + 1 > kk
   if method.kind == "spin":
     decided &= np.arange(t) >= settings.decode_from
-  recall, unscored = [], []
+  recall, unscored, smass, skept = [], [], [], []
+  frows, fsrc = (np.zeros((b, t), bool), np.zeros((b, t), bool)) if focus is None else (
+      np.asarray(focus[0], bool), np.asarray(focus[1], bool))
   for l in range(cfg.layers):
     w_l = jax.tree.map(lambda a: a[l], layers)
     ip_l = jax.tree.map(lambda a: a[l], ip) if use_idx else None
@@ -388,7 +398,11 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict
                                                            settings, l)[0]
     else:
       idx = ref = None
-    x, hit = _layer_out_batch(cfg, settings.chunk, w_l, x, q, k, v, idx, ref)
+    x, (hit, mass, kept) = _layer_out_batch(cfg, settings.chunk, w_l, x, q, k, v, idx, ref,
+                                            jnp.asarray(fsrc))
+    if frows.any():
+      smass.append(float(np.asarray(mass)[frows].mean()))
+      skept.append(float(np.asarray(kept)[frows].mean()))
     if use_idx:
       hit = np.asarray(hit, np.float64)[:, decided]
       recall.append(float(hit.mean() / kk) if hit.size else math.nan)
@@ -400,8 +414,11 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings) -> dict
       unscored.append(math.nan)
   nll, pred = _head_batch(settings.chunk, x, var_value(model.final_norm), embed, tok,
                           cfg.norm_eps)
-  return {"nll": np.asarray(nll), "pred": np.asarray(pred),
-          "recall": np.asarray(recall), "unscored": np.asarray(unscored)}
+  out = {"nll": np.asarray(nll), "pred": np.asarray(pred),
+         "recall": np.asarray(recall), "unscored": np.asarray(unscored)}
+  if frows.any():
+    out.update(source_mass=np.asarray(smass), source_kept=np.asarray(skept))
+  return out
 
 
 def _nan_none(a) -> list:
@@ -427,9 +444,12 @@ def measure(model, indexers, windows, methods, settings: LoopSettings, *, tasks=
   out = {}
   tasks = dict(tasks or {})
   batch = np.concatenate([windows] + [tk.tokens for tk in tasks.values()], 0)
+  none = np.zeros(windows.shape, bool)
+  rows = np.concatenate([none] + [np.pad(tk.scored, ((0, 0), (0, 1))) for tk in tasks.values()])
+  focus = (rows, np.concatenate([none] + [tk.source for tk in tasks.values()])) if tasks else None
   for m in methods:
     say(f"{m.name}: {len(batch)} sequence(s) of {t:,} tokens")
-    r = run(model, indexers, batch, m, settings)  # text windows and task windows together
+    r = run(model, indexers, batch, m, settings, focus=focus)  # text and task windows together
     nll = r["nll"][:len(windows)].astype(np.float64)
     res = {"perplexity": float(np.exp(nll.mean())),
            "second_half": float(np.exp(nll[:, half:].mean())),
@@ -441,6 +461,9 @@ def measure(model, indexers, windows, methods, settings: LoopSettings, *, tasks=
       n = len(task.tokens)
       res[name] = _tasks.score(task, r["nll"][at:at + n], r["pred"][at:at + n])
       at += n
+    if tasks:  # per layer, at the tasks' answer positions (pooled over the tasks)
+      res["source_mass"] = _nan_none(r["source_mass"])
+      res["source_kept"] = _nan_none(r["source_kept"])
     out[m.name] = res
   return out
 

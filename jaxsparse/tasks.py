@@ -23,10 +23,12 @@ TASKS = ("copy", "passkey")
 @dataclasses.dataclass(frozen=True, eq=False)
 class Task:
   """tokens [B, T] int32 (B windows); scored [B, T - 1] bool: the predictions (of token p + 1
-  at position p) that count."""
+  at position p) that count; source [B, T] bool: the positions the answer is read from (the
+  copied span's original, the stated key's digits)."""
   name: str
   tokens: np.ndarray
   scored: np.ndarray
+  source: np.ndarray
 
 
 def _windows(ids, windows: int, tokens: int, need: int) -> np.ndarray:
@@ -47,11 +49,13 @@ def copy_task(ids, *, windows: int, tokens: int, span: int = 64, seed: int = 0) 
   rng = np.random.default_rng(seed)
   out = np.empty((windows, tokens), np.int32)
   scored = np.zeros((windows, tokens - 1), bool)
+  source = np.zeros((windows, tokens), bool)
   for i in range(windows):
     a = int(rng.integers(0, tokens // 4 - span + 1))
     out[i] = np.concatenate([body[i], body[i, a:a + span]])
     scored[i, tokens - span:] = True  # predictions of the copy's tokens 2..span
-  return Task("copy", out, scored)
+    source[i, a:a + span] = True
+  return Task("copy", out, scored, source)
 
 
 def passkey_task(ids, tokenizer, *, windows: int, tokens: int, digits: int = 5,
@@ -79,12 +83,16 @@ def passkey_task(ids, tokenizer, *, windows: int, tokens: int, digits: int = 5,
   if filler < tokens // 2:
     raise ValueError(f"tokens={tokens} is too short for the passkey task")
   body = _windows(ids, windows, tokens, filler)
+  source = np.zeros((windows, tokens), bool)
   for i, (needle, ask) in enumerate(plans):
     fill = tokens - len(needle) - len(ask)
     at = int(rng.integers(tokens // 8, tokens // 4))
     out[i] = np.concatenate([body[i, :at], needle, body[i, at:fill], ask])
     scored[i, tokens - digits - 1:] = True
-  return Task("passkey", out, scored)
+    key = out[i, tokens - digits:]  # the key's digit tokens where the needle states them
+    span = np.arange(at, at + len(needle))
+    source[i, span[np.isin(out[i, span], key)]] = True
+  return Task("passkey", out, scored, source)
 
 
 def build(name: str, ids, tokenizer, *, windows: int, tokens: int, seed: int = 0) -> Task:

@@ -195,6 +195,19 @@ def test_measure_and_compare_report_every_method(tiny):
   d = nll - np.asarray(res["dsa"]["window_nll"])
   assert np.isclose(s["recent"]["perplexity_vs_dsa_se"], d.std(ddof=1) / np.sqrt(3))
   assert "recall_mean" not in s["dense"]
+  rows = np.zeros((3, T), bool)
+  rows[:, -5:] = True
+  src = np.zeros((3, T), bool)
+  src[:, 10:20] = True
+  for name in ("dense", "dsa", "recent"):
+    r = inloop.run(model, idx, wins, inloop.Method(name), SETTINGS, focus=(rows, src))
+    if name != "recent":
+      assert ((0 < r["source_mass"]) & (r["source_mass"] < 1)).all()
+    if name == "dense":
+      np.testing.assert_array_equal(r["source_kept"], 1.0)
+    if name == "recent":  # K = 8 newest keys never reach positions 10..19 from the end
+      np.testing.assert_array_equal(r["source_kept"], 0.0)
+      np.testing.assert_array_equal(r["source_mass"], 0.0)
 
 
 # ------------------------------------------------------------------------------------ tasks
@@ -213,7 +226,8 @@ def test_copy_task_repeats_an_early_span_and_scores_it():
   ids = np.arange(10_000) % 997
   tk = tasks.copy_task(ids, windows=3, tokens=512, span=64, seed=1)
   assert tk.tokens.shape == (3, 512) and tk.scored.sum(1).tolist() == [63] * 3
-  for row in tk.tokens:
+  for row, src in zip(tk.tokens, tk.source):
+    assert np.array_equal(row[src], row[-64:])  # the source marks the copied span
     tail = row[-64:]
     starts = [a for a in range(0, 128 - 64 + 1) if np.array_equal(row[a:a + 64], tail)]
     assert starts  # the copied span comes from the first quarter
@@ -238,6 +252,8 @@ def test_passkey_task_states_the_key_once_and_asks_at_the_end():
     assert 600 // 8 <= at <= 600 // 4 + 2
     assert s.endswith(f"What is the pass key? The pass key is {key}")
     assert np.nonzero(sc)[0].tolist() == list(range(600 - 6, 599))
+    src = np.nonzero(tk.source[tk.tokens.tolist().index(row.tolist())])[0]
+    assert len(src) == 10 and src.min() >= at and "".join(chr(row[i]) for i in src) == key * 2
 
 
 def test_task_and_method_errors():
