@@ -57,11 +57,11 @@ def trace_case(tr, layer, n, h, d, seed=0):
   """Layer `layer` (an index into the trace's layers) of a real prefill trace tiled to n tokens
   as rotated copies and widened to h heads x d dims (`traces.tile_prefill`: scores inside a
   copy are the trace's); q and k bf16 on the device."""
-  return traces.tile_prefill(tr.q[layer], tr.w[layer], tr.k[layer], n, heads=h, dim=d,
+  return traces.tile_prefill(tr.q[layer], tr.k[layer], tr.w[layer], n, heads=h, dim=d,
                              seed=seed, dtype=jnp.bfloat16)
 
 
-def recall(q, w, k, sel, qs, topk):
+def recall(q, k, w, sel, qs, topk):
   """Mean over queries qs of the share of their exact top-K (prefill_topk on those queries)
   that the selections sel [len(qs), topk'] hold."""
   ref = np.asarray(jaxsparse.prefill_topk(q[qs], k, w[qs], topk,
@@ -69,14 +69,14 @@ def recall(q, w, k, sel, qs, topk):
   return float(np.mean([np.isin(r[r >= 0], s_).mean() for r, s_ in zip(ref, sel)]))
 
 
-def full_topk(q, w, k, topk, segments):
+def full_topk(q, k, w, topk, segments):
   """Full DSA: every query's exact top-K (`jaxsparse.causal_prefill_topk`: the sequence in
   `segments` query segments, each against the keys up to its end; no [N, N] buffer)."""
   return jax.block_until_ready(jaxsparse.causal_prefill_topk(q, k, w, topk,
                                                              segments=segments)[1])
 
 
-def stages(q, w, k, cfg, samples):
+def stages(q, k, w, cfg, samples):
   """Seconds per stage of one prefill: seal and refit summed over every window (each synced);
   the query stages timed on `samples` evenly spaced whole query windows (a second, compiled
   call) and scaled to all of them. With cfg.query_block > 1 "pack" is the blocks' candidate
@@ -158,7 +158,7 @@ def stages(q, w, k, cfg, samples):
   return t, kernels
 
 
-def full_scores(q, w, k, chunk, segments):
+def full_scores(q, k, w, chunk, segments):
   """Full DSA's scoring alone (the kernels' [chunk, keys] scores, no top-K) over the same
   segments as `full_topk`, `chunk` queries a call: what the top-K adds to it."""
   from jaxsparse.selection import causal_segments
@@ -178,8 +178,8 @@ def recall_only(a, cfg, tr, tokens, layers):
   for n in tokens:
     qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
     for li in layers:
-      q, w, k = traces.tile_prefill(tr.q[li], tr.w[li], tr.k[li], n, seed=n)
-      rec = lambda c, m="ivf": float(ivf.evaluate(q, w, k, c, method=m,  # noqa: E731
+      q, k, w = traces.tile_prefill(tr.q[li], tr.k[li], tr.w[li], n, seed=n)
+      rec = lambda c, m="ivf": float(ivf.evaluate(q, k, w, c, method=m,  # noqa: E731
                                                   query_positions=qs)["recall"].mean())
       row = dict(tokens=n, layer=int(tr.layers[li]), recall=rec(cfg),
                  hisa_recall=rec(cfg, "hisa"))
@@ -269,58 +269,58 @@ def main(argv=None):
   full_topk(*warm, a.topk, a.segments)
   del warm  # at 1M its q alone is 16 GB
   for n in tokens:
-    q, w, k = make(n, layers[0], n)
+    q, k, w = make(n, layers[0], n)
     t_ivf = t_hisa = t_full = t_scores = t_metric = float("inf")
     if a.metric_timing:  # fitted on the run's first tokens: the mapped path's cost
       from jaxsparse.ivf import metric as ivf_metric
       head = min(n, 8192)
-      mapped = ivf_metric.fit(q[:head], w[:head], k[:head])
+      mapped = ivf_metric.fit(q[:head], k[:head], w[:head])
     qs = np.linspace(4 * a.seal_window, n - 1, a.recall_queries).astype(int)
     for _ in range(a.repeats):  # the first run at a new N compiles for its shapes
       t0 = time.perf_counter()
-      sel, num = jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg))
+      sel, num = jax.block_until_ready(ivf.prefill_topk(q, k, w, cfg))
       t_ivf = min(t_ivf, time.perf_counter() - t0)
       sel, num = sel[qs], float(num.mean())  # only the sampled rows stay (8 GB each at 1M)
       t0 = time.perf_counter()
-      sel_h, _ = jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg, method="hisa"))
+      sel_h, _ = jax.block_until_ready(ivf.prefill_topk(q, k, w, cfg, method="hisa"))
       t_hisa = min(t_hisa, time.perf_counter() - t0)
       sel_h = sel_h[qs]
       if a.metric_timing:
         t0 = time.perf_counter()
-        sel_m, _ = jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg, metric=mapped))
+        sel_m, _ = jax.block_until_ready(ivf.prefill_topk(q, k, w, cfg, metric=mapped))
         t_metric = min(t_metric, time.perf_counter() - t0)
         sel_m = sel_m[qs]
       t0 = time.perf_counter()
-      full_topk(q, w, k, a.topk, a.segments)
+      full_topk(q, k, w, a.topk, a.segments)
       t_full = min(t_full, time.perf_counter() - t0)
-    rec, rec_h = (recall(q, w, k, x, qs, a.topk) for x in (sel, sel_h))
+    rec, rec_h = (recall(q, k, w, x, qs, a.topk) for x in (sel, sel_h))
     rows.append(dict(tokens=n, ivf_s=t_ivf, full_s=t_full, speedup=t_full / t_ivf,
                      recall=rec, mean_candidates=num, hisa_s=t_hisa,
                      hisa_speedup=t_full / t_hisa, hisa_recall=rec_h))
     if a.metric_timing:
       rows[-1].update(ivf_metric_s=t_metric, metric_speedup=t_full / t_metric,
-                      metric_recall=recall(q, w, k, sel_m, qs, a.topk))
+                      metric_recall=recall(q, k, w, sel_m, qs, a.topk))
       print(f"  under a grouping metric: {t_metric:.2f} s, recall "
             f"{rows[-1]['metric_recall']:.3f}", flush=True)
     write_json(a.out, {"environment": {**environment(), "command": " ".join(sys.argv)},
                        "config": vars(a), "rows": rows})  # rows so far, if a later step fails
-    full_scores(q, w, k, a.chunk, a.segments)  # compiles; after the rows above are safe
+    full_scores(q, k, w, a.chunk, a.segments)  # compiles; after the rows above are safe
     for _ in range(a.repeats):  # full DSA's scoring alone
       t0 = time.perf_counter()
-      full_scores(q, w, k, a.chunk, a.segments)
+      full_scores(q, k, w, a.chunk, a.segments)
       t_scores = min(t_scores, time.perf_counter() - t0)
     rows[-1]["full_scoring_s"] = t_scores
     if tr is not None:  # every listed layer's recall (the timed one's included)
       rows[-1]["layer"] = int(tr.layers[layers[0]])
       by = [dict(layer=int(tr.layers[layers[0]]), recall=rec, hisa_recall=rec_h)]
       for li in layers[1:]:
-        ql, wl, kl = make(n, li, n)
+        ql, kl, wl = make(n, li, n)
         by.append(dict(layer=int(tr.layers[li]),
-                       recall=recall(ql, wl, kl, ivf.prefill_topk(ql, wl, kl, cfg)[0][qs], qs,
+                       recall=recall(ql, kl, wl, ivf.prefill_topk(ql, kl, wl, cfg)[0][qs], qs,
                                      a.topk),
-                       hisa_recall=recall(ql, wl, kl, ivf.prefill_topk(
-                           ql, wl, kl, cfg, method="hisa")[0][qs], qs, a.topk)))
-        del ql, wl, kl
+                       hisa_recall=recall(ql, kl, wl, ivf.prefill_topk(
+                           ql, kl, wl, cfg, method="hisa")[0][qs], qs, a.topk)))
+        del ql, kl, wl
       rows[-1]["recall_by_layer"] = by
       print("  recall by layer: " + ", ".join(f"{b_['layer']} {b_['recall']:.3f} (HiSA "
                                               f"{b_['hisa_recall']:.3f})" for b_ in by),
@@ -330,8 +330,8 @@ def main(argv=None):
           f"({t_full / t_hisa:.2f}x), recall {rec_h:.3f}", flush=True)
     if a.profile and jax.default_backend() == "gpu":  # kernel seconds of one whole run
       from jaxsparse._bench.timing import kernel_time
-      for name, f in (("ivf", lambda: jax.block_until_ready(ivf.prefill_topk(q, w, k, cfg))),
-                      ("full", lambda: full_topk(q, w, k, a.topk, a.segments))):
+      for name, f in (("ivf", lambda: jax.block_until_ready(ivf.prefill_topk(q, k, w, cfg))),
+                      ("full", lambda: full_topk(q, k, w, a.topk, a.segments))):
         tot, per = kernel_time(f, (), calls=1, warmup=0)
         top = sorted(per.items(), key=lambda kv: -kv[1])[:8]
         rows[-1][f"{name}_kernels"] = dict(kernel_s=tot, kernel_names=len(per),
@@ -339,7 +339,7 @@ def main(argv=None):
         print(f"  {name}: kernels {tot:.3f} s of a run: " + ", ".join(
             f"{k_[:40]} {v:.3f}" for k_, v in top), flush=True)
     if a.stages:
-      rows[-1]["stages_s"], kern = stages(q, w, k, cfg, a.stages)
+      rows[-1]["stages_s"], kern = stages(q, k, w, cfg, a.stages)
       if kern:  # GPU: one window's kernel time per stage against its wall time
         rows[-1]["window_kernels"] = kern
         for s_, v in kern.items():

@@ -64,7 +64,7 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_blo
         t0 = time.perf_counter()
         extra = dict(corrector=corrector) if corrected else {}
         extra.update(dict(metric=metric) if metric_on else {})
-        r = ivf.evaluate(q, w, k, cc, method=method, query_positions=pos, oracle=oracle,
+        r = ivf.evaluate(q, k, w, cc, method=method, query_positions=pos, oracle=oracle,
                          **(dict(extra, layer=int(tr.layers[li])) if extra else {}))
         per_query[name] = np.asarray(r["recall"], np.float64)
         rows.append(dict(layer=int(tr.layers[li]), budget=b, method=name,
@@ -75,7 +75,7 @@ def run(tr, cfg, budgets, layers, queries, corrector=None, plans=None, query_blo
       nrows = len(methods)
       if query_block:
         t0 = time.perf_counter()
-        r = ivf.evaluate(q, w, k, dataclasses.replace(c, budget=2 * b, query_block=query_block),
+        r = ivf.evaluate(q, k, w, dataclasses.replace(c, budget=2 * b, query_block=query_block),
                          query_positions=pos)
         per_query[shared_name(query_block)] = np.asarray(r["recall"], np.float64)
         rows.append(dict(layer=int(tr.layers[li]), budget=b, method=shared_name(query_block),

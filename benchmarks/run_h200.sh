@@ -16,6 +16,11 @@
 #   train-indexers   long-context lightning indexers (train.indexer, resumes from $RUN)
 #   assets           quality report + shipped traces from $RUN/indexers.npz
 #   quality          the quality report alone (dense, DSA and true top-K perplexity, recall)
+#   inloop           every selection method in the model's loop on held-out text (TEXT: pydoc,
+#                    the default, or numpy): perplexity, recall, unscored keys, copy and
+#                    passkey; TOKENS (default 8192) and KS (default 256,64) pick the cells,
+#                    METHODS the methods, WINDOWS (default 8) the windows; results in
+#                    inloop_$TEXT.json (written after each cell) and .png
 #   ivf-recall       AttentionIndex vs HiSA recall on real prefill traces, all layers: 8K and
 #                    32K (extrapolated; the paper's W / group size / refit R; 47 min on 2 CPU cores
 #                    per 32K trace), per-layer plans calibrated on training text (CORPUS).
@@ -104,6 +109,12 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
     quality)
       python3 -m jaxsparse.model.make_assets --indexers "${INDEXERS:-jaxsparse/data/smollm2_indexers.npz}" \
         --quality-only --report "$OUT/dsa_quality.json" 2>&1 | tee "$OUT/quality.log" | grep -v window ;;
+    inloop)
+      txt=${TEXT:-pydoc}; python3 -m jaxsparse.model.text --name "$txt" --out "/tmp/heldout_$txt.txt"
+      python3 -m jaxsparse.cli quality --text "/tmp/heldout_$txt.txt" --tokens "${TOKENS:-8192}" \
+        --k "${KS:-256,64}" --windows "${WINDOWS:-8}" --task ppl,copy,passkey \
+        --methods "${METHODS:-dense,dsa,spin:0.2,spin:0.4,ivf,hisa,recent}" \
+        --out "$OUT/inloop_$txt.json" --plot "$OUT/inloop_$txt.png" 2>&1 | tee "$OUT/inloop_$txt.log" ;;
     ivf-recall)  # held-out text, and training text (CORPUS) for the per-layer plans
       ids=${CORPUS:-.device/train_tokens.npy}; tr=${TRACES:-/tmp}; mkdir -p "$tr"
       lsuf=${LAYERS:+_l${LAYERS//,/_}}  # LAYERS=2: record and evaluate those layers alone

@@ -33,8 +33,8 @@ def main(argv=None):
       cfg = spin.SpinConfig(block_size=a.block_size, topk=a.k, sparsity=rho, state_dtype=dt)
       miss, p99, spars = [], [], []
       for layer in layers:
-        q, w, k = tr.layer(layer)
-        r = spin.replay(q[:steps, 0], w[:steps, 0], k, tr.lengths[:steps], cfg)
+        q, k, w = tr.layer(layer)
+        r = spin.replay(q[:steps, 0], k, w[:steps, 0], tr.lengths[:steps], cfg)
         miss.append(r["mean_miss"]), p99.append(r["p99_miss"]), spars.append(r["mean_sparsity"])
       rows.append(dict(sparsity=rho, state_dtype=dt, mean_miss=float(np.mean(miss)),
                        p99_miss=float(np.mean(p99)), realized=float(np.mean(spars)),

@@ -29,7 +29,7 @@ VARIANTS = (("A0", "max"), ("A1", "max"), ("A1", "top4"), ("A1", "mean"), ("A2",
 
 
 def full_scores(tr, layer, row=0):
-  q, w, k = tr.layer(layer)
+  q, k, w = tr.layer(layer)
   lens = tr.lengths - tr.rows + 1 + row
   f = jax.jit(jax.vmap(lambda qq, ww, ll: indexer_scores_xla(qq[None], jnp.asarray(k), ww[None],
                                                              None, ll[None] - 1)[0]))
@@ -57,8 +57,8 @@ def sweep(tr, k, block):
                               explore=explore, explore_fraction=0.05 if explore != "none" else 0)
         miss, spars = [], []
         for l in range(tr.q.shape[0]):
-          q, w, kk = tr.layer(l)
-          r = spin.replay(q[:, 0], w[:, 0], kk, tr.lengths, cfg, scores=scores[l])
+          q, kk, w = tr.layer(l)
+          r = spin.replay(q[:, 0], kk, w[:, 0], tr.lengths, cfg, scores=scores[l])
           miss.append(r["miss_rate"][1:, 0])
           spars.append(r["realized_sparsity"][1:])
         m = np.concatenate(miss)
@@ -88,8 +88,8 @@ def mtp(tr, k, block):
                               update_policy=up)
         miss, spars = [], []
         for l in range(tr.q.shape[0]):
-          q, w, kk = tr.layer(l)
-          r = spin.replay(q, w, kk, tr.lengths, cfg, accepted=tr.accepted)
+          q, kk, w = tr.layer(l)
+          r = spin.replay(q, kk, w, tr.lengths, cfg, accepted=tr.accepted)
           # misses count on the rows that were accepted (rows past acceptance are discarded)
           valid = np.arange(tr.rows)[None, :] <= tr.accepted[:, None]
           miss.append(r["miss_rate"][1:][valid[1:]])

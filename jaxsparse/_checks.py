@@ -102,3 +102,15 @@ def concrete_values(x):
   if not is_concrete(x):
     return None
   return np.asarray(x)
+
+
+def check_kw_order(q, k, w) -> None:
+  """Public functions take (q, k, w) as `indexer_scores` does: q [..., H, D], k [..., D],
+  w [..., H]. A call in the old (q, w, k) order (k [..., H] and w [..., D], H != D) raises one
+  ValueError that says so; with H == D the shapes cannot tell the two apart."""
+  if q.ndim < 2 or not k.ndim or not w.ndim:
+    return
+  h, d = q.shape[-2], q.shape[-1]
+  if h != d and k.shape[-1] == h and w.shape[-1] == d:
+    raise ValueError(f"k {tuple(k.shape)} and w {tuple(w.shape)} look swapped: the arguments "
+                     f"are (q, k, w) as in indexer_scores, k [..., D={d}] and w [..., H={h}]")

@@ -17,12 +17,14 @@ __all__ = [
 ]
 
 
-def full_topk(q, w, k, lengths, topk: int, implementation=None):
+def full_topk(q, k, w, lengths, topk: int, implementation=None):
   """Exact DSA selection of every step of one layer, as one batched paged call.
 
-  q [S, H, D], w [S, H], k [N, D], lengths [S] (the query sits at slot lengths - 1)
+  q [S, H, D], k [N, D], w [S, H], lengths [S] (the query sits at slot lengths - 1)
   -> (indices [S, topk] int32 (-1 tail), scores [S, N] float32, seconds per step).
   """
+  from jaxsparse import _checks
+  _checks.check_kw_order(np.asarray(q), np.asarray(k), np.asarray(w))
   s, _, d = q.shape
   kc, table = _indexer.pack_dense_as_paged(jnp.asarray(k, jnp.bfloat16))
   table = jnp.broadcast_to(table, (s, table.shape[1]))
@@ -72,8 +74,8 @@ def decode_baselines(trace: DecodeTrace, topk: int, implementation=None,
   secs = []
   lens = trace.lengths - trace.rows + 1  # row 0's visible slots
   for li in range(trace.q.shape[0]):
-    q, w, k = trace.layer(li)
-    idx, _, sec = full_topk(q[:, 0], w[:, 0], k, lens, topk, implementation)
+    q, k, w = trace.layer(li)
+    idx, _, sec = full_topk(q[:, 0], k, w[:, 0], lens, topk, implementation)
     secs.append(sec)
     recs["full DSA"].append(np.ones(len(idx)))
     skip["full DSA"].append(np.zeros(len(idx)))
@@ -89,8 +91,8 @@ def decode_baselines(trace: DecodeTrace, topk: int, implementation=None,
   for name, cfg in spin_configs:
     recs[name], skip[name] = [], []
     for li in range(trace.q.shape[0]):
-      q, w, k = trace.layer(li)
-      r = spin.replay(q[:, 0], w[:, 0], k, lens, cfg)
+      q, k, w = trace.layer(li)
+      r = spin.replay(q[:, 0], k, w[:, 0], lens, cfg)
       recs[name].append(1 - r["miss_rate"][1:, 0])
       skip[name].append(_spin_skipped(r["block_masks"], lens, cfg.block_size)[1:])
   rows, by_step = [], {}

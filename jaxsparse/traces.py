@@ -59,8 +59,9 @@ class DecodeTrace:
     return self.q.shape[2]
 
   def layer(self, i: int):
-    """(q [S, R, H, D], w [S, R, H], k [N, D]) of the i-th stored layer."""
-    return self.q[i], self.w[i], self.k[i]
+    """(q [S, R, H, D], k [N, D], w [S, R, H]) of the i-th stored layer, in the order
+    `indexer_scores(q, k, w)` takes them."""
+    return self.q[i], self.k[i], self.w[i]
 
 
 @dataclasses.dataclass
@@ -187,25 +188,27 @@ def _fixing(u, rng):
   return g
 
 
-def tile_prefill(q, w, k, n: int, *, heads: int | None = None, dim: int | None = None,
+def tile_prefill(q, k, w, n: int, *, heads: int | None = None, dim: int | None = None,
                  seed: int = 0, dtype=np.float32):
   """One layer's real prefill trace laid end to end as independent documents, to n tokens,
   optionally widened to larger indexer shapes: keys and queries with the trace's statistics at
   a context the model never reached.
 
-  q [T, h, d], w [T, h], k [T, d] (one layer of a PrefillTrace). Copy c of the trace is rotated
+  q [T, h, d], k [T, d], w [T, h] (one layer of a PrefillTrace). Copy c of the trace is rotated
   by its own random orthogonal matrix that keeps the direction of the trace's mean key, applied
   to its queries and keys alike: inside a copy every score equals the trace's, while a copy's
   content directions differ from the others' (unrelated documents sharing the model's common
   key direction). heads (a multiple of h) repeats each head heads / h times with its weight
   divided as much, and dim (>= d) embeds q and k isometrically in dim dimensions, so the
-  indexer scores are unchanged at the wider shape. Returns jax arrays q [n, heads, dim] and
-  k [n, dim] in dtype and w [n, heads] float32, built on the default device.
+  indexer scores are unchanged at the wider shape. Returns jax arrays (q [n, heads, dim] and
+  k [n, dim] in dtype, w [n, heads] float32), built on the default device.
   """
   import jax.numpy as jnp
-  q, w, k = (np.asarray(a, np.float64) for a in (q, w, k))
+  q, k, w = (np.asarray(a, np.float64) for a in (q, k, w))
+  from jaxsparse import _checks
+  _checks.check_kw_order(q, k, w)
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (q.shape[0], q.shape[2]):
-    raise ValueError(f"q {q.shape}, w {w.shape}, k {k.shape} must be [T, h, d], [T, h], [T, d]")
+    raise ValueError(f"q {q.shape}, k {k.shape}, w {w.shape} must be [T, h, d], [T, d], [T, h]")
   t, h, d = q.shape
   heads, dim = heads or h, dim or d
   if not isinstance(n, int) or n < 1:
@@ -226,4 +229,4 @@ def tile_prefill(q, w, k, n: int, *, heads: int | None = None, dim: int | None =
     ks.append(jnp.asarray(k[:rows] @ rot.T, dtype))
   ww = np.repeat(w, heads // h, axis=1).astype(np.float32) / np.float32(heads // h)
   ww = np.tile(ww, (-(-n // t), 1))[:n]
-  return jnp.concatenate(qs), jnp.asarray(ww), jnp.concatenate(ks)
+  return jnp.concatenate(qs), jnp.concatenate(ks), jnp.asarray(ww)

@@ -1,4 +1,4 @@
-"""Shared fixtures: GPU marker handling and tolerance helpers."""
+"""Shared fixtures: GPU marker handling, tolerance, lowering and top-K option helpers."""
 from __future__ import annotations
 
 import importlib.util
@@ -119,3 +119,15 @@ def _release_compiled_programs():
   import gc
   jax.clear_caches()
   gc.collect()
+
+
+def topk_options(**fields):
+  """(TopkConfig, Tuning) from fields of either: the user's choices go to the config, the
+  measured table's entries replace the defaults' (`pallas_kernels.topk._tuning`), so a test
+  can reach every kernel path at small sizes."""
+  import dataclasses
+  from pallas_kernels.topk import TopkConfig
+  from pallas_kernels.topk._tuning import TUNING
+  user = {f.name for f in dataclasses.fields(TopkConfig)}
+  return (TopkConfig(**{k: v for k, v in fields.items() if k in user}),
+          dataclasses.replace(TUNING, **{k: v for k, v in fields.items() if k not in user}))

@@ -271,10 +271,11 @@ def np_spin_budget(n_blocks, cfg):
   return m, cap - n_explore, n_explore
 
 
-def np_spin_select(st, pos, length, cfg, seed):
+def np_spin_select(st, pos, length, cfg, seed, prio=None):
   """Block mask of one query at slot pos seeing `length` slots (sec. 3.2.1): every visible
   block when cold; else sink + newest, the best predicted blocks (A0: the blocks of the top-K
-  predicted slots), and the best of the rest by the exploration priority."""
+  predicted slots), and the best of the rest by the exploration priority (explore="query":
+  `prio` [nb], the current query's scores of the block mean keys)."""
   b = cfg.block_size
   nb = len(st["VB"])
   n_blocks = -(-length // b)
@@ -299,6 +300,8 @@ def np_spin_select(st, pos, length, cfg, seed):
     prio = keys
   elif cfg.explore == "block-age":  # staleness (capped at 255), then the random key
     prio = np.clip(stale, 0, 255) * 65536 + keys
+  elif cfg.explore == "query":  # the caller's current-query block priorities
+    prio = np.asarray(prio, np.float64)
   elif cfg.explore == "staleness":
     import dataclasses
     s = np_spin_block_scores(st, pos, length, dataclasses.replace(cfg, reduction="A1")

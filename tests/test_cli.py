@@ -17,6 +17,13 @@ def _err(capsys):
   return err
 
 
+def test_top_level_help_lists_only_real_commands(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["--help"])
+  out = capsys.readouterr().out
+  assert "SUPPRESS" not in out and "train-indexer" not in out
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["eval", "--help"], ["bench", "--help"],
                                   ["quality", "--help"], ["trace", "--help"],
                                   ["train", "--help"], ["model", "fetch", "--help"],
@@ -71,7 +78,29 @@ CASES = [
     (["eval", "--trace", "{d}/not.npz"], "--trace"),
     (["eval", "--trace", "{d}/truncated.npz"], "--trace"),
     (["eval", "--trace", "{d}/noschema.npz"], "schema_version"),
-    (["eval", "--trace", "{d}/prefill.npz"], "--k=256 must be below the trace's 8 tokens"),
+    (["eval", "--trace", "{d}/prefill.npz"], "--k=128 must be below the trace's 8 tokens"),
+    (["eval", "--trace", "{d}/prefill.npz", "--sparsities", "0.3"],
+     "--sparsities does not apply to a prefill trace"),
+    (["eval", "--budget", "512"], "--budget does not apply to a decode trace"),
+    (["eval", "--plot", "{d}/e.gif"], "--plot="),
+    (["eval", "--k", "64,,256"], "--k must be an integer"),
+    (["eval", "--sparsities", "0.2,0.2"], "repeats 0.2"),
+    (["eval", "--sparsities", "0.2,"], "empty item"),
+    (["eval", "--bogus"], "jaxsparse eval: error: unrecognized arguments: --bogus"),
+    (["quality", "--text", "{d}/short.txt", "--tokens", "64", "--k", "8,8"], "repeats 8"),
+    (["trace", "decode", "--text", "{d}/short.txt", "--out", "{d}/t.npz", "--tokens", "64"],
+     "--tokens does not apply to a decode trace"),
+    (["trace", "prefill", "--text", "{d}/short.txt", "--out", "{d}/t.npz", "--steps", "6"],
+     "--steps does not apply to a prefill trace"),
+    (["trace", "decode", "--text", "{d}/short.txt", "--out", "{d}/t.npz", "--layers", "5,5"],
+     "repeats 5"),
+    (["bench", "--devices", "2"], "--devices does not apply to `bench kernels`"),
+    (["bench", "prefill", "--slots", "1024"], "--slots does not apply to `bench prefill`"),
+    (["plan", "--trace", "{d}/prefill.npz,{d}/prefill.npz", "--out", "{d}/p.json"],
+     "repeats"),
+    (["train", "indexer", "--out", "{d}/r", "--num-layers", "31"], "--num-layers=31"),
+    (["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2", "--schedule",
+      "64:2"], "--schedule does not apply"),
     (["eval", "--out", "/nonexistent/dir/r.json"], "--out"),
     (["eval", "--out", "{d}"], "is a directory"),
     (["eval", "--plot", "/proc/x.png"], "--plot"),
@@ -228,7 +257,8 @@ def test_eval_on_a_prefill_trace_compares_attentionindex_hisa_and_full(tmp_path,
   assert "AttentionIndex (IVF)" in text and "HiSA blocks" in text and "summary" in text
   rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
   assert rows["full DSA"]["recall"] == 1.0
-  assert 0 < rows["HiSA blocks"]["recall"] <= 1 and rows["AttentionIndex (IVF)"]["candidates"] <= 200
+  assert 0 < rows["HiSA blocks"]["recall"] <= 1
+  assert rows["AttentionIndex (IVF)"]["candidates"] <= 200
   assert cli.main(["eval", "--trace", path, "--budget", "50", "--seal-window", "64"]) == 2
   assert "--budget=50" in capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -256,7 +286,7 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
   rows = {r["method"]: r for r in json.loads(res.read_text())["rows"]}
   tr = traces.load(held)
   pos = np.unique(np.linspace(64, 639, 16).astype(np.int64))
-  per_layer = [float(ivf.evaluate(tr.q[i], tr.w[i], tr.k[i], cfg, method=pl["methods"][layer],
+  per_layer = [float(ivf.evaluate(tr.q[i], tr.k[i], tr.w[i], cfg, method=pl["methods"][layer],
                                   query_positions=pos)["recall"].mean())
                for i, layer in enumerate([3, 7])]
   planned = rows["IVF planned (per layer)"]["recall"]
@@ -275,3 +305,58 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
                     (["--trace", str(tmp_path / "no.npz")], "does not exist")]:
     assert cli.main(["plan", "--trace", paths[0], "--out", out] + opts + argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def _help_examples():
+  """Every `jaxsparse ...` example line of every command's help (continuations joined)."""
+  import re
+  import shlex
+  from jaxsparse.cli import bench, eval as eval_cmd, metric, model, plan, quality, trace, train
+  from train import indexer
+  texts = [m.HELP for m in (bench, eval_cmd, metric, model, plan, quality, trace)]
+  texts += [train.HELP.format(provenance=""), indexer.__doc__]
+  out = []
+  for text in texts:
+    lines = text.replace("\\\\", "\\").splitlines()
+    for i, line in enumerate(lines):
+      if not line.lstrip().startswith("jaxsparse "):
+        continue
+      while line.rstrip().endswith("\\"):  # a continued example
+        i += 1
+        line = line.rstrip()[:-1].rstrip() + " " + lines[i].strip()
+      line = re.split(r"\s{2,}", line.strip())[0]  # drop the comment after the command
+      argv = shlex.split(line)[1:]
+      out.append(argv[:argv.index("...")] if "..." in argv else argv)
+  return out
+
+
+@pytest.mark.parametrize("argv", _help_examples(), ids=lambda a: " ".join(a[:4]))
+def test_every_help_example_parses_and_passes_the_option_rules(argv):
+  """Each example's options exist, apply to its mode and agree with each other (the checks
+  that run before any work); running them at full size is the README's and GPU suite's job."""
+  if argv[:2] == ["train", "indexer"]:
+    from train import indexer
+    indexer.config_from_args(indexer.build_parser().parse_args(argv[2:]))
+    return
+  if argv[:2] == ["train", "corrector"]:
+    from train import corrector
+    corrector.build_parser().parse_args(argv[2:])
+    return
+  args, extra = cli.build_parser().parse_known_args(argv)
+  assert not extra, extra
+  from jaxsparse.cli import _common, bench, trace
+  if argv[0] in ("trace", "bench"):
+    mod = {"trace": trace, "bench": bench}[argv[0]]
+    mine, other = ((mod.DECODE, mod.PREFILL) if args.kind == "decode" else
+                   (mod.PREFILL, mod.DECODE)) if argv[0] == "trace" else \
+        ((mod.PREFILL, mod.KERNELS) if args.what == "prefill" else (mod.KERNELS, mod.PREFILL))
+    _common.reject_given(args, other, "here")
+
+
+def test_the_library_does_not_import_train():
+  import pathlib
+  import re
+  root = pathlib.Path(__file__).resolve().parents[1] / "jaxsparse"
+  bad = [str(p) for p in root.rglob("*.py") if "cli" not in p.relative_to(root).parts
+         and re.search(r"^\s*(from train\b|import train\b)", p.read_text(), re.M)]
+  assert not bad

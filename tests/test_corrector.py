@@ -61,8 +61,8 @@ def test_zero_initialised_network_is_plain_ivf(data):
   cfg = ivf.IVFConfig(topk=16, budget=96, seal_window=64, cluster_size=16, refit_interval=128)
   m = C.Corrector(C.CorrectorConfig(dim=16), rngs=nnx.Rngs(3))
   pos = np.arange(70, 512, 9)
-  a = ivf.evaluate(q, w, k, cfg, query_positions=pos)
-  b = ivf.evaluate(q, w, k, cfg, query_positions=pos, corrector=m)
+  a = ivf.evaluate(q, k, w, cfg, query_positions=pos)
+  b = ivf.evaluate(q, k, w, cfg, query_positions=pos, corrector=m)
   np.testing.assert_array_equal(a["topk_indices"], b["topk_indices"])
   _, corr = m(jnp.asarray(k), jnp.asarray(np.arange(512) % 7, jnp.int32), 7)
   assert float(jnp.abs(corr).max()) == 0.0
@@ -91,7 +91,7 @@ def test_training_lowers_the_listwise_loss_and_exports(trained, data):
   assert r["layer"] == 4 and r["steps_run"] == 40
   tr = traces.load(data[0])
   q, w, k = (np.asarray(a) for a in (tr.q[0], tr.w[0], tr.k[0]))
-  snaps = tc.build_snapshots(q, w, k, cfg.ivf_config())
+  snaps = tc.build_snapshots(q, k, w, cfg.ivf_config())
   C.load.cache_clear()
   trained_m = C.load(os.path.join(out, "correctors.npz"))[4]
   fresh = C.Corrector(trained_m.cfg, rngs=nnx.Rngs(0))
@@ -110,11 +110,11 @@ def test_training_lowers_the_listwise_loss_and_exports(trained, data):
   assert open(os.path.join(out, "report.png"), "rb").read(4) == b"\x89PNG"
   # the export loads by path in ivf.evaluate
   ev = traces.load(data[1])
-  res = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=[300, 400],
+  res = ivf.evaluate(ev.q[0], ev.k[0], ev.w[0], cfg.ivf_config(), query_positions=[300, 400],
                      corrector=os.path.join(out, "correctors.npz"), layer=4)
   assert res["recall"].shape == (2,)
   with pytest.raises(ValueError, match="layer=5"):
-    ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=[300],
+    ivf.evaluate(ev.q[0], ev.k[0], ev.w[0], cfg.ivf_config(), query_positions=[300],
                  corrector=os.path.join(out, "correctors.npz"), layer=5)
 
 
@@ -123,9 +123,9 @@ def test_snapshots_in_query_chunks_equal_one_chunk(trained, data, monkeypatch):
   _, cfg, _ = trained
   tr = traces.load(data[0])
   q, w, k = (np.asarray(a) for a in (tr.q[0], tr.w[0], tr.k[0]))
-  whole = tc.build_snapshots(q, w, k, cfg.ivf_config())
+  whole = tc.build_snapshots(q, k, w, cfg.ivf_config())
   monkeypatch.setattr(tc, "_REF_SCORES", 7 * q.shape[1] * k.shape[0])  # 7 queries a chunk
-  chunked = tc.build_snapshots(q, w, k, cfg.ivf_config())
+  chunked = tc.build_snapshots(q, k, w, cfg.ivf_config())
   assert len(chunked) == len(whole)
   for a, b in zip(whole, chunked):
     for name in a:
@@ -205,9 +205,9 @@ def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(dat
   assert C.file_meta(path)["plain_layers"] == [4] and 4 not in C.load(path)
   ev = traces.load(data[1])
   pos = np.arange(100, 500, 37)
-  got = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=pos,
+  got = ivf.evaluate(ev.q[0], ev.k[0], ev.w[0], cfg.ivf_config(), query_positions=pos,
                      corrector=path, layer=4)
-  want = ivf.evaluate(ev.q[0], ev.w[0], ev.k[0], cfg.ivf_config(), query_positions=pos)
+  want = ivf.evaluate(ev.q[0], ev.k[0], ev.w[0], cfg.ivf_config(), query_positions=pos)
   np.testing.assert_array_equal(got["topk_indices"], want["topk_indices"])
 
 

@@ -33,7 +33,7 @@ for p in (1, 2, 4, 8):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
   for strat in ("allgather", "ring"):
     for fp8 in ((False, True) if p in (1, 4) else (False,)):
-      v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, fp8_keys=fp8, block=32)
+      v, i = sharded_prefill_topk(q, k, w, K, mesh=mesh, strategy=strat, fp8_keys=fp8, block=32)
       out["runs"][f"{p}-{strat}-{fp8}"] = {"i": i.tolist(), "v": np.where(np.isfinite(v), v, -1e30).tolist()}
 # the kernel path (interpret mode here): each device runs prefill_topk's kernels
 one = jaxsparse.prefill_topk(jnp.asarray(q), jnp.asarray(k), jnp.asarray(w), K,
@@ -43,7 +43,7 @@ out["kernel_one"] = {"i": np.asarray(one[1]).tolist(),
 for p in (1, 2, 8):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
   for strat in ("allgather", "ring"):
-    v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, block=32,
+    v, i = sharded_prefill_topk(q, k, w, K, mesh=mesh, strategy=strat, block=32,
                                 implementation="pallas")
     out["kernel"][f"{p}-{strat}"] = {"i": i.tolist(),
                                      "v": np.where(np.isfinite(v), v, -1e30).tolist()}
@@ -181,11 +181,11 @@ def test_sharded_bad_input():
   from jaxsparse.distributed import sharded_prefill_topk
   q = np.zeros((10, 2, 4), np.float32)
   with pytest.raises(ValueError, match="strategy"):
-    sharded_prefill_topk(q, q[:, :, 0], q[:, 0], 4, strategy="tree")
+    sharded_prefill_topk(q, q[:, 0], q[:, :, 0], 4, strategy="tree")
   with pytest.raises(ValueError, match=r"\[N, H, D\]"):
-    sharded_prefill_topk(q, q[:, :, 0], q[:5, 0], 4)
+    sharded_prefill_topk(q, q[:5, 0], q[:, :, 0], 4)
   with pytest.raises(ValueError, match="topk=0"):
-    sharded_prefill_topk(q, q[:, :, 0], q[:, 0], 0)
+    sharded_prefill_topk(q, q[:, 0], q[:, :, 0], 0)
 
 
 def test_bench_prefill_command_on_emulated_devices(tmp_path):
@@ -201,7 +201,7 @@ def test_bench_prefill_command_on_emulated_devices(tmp_path):
   assert {(r["devices"], r["strategy"]) for r in rows} == {
       (1, "unsharded"), (1, "causal_segments"), (1, "allgather"), (1, "ring"), (2, "allgather"),
       (2, "ring")}
-  assert all(r["vs_unsharded"] > 0 for r in rows)
+  assert all(r["speedup_vs_unsharded"] > 0 for r in rows)
   assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -224,7 +224,7 @@ k = rng.standard_normal((n, d)).astype(np.float32)
 mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
 res = {"process_count": jax.process_count(), "devices": len(jax.devices())}
 for strat in ("allgather", "ring"):
-  v, i = sharded_prefill_topk(q, w, k, K, mesh=mesh, strategy=strat, block=32)
+  v, i = sharded_prefill_topk(q, k, w, K, mesh=mesh, strategy=strat, block=32)
   res[strat] = i.tolist()
 json.dump(res, open(out, "w"))
 jax.distributed.shutdown()
@@ -256,7 +256,7 @@ def test_two_processes_match_one_device(tmp_path):
   k = rng.standard_normal((n, d)).astype(np.float32)
   import jax
   one = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
-  _, want = sharded_prefill_topk(q, w, k, K, mesh=one, block=32)
+  _, want = sharded_prefill_topk(q, k, w, K, mesh=one, block=32)
   for o in outs:
     assert o["process_count"] == 2 and o["devices"] == 4
     for strat in ("allgather", "ring"):
@@ -281,18 +281,18 @@ out = {}
 for refit in (0, 256):
   cfg = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16,
                       refit_interval=refit, sink=4)
-  want, wnum = ivf.prefill_topk(q, w, k, cfg)
+  want, wnum = ivf.prefill_topk(q, k, w, cfg)
   out[f"single-{refit}"] = recall(want)
   for p in (1, 2, 8):
-    got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:p])
+    got, num = sharded_ivf_prefill_topk(q, k, w, cfg, devices=jax.devices()[:p])
     out[f"{p}-{refit}"] = {"same": bool(np.array_equal(got, want)),
                           "num_same": bool(np.array_equal(num, wnum)), "recall": recall(got),
                           "budget": int(num.max())}
 blk = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16, refit_interval=0,
                     sink=4, query_block=8)
-want, wnum = ivf.prefill_topk(q, w, k, blk)
+want, wnum = ivf.prefill_topk(q, k, w, blk)
 for p in (8,):  # shared query blocks, seal only: exactly one device's
-  got, num = sharded_ivf_prefill_topk(q, w, k, blk, devices=jax.devices()[:p])
+  got, num = sharded_ivf_prefill_topk(q, k, w, blk, devices=jax.devices()[:p])
   out[f"block-{p}"] = bool(np.array_equal(got, want) and np.array_equal(num, wnum))
 m = rng.standard_normal((d, d))  # a grouping metric that regroups the keys
 a = (np.eye(d) + 0.5 * (m + m.T) / np.sqrt(d)).astype(np.float32)
@@ -300,10 +300,10 @@ a = a @ a.T
 for refit in (0, 256):
   cfg = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16,
                       refit_interval=refit, sink=4)
-  want, wnum = ivf.prefill_topk(q, w, k, cfg, metric=a)
-  plain, _ = ivf.prefill_topk(q, w, k, cfg)
+  want, wnum = ivf.prefill_topk(q, k, w, cfg, metric=a)
+  plain, _ = ivf.prefill_topk(q, k, w, cfg)
   for p in ((1, 8) if refit == 0 else (1,)):
-    got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:p], metric=a)
+    got, num = sharded_ivf_prefill_topk(q, k, w, cfg, devices=jax.devices()[:p], metric=a)
     out[f"metric-{p}-{refit}"] = {"same": bool(np.array_equal(got, want)),
                                  "num_same": bool(np.array_equal(num, wnum)),
                                  "differs": bool(not np.array_equal(got, plain))}
@@ -319,24 +319,24 @@ def corr(state, keys, mean):  # a correction read from the members' own keys: ea
 cfg = ivf.IVFConfig(topk=16, budget=160, seal_window=64, cluster_size=16, refit_interval=0,
                     sink=4)
 for name, extra in (("corrected", {}), ("corrected-metric", dict(metric=a))):
-  want, wnum = ivf.prefill_topk(q, w, k, cfg, corrector=corr, **extra)
-  plain, _ = ivf.prefill_topk(q, w, k, cfg, **extra)
-  got, num = sharded_ivf_prefill_topk(q, w, k, cfg, devices=jax.devices()[:8], corrector=corr,
+  want, wnum = ivf.prefill_topk(q, k, w, cfg, corrector=corr, **extra)
+  plain, _ = ivf.prefill_topk(q, k, w, cfg, **extra)
+  got, num = sharded_ivf_prefill_topk(q, k, w, cfg, devices=jax.devices()[:8], corrector=corr,
                                       **extra)
   out[name] = {"same": bool(np.array_equal(got, want)), "num_same": bool(np.array_equal(num, wnum)),
                "differs": bool(not np.array_equal(got, plain))}
 m = 330  # the kernels (GPU interpret mode), seal only, on 2 devices: one device's kernels' result
-want, wnum = ivf.prefill_topk(q[:m], w[:m], k[:m], cfg, implementation="pallas")
-got, num = sharded_ivf_prefill_topk(q[:m], w[:m], k[:m], cfg, devices=jax.devices()[:2],
+want, wnum = ivf.prefill_topk(q[:m], k[:m], w[:m], cfg, implementation="pallas")
+got, num = sharded_ivf_prefill_topk(q[:m], k[:m], w[:m], cfg, devices=jax.devices()[:2],
                                     implementation="pallas")
 out["kernels"] = bool(np.array_equal(got, want) and np.array_equal(num, wnum))
 try:
-  sharded_ivf_prefill_topk(q, w, k, cfg, implementation="triton")
+  sharded_ivf_prefill_topk(q, k, w, cfg, implementation="triton")
   out["bad-implementation"] = ""
 except ValueError as e:
   out["bad-implementation"] = str(e)
 try:
-  sharded_ivf_prefill_topk(q, w, k, cfg, metric=np.eye(d + 1))
+  sharded_ivf_prefill_topk(q, k, w, cfg, metric=np.eye(d + 1))
   out["bad-metric"] = ""
 except ValueError as e:
   out["bad-metric"] = str(e)

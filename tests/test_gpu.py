@@ -10,7 +10,7 @@ import pytest
 
 import jaxsparse
 from jaxsparse.prep import quantize_fp8
-from tests.conftest import assert_scores_close
+from tests.conftest import assert_scores_close, topk_options
 
 GPU_TOL = 2e-3  # TF32 / MMA accumulation orders on the GPU; a 1% error still fails
 from tests.reference import (index_ordered, np_indexer, np_topk, prefill_case, random_paged,
@@ -83,15 +83,23 @@ def test_topk_gpu_finish_repairs(rows, n, k, compact, mid, rank):
   block of candidates at one and 8 rows, in value buckets at k = 2048 by default) or the
   split bitonic finish's merge program (8 rows; with a middle merge kernel; scan, lane and
   gathering compactions), against numpy."""
-  from pallas_kernels.topk import TopkConfig
-  cfg = TopkConfig(compact=compact, bitonic_mid=mid, finish="rank" if rank else "auto",
-                   rank_max_rows=rows if rank else 1)
-  _check_repaired_rows(cfg, rows, n, k)
+  _check_repaired_rows(dict(compact=compact, bitonic_mid=mid, finish="rank" if rank else "auto",
+                            rank_max_rows=rows if rank else 1), rows, n, k)
 
 
-def _check_repaired_rows(cfg, rows: int, n: int, k: int):
-  """Calls of `rows` (1 or 8) rows of jaxsparse.topk(config=cfg) against numpy: rows
-  overflowing by ties and by sorted runs next to ordinary, ragged and empty ones."""
+def _pallas_topk(x, k: int, lengths, options: dict, sorted: bool = True):  # noqa: A002
+  """What jaxsparse.topk(implementation="pallas") runs for scores [R, N] (k <= N), with the
+  config and tuning table of `topk_options(**options)`."""
+  from jaxsparse.backend import KernelPlatform
+  from pallas_kernels.topk import topk_rows
+  cfg, tun = topk_options(**options)
+  return topk_rows(x, lengths, k, cfg, KernelPlatform("gpu", False), ordered=sorted,
+                   tuning=tun)
+
+
+def _check_repaired_rows(options: dict, rows: int, n: int, k: int):
+  """Calls of `rows` (1 or 8) rows of the top-K with `topk_options(**options)` against numpy:
+  rows overflowing by ties and by sorted runs next to ordinary, ragged and empty ones."""
   rng = np.random.default_rng(n + rows)
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5  # ties across the threshold: overflow
@@ -99,8 +107,7 @@ def _check_repaired_rows(cfg, rows: int, n: int, k: int):
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
   for r0 in range(0, 8, rows) if rows == 8 else (0, 1, 3, 4, 6):
     xs, ls = x[r0:r0 + rows], lens[r0:r0 + rows]
-    v, i = jaxsparse.topk(jnp.asarray(xs), k, lengths=jnp.asarray(ls), implementation="pallas",
-                          config=cfg)
+    v, i = _pallas_topk(jnp.asarray(xs), k, jnp.asarray(ls), options)
     rv, ri = np_topk(xs, k, ls)
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
@@ -113,9 +120,10 @@ def test_topk_gpu_rank_merge(rows, n, k):
   inside) compiled, with overflowing, ragged and empty rows (`_check_repaired_rows`), and
   SPIN's block map through it."""
   from pallas_kernels.topk import TopkConfig
+  from pallas_kernels.topk._tuning import TUNING
   cfg = TopkConfig()
-  assert cfg.rank_merge_for(rows, k) == 32
-  _check_repaired_rows(cfg, rows, n, k)
+  assert TUNING.rank_merge_for(rows, k) == 32
+  _check_repaired_rows({}, rows, n, k)
   if n == 32768:
     rng = np.random.default_rng(5)
     sel = np.stack([rng.permutation(1024)[:n // 64] for _ in range(rows)]).astype(np.int32)
@@ -132,8 +140,8 @@ def test_topk_gpu_rank_merge(rows, n, k):
                                                           blk * 64 + np.maximum(ri, 0) % 64, -1))
 
 
-def _check_single_rows(cfg, n: int, k: int, seed: int):
-  """One-row calls of jaxsparse.topk(config=cfg) against numpy: rows with and without ties
+def _check_single_rows(options: dict, n: int, k: int, seed: int):
+  """One-row calls of the top-K with `topk_options(**options)` against numpy: rows with and without ties
   among the candidates (scores rounded to 1/64 tie often; a tile of 64 distinct values
   overflows the buffer), ragged and empty rows."""
   rng = np.random.default_rng(seed)
@@ -142,8 +150,7 @@ def _check_single_rows(cfg, n: int, k: int, seed: int):
   x[2] = np.tile(np.arange(64, dtype=np.float32), n // 64)  # ties at the k-th: overflow
   lens = np.array([n, n - 5, n, 17, 0], np.int32)
   for r in range(5):
-    v, i = jaxsparse.topk(jnp.asarray(x[r:r + 1]), k, lengths=jnp.asarray(lens[r:r + 1]),
-                          implementation="pallas", config=cfg)
+    v, i = _pallas_topk(jnp.asarray(x[r:r + 1]), k, jnp.asarray(lens[r:r + 1]), options)
     rv, ri = np_topk(x[r:r + 1], k, lens[r:r + 1])
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
@@ -154,28 +161,25 @@ def _check_single_rows(cfg, n: int, k: int, seed: int):
 def test_topk_gpu_rank_variants(n, k, block_i, buckets):
   """The rank finish (one row) compiled with blocks of 8 or 16 candidates, with and without
   two value buckets (`_check_single_rows`)."""
-  from pallas_kernels.topk import TopkConfig
-  _check_single_rows(TopkConfig(rank_block_i=block_i, rank_buckets=buckets,
-                                rank_buckets_min_k=512), n, k, seed=n + block_i)
+  _check_single_rows(dict(rank_block_i=block_i, rank_buckets=buckets,
+                          rank_buckets_min_k=512), n, k, seed=n + block_i)
 
 
 @pytest.mark.parametrize("run,compact", [
     (0, "scan"), (256, "scan"), (512, "scan"), (1024, "scan"), (512, "lane"), (0, "lane")])
 def test_topk_gpu_split_bitonic(run, compact):
-  """TopkConfig(bitonic_run=r, compact=c) compiled: sorted (one-pass atomic compaction, by
+  """Runs of r (`Tuning.bitonic_run`) and compact=c compiled: sorted (one-pass atomic compaction, by
   chunk ranges or one atomic per candidate; bitonic finish, split into runs and merges when
   r > 0) and as a set (count, compaction in index order), overflowing rows repaired."""
-  from pallas_kernels.topk import TopkConfig
   rng = np.random.default_rng(run)
   n, k = 131072, 2048
   x = rng.standard_normal((8, n)).astype(np.float32)
   x[1, :5000] = 1.5
   lens = np.array([n, n // 3, n, 17, n, n - 1, 0, n], np.int32)
-  cfg = TopkConfig(bitonic_run=run, compact=compact)
   rv, ri = np_topk(x, k, lens)
   for srt in (True, False):
-    v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
-                          config=cfg, sorted=srt)
+    v, i = _pallas_topk(jnp.asarray(x), k, jnp.asarray(lens),
+                        dict(bitonic_run=run, compact=compact), sorted=srt)
     wv, wi = (rv, ri) if srt else index_ordered(rv, ri)
     np.testing.assert_array_equal(np.asarray(i), wi)
     np.testing.assert_array_equal(np.asarray(v), wv)
@@ -219,6 +223,7 @@ def test_topk_gpu_refined_threshold(n, k):
   several times k entries, beside the hard rows (ties, NaN, -0.0, -inf, ragged, empty), with
   lengths; compiled, against numpy."""
   from pallas_kernels.topk import TopkConfig
+  from pallas_kernels.topk._tuning import TUNING
   hard, lens8 = _hard_rows(n, k, True)
   rng = np.random.default_rng(n)
   x = np.cumsum(rng.standard_normal((256, n)), axis=1).astype(np.float32)
@@ -226,7 +231,7 @@ def test_topk_gpu_refined_threshold(n, k):
   lens = np.full(256, n, np.int32)
   lens[:8] = lens8
   lens[8::3] = rng.integers(0, n + 1, lens[8::3].shape)
-  assert TopkConfig().refines(256, True)
+  assert TUNING.refines(256, True)
   v, i = jaxsparse.topk(jnp.asarray(x), k, lengths=jnp.asarray(lens), implementation="pallas",
                         config=TopkConfig(gather=True))
   rv, ri = np_topk(x, k, lens)
@@ -243,14 +248,12 @@ def test_topk_gpu_rank_finish(n, k, lengths, block_i, block_j, warps):
   kernel): 8 rows with ties across the threshold, sorted runs (repaired), NaN, -0.0, -inf,
   heavy ties, ragged and empty rows, with and without lengths; and each row alone, which
   the default config (finish="auto") also sends to the rank finish."""
-  from pallas_kernels.topk import TopkConfig
   x, lens = _hard_rows(n, k, lengths)
   x[7] = np.round(x[7] * 2)  # heavy ties everywhere
-  cfg = TopkConfig(finish="rank", rank_block_i=block_i, rank_block_j=block_j,
-                   rank_warps=warps)
   rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
-  v, i = jaxsparse.topk(jnp.asarray(x), k, implementation="pallas", config=cfg,
-                        lengths=None if lens is None else jnp.asarray(lens))
+  v, i = _pallas_topk(jnp.asarray(x), k, None if lens is None else jnp.asarray(lens),
+                      dict(finish="rank", rank_block_i=block_i, rank_block_j=block_j,
+                           rank_warps=warps))
   np.testing.assert_array_equal(np.asarray(i), ri)
   np.testing.assert_array_equal(np.asarray(v), rv)
   for r in (0, 1, 4, 7):
@@ -267,13 +270,12 @@ def test_topk_gpu_falsi(n, k, lengths, slack):
   """The whole call compiled with the regula falsi threshold (`TopkConfig(threshold=
   "falsi")`): the hard rows of `_hard_rows` together (bitonic finish) and one at a time (rank
   finish), against numpy."""
-  from pallas_kernels.topk import TopkConfig
   x, lens = _hard_rows(n, k, lengths)
-  cfg = TopkConfig(threshold="falsi", falsi_slack=slack)
   rv, ri = np_topk(x, k, np.full(8, n) if lens is None else lens)
   for r0, r1 in ((0, 8), (0, 1), (4, 5), (7, 8)):
-    v, i = jaxsparse.topk(jnp.asarray(x[r0:r1]), k, implementation="pallas", config=cfg,
-                          lengths=None if lens is None else jnp.asarray(lens[r0:r1]))
+    v, i = _pallas_topk(jnp.asarray(x[r0:r1]), k,
+                        None if lens is None else jnp.asarray(lens[r0:r1]),
+                        dict(threshold="falsi", falsi_slack=slack))
     np.testing.assert_array_equal(np.asarray(i), ri[r0:r1])
     np.testing.assert_array_equal(np.asarray(v), rv[r0:r1])
 
@@ -635,30 +637,30 @@ def test_ivf_kernels_gpu():
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
   q, k = jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16)  # exact products in the MMAs
   cfg = ivf.IVFConfig(topk=64, budget=768, seal_window=256, cluster_size=32, refit_interval=1024)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="xla")
+  got = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
   assert (got[0] == want[0]).mean() > 0.999  # float32 sums in another order: rare near-ties
   # shared query blocks: the dense prefill scoring kernel over each block's gathered keys
   cfg = dataclasses.replace(cfg, budget=1536, query_block=64)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla")
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="xla")
+  got = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   assert (got[0] == want[0]).mean() > 0.999
   # under a grouping metric: mapped keys through the assignment kernel, mapped queries
   # through the representative kernel; the metric changes the result
   from jaxsparse.ivf import metric
-  a = metric.fit(np.asarray(q, np.float32) * np.linspace(0.3, 2, d), w, np.asarray(k, np.float32))
+  a = metric.fit(np.asarray(q, np.float32) * np.linspace(0.3, 2, d), np.asarray(k, np.float32), w)
   cfg = dataclasses.replace(cfg, budget=768, query_block=1)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="xla", metric=a)
-  got = ivf.prefill_topk(q, w, k, cfg, implementation="pallas", metric=a)
-  plain = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="xla", metric=a)
+  got = ivf.prefill_topk(q, k, w, cfg, implementation="pallas", metric=a)
+  plain = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], want[1])
   assert (got[0] == want[0]).mean() > 0.999 and (got[0] != plain[0]).any()
   # the sharded driver on this one device, seal only: the single-device kernels' result
   from jaxsparse.distributed import sharded_ivf_prefill_topk
   cfg = dataclasses.replace(cfg, refit_interval=0)
-  want = ivf.prefill_topk(q, w, k, cfg, implementation="pallas")
-  got = sharded_ivf_prefill_topk(q, w, k, cfg, implementation="pallas")
+  want = ivf.prefill_topk(q, k, w, cfg, implementation="pallas")
+  got = sharded_ivf_prefill_topk(q, k, w, cfg, implementation="pallas")
   np.testing.assert_array_equal(got[1], np.asarray(want[1]))
   assert (got[0] == np.asarray(want[0])).mean() > 0.999
 

@@ -23,7 +23,7 @@ def _trace(n=400, h=4, d=16, seed=0):
   k = centers[rng.integers(0, 12, n)] + 0.3 * rng.standard_normal((n, d))
   q = rng.standard_normal((n, h, d))
   w = rng.uniform(0.1, 1.0, (n, h))
-  return q.astype(np.float32), w.astype(np.float32), k.astype(np.float32)
+  return q.astype(np.float32), k.astype(np.float32), w.astype(np.float32)
 
 
 def _np_candidates(gs, sizes, assign, rank, gend, pos, budget, sink):
@@ -73,36 +73,36 @@ def test_candidate_packing_matches_loop_reference():
 def test_no_query_sees_a_key_after_its_position():
   """Changing every key, query and weight after position n leaves query n's top-K unchanged,
   for every method, with seals and refits happening inside the sequence."""
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.asarray([3, 63, 64, 100, 127, 128, 129, 200, 255, 256, 300, 399])
   rng = np.random.default_rng(9)
   for method in ("ivf", "hisa", "full"):
-    base = ivf.evaluate(q, w, k, CFG, method=method, query_positions=pos)
+    base = ivf.evaluate(q, k, w, CFG, method=method, query_positions=pos)
     assert (base["topk_indices"] <= pos[:, None]).all()
     assert (base["num_candidates"] <= pos + 1).all()
     for j, n in enumerate(pos):
       q2, w2, k2 = q.copy(), w.copy(), k.copy()
       k2[n + 1:] = 5 * rng.standard_normal(k2[n + 1:].shape)
       q2[n + 1:] = rng.standard_normal(q2[n + 1:].shape)
-      r = ivf.evaluate(q2, w2, k2, CFG, method=method, query_positions=pos[j:j + 1])
+      r = ivf.evaluate(q2, k2, w2, CFG, method=method, query_positions=pos[j:j + 1])
       np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
 
 
 def test_before_the_first_seal_queries_score_every_key():
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.arange(0, 63)
-  r = ivf.evaluate(q, w, k, CFG, query_positions=pos)
+  r = ivf.evaluate(q, k, w, CFG, query_positions=pos)
   np.testing.assert_array_equal(r["num_candidates"], pos + 1)
   assert (r["recall"] == 1).all()
 
 
 def test_full_is_exact_and_budget_bounds_candidates():
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.arange(64, 400, 5)
-  full = ivf.evaluate(q, w, k, CFG, method="full", query_positions=pos)
+  full = ivf.evaluate(q, k, w, CFG, method="full", query_positions=pos)
   assert (full["recall"] == 1).all()
   for m in ("ivf", "hisa"):
-    r = ivf.evaluate(q, w, k, CFG, method=m, query_positions=pos)
+    r = ivf.evaluate(q, k, w, CFG, method=m, query_positions=pos)
     assert (r["num_candidates"] <= CFG.budget).all()
     assert (r["num_candidates"][pos >= CFG.budget] == CFG.budget).all()
     # recall is exactly the share of the reference top-K found
@@ -112,24 +112,24 @@ def test_full_is_exact_and_budget_bounds_candidates():
 
 
 def test_budget_covering_everything_is_exact():
-  q, w, k = _trace(n=200)
+  q, k, w = _trace(n=200)
   cfg = dataclasses.replace(CFG, budget=4096)
-  r = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(64, 200, 3))
+  r = ivf.evaluate(q, k, w, cfg, query_positions=np.arange(64, 200, 3))
   assert (r["recall"] == 1).all()
 
 
 def test_oracle_ranking_is_at_least_as_good_as_representatives():
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.arange(70, 400, 3)
   for m in ("ivf", "hisa"):
-    a = ivf.evaluate(q, w, k, CFG, method=m, query_positions=pos)["recall"].mean()
-    o = ivf.evaluate(q, w, k, CFG, method=m, query_positions=pos, oracle=True)["recall"].mean()
+    a = ivf.evaluate(q, k, w, CFG, method=m, query_positions=pos)["recall"].mean()
+    o = ivf.evaluate(q, k, w, CFG, method=m, query_positions=pos, oracle=True)["recall"].mean()
     assert o >= a - 1e-9
 
 
 @pytest.mark.parametrize("compact", [True, False])
 def test_seal_appends_groups_and_leaves_old_ones_untouched(compact):
-  _, _, k = _trace()
+  _, k, _ = _trace()
   kj = jnp.asarray(k)
   cfg = dataclasses.replace(CFG, compact=compact)
   st = index.init_state(400, 16, cfg)
@@ -171,7 +171,7 @@ def test_batched_window_clusters_give_the_same_seals(kernel):
   float32 rounding. Also lowers for GPU and TPU."""
   from jaxsparse.backend import KernelPlatform
   from tests.conftest import export_for
-  _, _, k = _trace()
+  _, k, _ = _trace()
   kj = jnp.asarray(k)
   plat = KernelPlatform(kernel, True) if kernel else None
   cl = index.cluster_windows(kj, CFG, platform=plat)
@@ -194,7 +194,7 @@ def test_incremental_seal_bookkeeping_equals_a_full_recount():
   """Seals count sizes, newest members and member ranks from the window alone; after every
   seal and refit they equal a recount over all keys (ranks of grouped keys, saturated as
   stored)."""
-  _, _, k = _trace(n=512)
+  _, k, _ = _trace(n=512)
   kj = jnp.asarray(k, jnp.float32)
   st = index.init_state(512, 16, CFG)
   g = st["sizes"].shape[0]
@@ -217,7 +217,7 @@ def test_refit_assigns_to_the_nearest_warm_start_center_with_valid_bounds(compac
   hold against the stored centers after the update: no tolerance beyond float32 rounding
   (compact bounds are rounded outward). interval=0: refits called every 128 keys by hand,
   so the centers the seals added come in two blocks of seal_window / cluster_size."""
-  _, _, k = _trace(n=512)
+  _, k, _ = _trace(n=512)
   kj = jnp.asarray(k, jnp.float32)
   cfg = dataclasses.replace(CFG, compact=compact, refit_interval=interval)
   st = index.init_state(512, 16, cfg)
@@ -300,20 +300,20 @@ def test_bad_configurations_name_the_argument(kw, msg):
 
 
 def test_bad_inputs_name_the_argument():
-  q, w, k = _trace(n=100)
+  q, k, w = _trace(n=100)
   with pytest.raises(ValueError, match="query_positions"):
-    ivf.evaluate(q, w, k, CFG, query_positions=[100])
+    ivf.evaluate(q, k, w, CFG, query_positions=[100])
   with pytest.raises(ValueError, match="query_positions"):
-    ivf.evaluate(q, w, k, CFG, query_positions=[-1])
+    ivf.evaluate(q, k, w, CFG, query_positions=[-1])
   with pytest.raises(ValueError, match="method"):
-    ivf.evaluate(q, w, k, CFG, method="lsh", query_positions=[5])
+    ivf.evaluate(q, k, w, CFG, method="lsh", query_positions=[5])
   with pytest.raises(ValueError, match=r"\[N, H, D\]"):
-    ivf.evaluate(q[:, 0], w, k, CFG, query_positions=[5])
+    ivf.evaluate(q[:, 0], k, w, CFG, query_positions=[5])
 
 
 def test_gathered_candidates_equal_the_mask():
   """candidate_indices (what a prefill kernel gathers) holds exactly candidate_mask's keys."""
-  q, w, k = _trace(n=400)
+  q, k, w = _trace(n=400)
   kj = jnp.asarray(k)
   st = index.init_state(400, 16, CFG)
   for p in (64, 128, 192):
@@ -348,9 +348,9 @@ def test_hisa_prefill_equals_the_evaluation_path_for_every_query():
   candidates of `evaluate(method="hisa")` for every query: the same counts and a top-K of the
   same float64 scores (ties among equal scores may pick other keys), never a later key."""
   n = 400
-  q, w, k = _trace(n=n)
-  idx, num = map(np.asarray, ivf.prefill_topk(q, w, k, CFG, method="hisa"))
-  ref = ivf.evaluate(q, w, k, CFG, method="hisa", query_positions=np.arange(n))
+  q, k, w = _trace(n=n)
+  idx, num = map(np.asarray, ivf.prefill_topk(q, k, w, CFG, method="hisa"))
+  ref = ivf.evaluate(q, k, w, CFG, method="hisa", query_positions=np.arange(n))
   np.testing.assert_array_equal(num, ref["num_candidates"])
   s = np.einsum("nhd,md->nhm", q.astype(np.float64), k.astype(np.float64))
   z = np.einsum("nhm,nh->nm", np.maximum(s, 0), w.astype(np.float64))
@@ -359,11 +359,11 @@ def test_hisa_prefill_equals_the_evaluation_path_for_every_query():
     assert len(got) == len(want) and (got <= i).all()
     np.testing.assert_allclose(np.sort(z[i, got]), np.sort(z[i, want]), rtol=1e-6, atol=1e-9)
   # HiSA's candidates are not AttentionIndex's: the two paths differ somewhere
-  assert (idx != ivf.prefill_topk(q, w, k, CFG)[0]).any()
+  assert (idx != ivf.prefill_topk(q, k, w, CFG)[0]).any()
   with pytest.raises(ValueError, match="method"):
-    ivf.prefill_topk(q, w, k, CFG, method="blocks")
+    ivf.prefill_topk(q, k, w, CFG, method="blocks")
   with pytest.raises(ValueError, match="corrector"):
-    ivf.prefill_topk(q, w, k, CFG, method="hisa", corrector=lambda st, kk, m: 0 * m)
+    ivf.prefill_topk(q, k, w, CFG, method="hisa", corrector=lambda st, kk, m: 0 * m)
 
 
 BLOCK_CFG = dataclasses.replace(CFG, query_block=8)
@@ -383,48 +383,48 @@ def test_prefill_topk_equals_the_evaluation_path_for_every_query(cfg, corr):
   candidates; with query_block = 8 those are the block's shared ones (ranked by the 8 queries
   ending at its first position, the slots of its last), scored densely; with a corrector both
   rank the corrected representatives (and differ from the plain means)."""
-  q, w, k = _trace(n=400)
-  idx, num = map(np.asarray, ivf.prefill_topk(q, w, k, cfg, corrector=corr))
-  ref = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(400), corrector=corr)
+  q, k, w = _trace(n=400)
+  idx, num = map(np.asarray, ivf.prefill_topk(q, k, w, cfg, corrector=corr))
+  ref = ivf.evaluate(q, k, w, cfg, query_positions=np.arange(400), corrector=corr)
   if corr is not None:
-    plain = ivf.evaluate(q, w, k, cfg, query_positions=np.arange(400))["topk_indices"]
+    plain = ivf.evaluate(q, k, w, cfg, query_positions=np.arange(400))["topk_indices"]
     assert (plain != ref["topk_indices"]).any()
   np.testing.assert_array_equal(num, ref["num_candidates"])
   for i in range(400):
     assert set(idx[i][idx[i] >= 0]) == set(ref["topk_indices"][i][ref["topk_indices"][i] >= 0])
   assert (idx <= np.arange(400)[:, None]).all() and num.max() <= cfg.budget
   if cfg.query_block > 1:  # a different selection from the per-query one
-    own = ivf.evaluate(q, w, k, CFG, query_positions=np.arange(400))["topk_indices"]
+    own = ivf.evaluate(q, k, w, CFG, query_positions=np.arange(400))["topk_indices"]
     assert (own != ref["topk_indices"]).any()
 
 
 def test_shared_blocks_never_use_a_later_key_or_query():
   """Changing every key, query and weight after position n leaves query n's top-K unchanged
   with shared blocks (n at every place in its block, and blocks that start a window)."""
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.asarray([63, 64, 70, 71, 127, 128, 134, 200, 255, 399])
   rng = np.random.default_rng(4)
-  base = ivf.evaluate(q, w, k, BLOCK_CFG, query_positions=pos)
+  base = ivf.evaluate(q, k, w, BLOCK_CFG, query_positions=pos)
   for j, n in enumerate(pos):
     q2, w2, k2 = q.copy(), w.copy(), k.copy()
     k2[n + 1:] = 5 * rng.standard_normal(k2[n + 1:].shape)
     q2[n + 1:] = 5 * rng.standard_normal(q2[n + 1:].shape)
     w2[n + 1:] = rng.uniform(0, 3, w2[n + 1:].shape)
-    r = ivf.evaluate(q2, w2, k2, BLOCK_CFG, query_positions=pos[j:j + 1])
+    r = ivf.evaluate(q2, k2, w2, BLOCK_CFG, query_positions=pos[j:j + 1])
     np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
-    got = np.asarray(ivf.prefill_topk(q2, w2, k2, BLOCK_CFG)[0])
+    got = np.asarray(ivf.prefill_topk(q2, k2, w2, BLOCK_CFG)[0])
     assert set(got[n][got[n] >= 0]) == set(base["topk_indices"][j][base["topk_indices"][j] >= 0])
 
 
 def test_prefill_topk_runs_under_jit():
   """A user may jit the whole prefill (config and method static): the same indices and counts
   as the eager call, with refits and a last window of fewer queries (600 = 9 x 64 + 24)."""
-  q, w, k = _trace(n=600)
+  q, k, w = _trace(n=600)
   cfg = dataclasses.replace(CFG, refit_interval=4 * CFG.seal_window)
   f = jax.jit(ivf.prefill_topk, static_argnames=("config", "method"))
   for method in ("ivf", "hisa"):
-    want = ivf.prefill_topk(q, w, k, cfg, method=method)
-    got = f(q, w, k, cfg, method=method)
+    want = ivf.prefill_topk(q, k, w, cfg, method=method)
+    got = f(q, k, w, cfg, method=method)
     for a, b in zip(want, got):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (np.asarray(got[0]) >= 0).sum(1).min() > 0

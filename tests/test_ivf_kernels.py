@@ -137,10 +137,10 @@ def test_prefill_with_kernels_equals_xla(kind, method, block, mapped, monkeypatc
   if mapped:
     from jaxsparse.ivf import metric
     a = metric.fit(rng.standard_normal((n, h, d)) * np.linspace(0.3, 2, d),
-                   rng.uniform(0, 1, (n, h)), k)
+                   k, rng.uniform(0, 1, (n, h)))
     extra = dict(metric=a)
-  want = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="xla", **extra)
-  got = ivf.prefill_topk(q, w, k, cfg, method=method, implementation="pallas", **extra)
+  want = ivf.prefill_topk(q, k, w, cfg, method=method, implementation="xla", **extra)
+  got = ivf.prefill_topk(q, k, w, cfg, method=method, implementation="pallas", **extra)
   np.testing.assert_array_equal(got[1], want[1])
   np.testing.assert_array_equal(got[0], want[0])
 

@@ -46,7 +46,7 @@ def test_fit_matches_a_float64_reference(eps):
   q = (rng.standard_normal((300, 3, 8)) * np.linspace(0.2, 3.0, 8)).astype(np.float32)
   w = rng.uniform(-0.5, 1.0, (300, 3)).astype(np.float32)
   k = rng.standard_normal((300, 8)).astype(np.float32)
-  a = metric.fit(q, w, k, eps=eps, queries=40, keys=30)
+  a = metric.fit(q, k, w, eps=eps, queries=40, keys=30)
   ref = _reference_metric(q, w, k, eps, queries=40, keys=30)
   assert a.dtype == np.float32 and a.shape == (8, 8)
   # float32 rounding of a matrix of entries ~1: relative 1e-6, far below a 1% error
@@ -88,11 +88,11 @@ def _raw_moment(q, w, k, queries, keys):
 def test_a_power_of_two_metric_changes_nothing():
   """2 I scales every distance by 4 and every key exactly: the same partition, the same
   ranking (q / 2 . 2 c), so the same selection bit for bit; the identity too."""
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.arange(60, 400, 7)
-  base = ivf.evaluate(q, w, k, CFG, query_positions=pos)
+  base = ivf.evaluate(q, k, w, CFG, query_positions=pos)
   for a in (np.eye(16, dtype=np.float32), 2 * np.eye(16, dtype=np.float32)):
-    r = ivf.evaluate(q, w, k, CFG, query_positions=pos, metric=a)
+    r = ivf.evaluate(q, k, w, CFG, query_positions=pos, metric=a)
     np.testing.assert_array_equal(r["topk_indices"], base["topk_indices"])
     np.testing.assert_array_equal(r["num_candidates"], base["num_candidates"])
 
@@ -106,46 +106,45 @@ def _nuisance_trace(n=1024, h=2, seed=0):
                       + 0.1 * rng.standard_normal((n, 8))], 1)
   q = np.concatenate([np.zeros((n, h, 8)), rng.standard_normal((n, h, 8))], 2)
   w = rng.uniform(0.5, 1.0, (n, h))
-  return q.astype(np.float32), w.astype(np.float32), k.astype(np.float32)
+  return q.astype(np.float32), k.astype(np.float32), w.astype(np.float32)
 
 
 def test_the_metric_groups_keys_by_what_queries_read():
   """On keys whose spread lies where no query looks, plain groups mix what queries tell apart;
   the metric fitted on other queries of the same kind groups them by score and finds far more
   of the top-K at the same budget."""
-  q, w, k = _nuisance_trace()
-  qt, wt, _ = _nuisance_trace(seed=1)
-  a = metric.fit(qt, wt, _nuisance_trace(seed=1)[2])
+  q, k, w = _nuisance_trace()
+  a = metric.fit(*_nuisance_trace(seed=1))
   cfg = ivf.IVFConfig(topk=32, budget=200, seal_window=128, cluster_size=16,
                       refit_interval=256, sink=4)
   pos = np.arange(256, 1024, 16)
-  plain = ivf.evaluate(q, w, k, cfg, query_positions=pos)["recall"].mean()
-  fitted = ivf.evaluate(q, w, k, cfg, query_positions=pos, metric=a)["recall"].mean()
+  plain = ivf.evaluate(q, k, w, cfg, query_positions=pos)["recall"].mean()
+  fitted = ivf.evaluate(q, k, w, cfg, query_positions=pos, metric=a)["recall"].mean()
   assert fitted > plain + 0.15, (plain, fitted)
 
 
 def test_no_query_sees_a_key_after_its_position_under_a_metric():
-  q, w, k = _trace()
+  q, k, w = _trace()
   a = metric.fit(*_trace(seed=2))
   pos = np.asarray([63, 64, 127, 128, 129, 255, 256, 399])
-  base = ivf.evaluate(q, w, k, CFG, query_positions=pos, metric=a)
+  base = ivf.evaluate(q, k, w, CFG, query_positions=pos, metric=a)
   assert (base["topk_indices"] <= pos[:, None]).all()
   rng = np.random.default_rng(9)
   for j, n in enumerate(pos):
     q2, w2, k2 = q.copy(), w.copy(), k.copy()
     k2[n + 1:] = 5 * rng.standard_normal(k2[n + 1:].shape)
     q2[n + 1:] = rng.standard_normal(q2[n + 1:].shape)
-    r = ivf.evaluate(q2, w2, k2, CFG, query_positions=pos[j:j + 1], metric=a)
+    r = ivf.evaluate(q2, k2, w2, CFG, query_positions=pos[j:j + 1], metric=a)
     np.testing.assert_array_equal(r["topk_indices"][0], base["topk_indices"][j])
 
 
 @pytest.mark.parametrize("corr", [None, _shift_corrector], ids=["plain", "corrected"])
 def test_prefill_topk_equals_the_evaluation_path_under_a_metric(corr):
-  q, w, k = _trace()
+  q, k, w = _trace()
   a = metric.fit(*_trace(seed=2))
-  idx, num = map(np.asarray, ivf.prefill_topk(q, w, k, CFG, metric=a, corrector=corr))
-  ref = ivf.evaluate(q, w, k, CFG, query_positions=np.arange(400), metric=a, corrector=corr)
-  plain = ivf.evaluate(q, w, k, CFG, query_positions=np.arange(400), corrector=corr)
+  idx, num = map(np.asarray, ivf.prefill_topk(q, k, w, CFG, metric=a, corrector=corr))
+  ref = ivf.evaluate(q, k, w, CFG, query_positions=np.arange(400), metric=a, corrector=corr)
+  plain = ivf.evaluate(q, k, w, CFG, query_positions=np.arange(400), corrector=corr)
   assert (plain["topk_indices"] != ref["topk_indices"]).any()  # the metric changed the groups
   np.testing.assert_array_equal(num, ref["num_candidates"])
   for i in range(400):
@@ -153,30 +152,30 @@ def test_prefill_topk_equals_the_evaluation_path_under_a_metric(corr):
 
 
 def test_bad_metrics_name_the_argument(tmp_path):
-  q, w, k = _trace()
+  q, k, w = _trace()
   pos = np.arange(100, 110)
   for bad, msg in [(np.eye(8), r"metric must be a \[16, 16\]"),
                    (np.diag(np.r_[1.0, -np.ones(15)]), "positive definite"),
                    (np.triu(np.ones((16, 16))), "symmetric"),
                    (np.full((16, 16), np.nan), "finite")]:
     with pytest.raises(ValueError, match=msg):
-      ivf.evaluate(q, w, k, CFG, query_positions=pos, metric=bad)
+      ivf.evaluate(q, k, w, CFG, query_positions=pos, metric=bad)
   with pytest.raises(ValueError, match="metric applies to method='ivf'"):
-    ivf.evaluate(q, w, k, CFG, method="hisa", query_positions=pos, metric=np.eye(16))
+    ivf.evaluate(q, k, w, CFG, method="hisa", query_positions=pos, metric=np.eye(16))
   with pytest.raises(ValueError, match="metric applies to method='ivf'"):
-    ivf.prefill_topk(q, w, k, CFG, method="hisa", metric=np.eye(16))
+    ivf.prefill_topk(q, k, w, CFG, method="hisa", metric=np.eye(16))
   with pytest.raises(ValueError, match="eps=0"):
-    metric.fit(q, w, k, eps=0)
+    metric.fit(q, k, w, eps=0)
   with pytest.raises(ValueError, match="keys=0"):
-    metric.fit(q, w, k, keys=0)
+    metric.fit(q, k, w, keys=0)
   from jaxsparse.ivf import plan as ivf_plan
   tr = clustered_prefill_trace(np.random.default_rng(0), 300, 4, 16, [3, 7])
   with pytest.raises(ValueError, match=r"metric holds no matrix for layers \[7\]"):
     ivf_plan.calibrate(tr, CFG, queries=8, metric={3: np.eye(16)})
   path = str(tmp_path / "m.npz")
-  metric.save(path, {5: metric.fit(q, w, k)})
+  metric.save(path, {5: metric.fit(q, k, w)})
   with pytest.raises(ValueError, match=r"layer=4 must name a layer the metric file holds: \[5\]"):
-    ivf.evaluate(q, w, k, CFG, query_positions=pos, metric=path, layer=4)
+    ivf.evaluate(q, k, w, CFG, query_positions=pos, metric=path, layer=4)
 
 
 def test_metric_files_round_trip_and_bad_files_are_named(tmp_path):
@@ -232,7 +231,7 @@ def test_cli_fits_a_metric_and_eval_adds_its_row(tmp_path, capsys):
   tr = traces.load(held)
   cfg = ivf.IVFConfig(topk=16, budget=200, seal_window=64, cluster_size=16, refit_interval=256)
   pos = np.unique(np.linspace(64, 639, 16).astype(np.int64))
-  per_layer = [float(ivf.evaluate(tr.q[i], tr.w[i], tr.k[i], cfg, query_positions=pos,
+  per_layer = [float(ivf.evaluate(tr.q[i], tr.k[i], tr.w[i], cfg, query_positions=pos,
                                   metric=got[layer])["recall"].mean())
                for i, layer in enumerate([3, 7])]
   assert rows["IVF, query-aware metric"]["recall"] == pytest.approx(np.mean(per_layer),
@@ -268,7 +267,7 @@ def test_plans_calibrated_under_a_metric_compare_its_groups_with_blocks(tmp_path
   cfg = ivf.IVFConfig(topk=16, budget=200, seal_window=64, cluster_size=16, refit_interval=256)
   tr = traces.load(path)
   pos = ivf_plan.calibration_positions(640, 64, 16)
-  want = ivf.evaluate(tr.q[1], tr.w[1], tr.k[1], cfg, query_positions=pos, metric=mpath,
+  want = ivf.evaluate(tr.q[1], tr.k[1], tr.w[1], cfg, query_positions=pos, metric=mpath,
                       layer=7)["recall"].mean()
   assert pl["recall"][7]["ivf"] == pytest.approx(want, abs=1e-12)
   res = tmp_path / "r.json"
@@ -285,9 +284,9 @@ def test_plans_calibrated_under_a_metric_compare_its_groups_with_blocks(tmp_path
 def test_prefill_topk_with_a_metric_runs_under_jit():
   """The metric is a concrete [D, D] array (or file) closed over; q, w and k may be traced."""
   import jax
-  q, w, k = _trace()
+  q, k, w = _trace()
   a = metric.fit(*_trace(seed=2))
-  eager = ivf.prefill_topk(q, w, k, CFG, metric=a)
-  jitted = jax.jit(lambda q, w, k: ivf.prefill_topk(q, w, k, CFG, metric=a))(q, w, k)
+  eager = ivf.prefill_topk(q, k, w, CFG, metric=a)
+  jitted = jax.jit(lambda q, w, k: ivf.prefill_topk(q, k, w, CFG, metric=a))(q, w, k)
   for x, y in zip(eager, jitted):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -57,7 +57,7 @@ def test_calibration_gives_blocks_to_runs_and_groups_to_content(calibrated):
   pos = plan.calibration_positions(N, CFG.seal_window, 64)
   for i, layer in enumerate([3, 7]):  # the recorded recalls are evaluate's, per method
     for m in ("ivf", "hisa"):
-      r = ivf.evaluate(tr.q[i], tr.w[i], tr.k[i], CFG, method=m, query_positions=pos)
+      r = ivf.evaluate(tr.q[i], tr.k[i], tr.w[i], CFG, method=m, query_positions=pos)
       assert p["recall"][layer][m] == pytest.approx(float(r["recall"].mean()), abs=1e-12)
     rec = p["recall"][layer]
     assert rec["difference"] == pytest.approx(rec["hisa"] - rec["ivf"], abs=1e-12)
@@ -76,7 +76,7 @@ def test_calibration_pools_the_texts_that_hold_each_layer(calibrated):
   p = plan.calibrate([tr, t2], CFG, queries=64)
   assert p["recall"][3] == {**p1["recall"][3]} and p["recall"][3]["texts"] == 1
   pos = plan.calibration_positions(n2, CFG.seal_window, 64)
-  r2 = {m: ivf.evaluate(t2.q[0], t2.w[0], t2.k[0], CFG, method=m, query_positions=pos)["recall"]
+  r2 = {m: ivf.evaluate(t2.q[0], t2.k[0], t2.w[0], CFG, method=m, query_positions=pos)["recall"]
         for m in ("ivf", "hisa")}
   n1 = len(plan.calibration_positions(N, CFG.seal_window, 64))
   for m in ("ivf", "hisa"):

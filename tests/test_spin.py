@@ -161,7 +161,7 @@ def test_replay_outputs(reduction, pooling):
   q, w, k, lengths = _trace()
   cfg = spin.SpinConfig(block_size=16, topk=32, sparsity=0.4, reduction=reduction,
                         pooling=pooling)
-  r = spin.replay(q[:, 0], w[:, 0], k, lengths, cfg, seed=1)
+  r = spin.replay(q[:, 0], k, w[:, 0], lengths, cfg, seed=1)
   assert r["block_masks"].shape == (30, 44) and r["miss_rate"].shape == (30, 1)
   assert r["miss_rate"][0, 0] == 0.0 and r["realized_sparsity"][0] == 0.0  # cold first step
   assert 0 <= r["mean_miss"] <= r["p99_miss"] <= 1
@@ -172,7 +172,7 @@ def test_replay_outputs(reduction, pooling):
 def test_replay_matches_manual_miss_definition():
   q, w, k, lengths = _trace(s=8)
   cfg = spin.SpinConfig(block_size=16, topk=32, sparsity=0.5, explore="none")
-  r = spin.replay(q[:, 0], w[:, 0], k, lengths, cfg)
+  r = spin.replay(q[:, 0], k, w[:, 0], lengths, cfg)
   for s in range(8):
     z = np_indexer.dense(jnp.asarray(q[s, 0][None]), jnp.asarray(k), jnp.asarray(w[s, 0][None]),
                          None, np.asarray([lengths[s] - 1]))[0]
@@ -188,7 +188,7 @@ def test_speculative_rows(mask_policy, update_policy):
   cfg = spin.SpinConfig(block_size=16, topk=32, mask_policy=mask_policy,
                         update_policy=update_policy)
   acc = np.random.default_rng(0).integers(0, 3, len(lengths))
-  r = spin.replay(q, w, k, lengths, cfg, accepted=acc)
+  r = spin.replay(q, k, w, lengths, cfg, accepted=acc)
   assert r["miss_rate"].shape == (30, 3) and r["row_masks"].shape == (30, 3, 44)
   # the shared mask covers every row's own mask under union
   if mask_policy == "union":
@@ -199,19 +199,19 @@ def test_replay_bad_input():
   q, w, k, lengths = _trace()
   cfg = spin.SpinConfig(block_size=16, topk=32)
   with pytest.raises(ValueError, match="non-decreasing"):
-    spin.replay(q[:, 0], w[:, 0], k, lengths[::-1], cfg)
+    spin.replay(q[:, 0], k, w[:, 0], lengths[::-1], cfg)
   with pytest.raises(ValueError, match="lengths.shape"):
-    spin.replay(q[:, 0], w[:, 0], k, lengths[:3], cfg)
+    spin.replay(q[:, 0], k, w[:, 0], lengths[:3], cfg)
   with pytest.raises(ValueError, match="lengths must lie"):
-    spin.replay(q[:, 0], w[:, 0], k, lengths + 10_000, cfg)
+    spin.replay(q[:, 0], k, w[:, 0], lengths + 10_000, cfg)
 
 
 def test_real_trace_beats_random_baseline():
   """On the shipped SmolLM2 trace, SPIN at 40% misses far less than 40% of the top-K."""
   tr = traces.load(traces.default_trace_path())
-  q, w, k = tr.layer(3)
+  q, k, w = tr.layer(3)
   cfg = spin.SpinConfig(block_size=64, topk=256, sparsity=0.4)
-  r = spin.replay(q[:, 0], w[:, 0], k, tr.lengths, cfg)
+  r = spin.replay(q[:, 0], k, w[:, 0], tr.lengths, cfg)
   assert r["mean_sparsity"] > 0.35 and r["mean_miss"] < 0.1
 
 
@@ -302,7 +302,7 @@ def test_predictor_study_shape():
   from jaxsparse.indexer import indexer_scores_xla
   zs = []
   for li in range(3):
-    q, w, k = tr.layer(li)
+    q, k, w = tr.layer(li)
     zs.append(np.stack([np.asarray(indexer_scores_xla(
         jnp.asarray(q[s, 0][None]), jnp.asarray(k), jnp.asarray(w[s, 0][None]), None,
         jnp.asarray([tr.lengths[s] - 1])))[0] for s in range(20)]))
@@ -465,11 +465,11 @@ def test_bfloat16_state_keeps_quality_on_real_trace():
   """bfloat16 EMAs (half the state traffic) select almost the same blocks as float32 on the
   shipped SmolLM2 trace: mean miss within 0.5 points, same realized sparsity."""
   tr = traces.load(traces.default_trace_path())
-  q, w, k = tr.layer(3)
+  q, k, w = tr.layer(3)
   res = {}
   for dt in ("float32", "bfloat16"):
     cfg = spin.SpinConfig(block_size=64, topk=256, sparsity=0.4, state_dtype=dt)
-    res[dt] = spin.replay(q[:128, 0], w[:128, 0], k, tr.lengths[:128], cfg)
+    res[dt] = spin.replay(q[:128, 0], k, w[:128, 0], tr.lengths[:128], cfg)
   assert abs(res["bfloat16"]["mean_miss"] - res["float32"]["mean_miss"]) < 0.005
   assert abs(res["bfloat16"]["mean_sparsity"] - res["float32"]["mean_sparsity"]) < 1e-3
   with pytest.raises(ValueError, match="state_dtype"):

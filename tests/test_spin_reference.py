@@ -235,7 +235,7 @@ def test_replay_matches_reference(explore):
   lengths = np.arange(n - s + 1, n + 1)
   cfg = spin.SpinConfig(block_size=16, topk=32, sparsity=0.5, ema_decay=0.8,
                         state_dtype="float32", explore=explore, explore_fraction=0.2)
-  out = spin.replay(q, w, k, lengths, cfg, seed=3)
+  out = spin.replay(q, k, w, lengths, cfg, seed=3)
   cap = -(-n // 16) * 16
   st = np_spin_state(spin.init_state(cap, cfg))
   key = jax.random.PRNGKey(3)

@@ -12,15 +12,17 @@ import jaxsparse
 from jaxsparse.backend import KernelPlatform
 from pallas_kernels import topk as ktopk
 from pallas_kernels._util import next_pow2
-from tests.conftest import export_for
+from pallas_kernels.topk._tuning import TUNING, Tuning
+from tests.conftest import export_for, topk_options
 from tests.reference import index_ordered, np_topk, random_paged
 
 PLATFORMS = [KernelPlatform("gpu", True), KernelPlatform("tpu", True)]
 IDS = ["gpu", "tpu"]
 
 
-def _rows(x, lens, k, platform, config=ktopk.TopkConfig()):
-  return ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, config, platform)
+def _rows(x, lens, k, platform, config=ktopk.TopkConfig(), tuning=TUNING):
+  return ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, config, platform,
+                         tuning=tuning)
 
 
 def _check(out, x, k, lens):
@@ -114,8 +116,7 @@ def test_finishes_repair_overflowing_rows():
                 dict(finish="bitonic", bitonic_run=16, bitonic_rank_merge=16),
                 dict(finish="bitonic", bitonic_run=32, bitonic_rank_merge=16,
                      compact="lane")):
-    cfg = ktopk.TopkConfig(**base, **extra)
-    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+    _check(_rows(x, lens, k, plat, *topk_options(**base, **extra)), x, k, lens)
   # block-mapped rows (SPIN) through the repairing merge, and through the rank merge
   sel = np.stack([rng.permutation(64)[:n // 256] for _ in range(6)]).astype(np.int32)
   sel[2, 3] = -1
@@ -123,9 +124,9 @@ def test_finishes_repair_overflowing_rows():
   want = np.where(ri >= 0, np.take_along_axis(sel, np.maximum(ri, 0) // 256, 1) * 256
                   + np.maximum(ri, 0) % 256, -1)
   for extra in (dict(bitonic_mid=32), dict(bitonic_rank_merge=16)):
-    cfg = ktopk.TopkConfig(**base, finish="bitonic", bitonic_run=16, **extra)
+    cfg, tun = topk_options(**base, finish="bitonic", bitonic_run=16, **extra)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
-                           block_map=(jnp.asarray(sel), 256))
+                           block_map=(jnp.asarray(sel), 256), tuning=tun)
     np.testing.assert_array_equal(np.asarray(v), rv)
     np.testing.assert_array_equal(np.asarray(i), np.where(want < 0, -1, want))
   # the rank finish alone on candidates in any order (ties broken by index), against numpy
@@ -152,8 +153,8 @@ def test_finishes_repair_overflowing_rows():
   with pytest.raises(ValueError, match="live"):
     kg.bitonic_finish_split(*args[:2], jnp.zeros((3, 5), jnp.int32), 100, cap, run=64,
                             interpret=True)
-  assert ktopk.TopkConfig(bitonic_mid=2048).mid_for(4096) == 2048
-  assert ktopk.TopkConfig(bitonic_mid=512).mid_for(4096) == 0  # not above the run
+  assert Tuning(bitonic_mid=2048).mid_for(4096) == 2048
+  assert Tuning(bitonic_mid=512).mid_for(4096) == 0  # not above the run
   # two value buckets: the pivot splits the candidates, the upper ones fill the front
   xb = jnp.asarray(x[:3])
   gm = kg.group_max(xb, None, chunk=256, group=16, num_warps=4, interpret=True)
@@ -178,33 +179,33 @@ def test_finishes_repair_overflowing_rows():
                       pivot=piv)
   with pytest.raises(ValueError, match="buckets=True"):
     kg.rank_finish(*args, interpret=True, buckets=True)
-  assert not ktopk.TopkConfig(rank_buckets=True, gather=True).buckets_for("rank", 1, 1 << 15,
-                                                                         64, 128)
+  cfg = ktopk.TopkConfig()
+  assert not Tuning(rank_buckets=True).buckets_for(ktopk.TopkConfig(gather=True), "rank", 1,
+                                                   1 << 15, 64, 128)
   # the defaults bucket one row's rank finish from k = rank_buckets_min_k (1024) on
-  assert ktopk.TopkConfig().buckets_for("rank", 1, 1 << 15, 2048, 4096)
-  assert not ktopk.TopkConfig().buckets_for("rank", 1, 1 << 15, 512, 1024)
-  assert not ktopk.TopkConfig().buckets_for("bitonic", 8, 1 << 15, 2048, 4096)
-  assert not ktopk.TopkConfig().buckets_for("rank", 1, (1 << 24) + 4096, 2048, 4096)
+  assert TUNING.buckets_for(cfg, "rank", 1, 1 << 15, 2048, 4096)
+  assert not TUNING.buckets_for(cfg, "rank", 1, 1 << 15, 512, 1024)
+  assert not TUNING.buckets_for(cfg, "bitonic", 8, 1 << 15, 2048, 4096)
+  assert not TUNING.buckets_for(cfg, "rank", 1, (1 << 24) + 4096, 2048, 4096)
   # the falsi search's slack admits ~falsi_slack_entries extra entries: more maxima for
   # small groups, never fewer than falsi_slack; bisection has none
-  assert [ktopk.TopkConfig().slack_for(g) for g in (4, 8, 16, 256)] == [256, 128, 64, 64]
-  assert ktopk.TopkConfig(falsi_slack_entries=0).slack_for(4) == 64
-  assert ktopk.TopkConfig(threshold="bisect").slack_for(4) == 0
+  assert [TUNING.slack_for(cfg, g) for g in (4, 8, 16, 256)] == [256, 128, 64, 64]
+  assert Tuning(falsi_slack_entries=0).slack_for(cfg, 4) == 64
+  assert TUNING.slack_for(ktopk.TopkConfig(threshold="bisect"), 4) == 0
   for bad in (dict(bitonic_mid=3), dict(rank_preload=-1), dict(rank_block_i=4),
               dict(rank_buckets=1), dict(rank_buckets_min_k=0),
               dict(falsi_slack_entries=-1), dict(bitonic_rank_merge=8),
               dict(rank_merge_warps=0), dict(rank_merge_max_rows=-1), dict(rank_merge_min_k=0),
               dict(rank_merge_run_warps=0), dict(compact="rows"), dict(finish="persistent")):
     with pytest.raises(ValueError, match=next(iter(bad))):
-      ktopk.TopkConfig(**bad)
+      topk_options(**bad)
   # the rank merge: at most rank_merge_max_rows rows, k >= rank_merge_min_k, <= the run
-  cfg = ktopk.TopkConfig()
-  assert (cfg.rank_merge_for(8, 2048), cfg.rank_merge_for(9, 2048),
-          cfg.rank_merge_for(8, 512)) == (32, 0, 0)
-  assert ktopk.TopkConfig(bitonic_rank_merge=1024).rank_merge_for(2, 1024) == 512
+  assert (TUNING.rank_merge_for(8, 2048), TUNING.rank_merge_for(9, 2048),
+          TUNING.rank_merge_for(8, 512)) == (32, 0, 0)
+  assert Tuning(bitonic_rank_merge=1024).rank_merge_for(2, 1024) == 512
   # its run-sorting programs take rank_merge_run_warps; elsewhere bitonic_run_warps
-  assert (cfg.run_warps_for(8, 2048), cfg.run_warps_for(9, 2048),
-          cfg.run_warps_for(8, 512)) == (8, 4, 4)
+  assert (TUNING.run_warps_for(8, 2048), TUNING.run_warps_for(9, 2048),
+          TUNING.run_warps_for(8, 512)) == (8, 4, 4)
 
 
 @pytest.mark.parametrize("n,k", [(20000, 64), (4096, 100), (65536, 512), (3000, 2048)])
@@ -221,13 +222,13 @@ def test_rank_finish_matches_numpy(n, k):
   x[4, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 7])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(finish="rank"), ktopk.TopkConfig(finish="auto"),
-              ktopk.TopkConfig(finish="bitonic"), ktopk.TopkConfig(bitonic_run=64)):
-    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+  for opts in (dict(finish="rank"), dict(finish="auto"), dict(finish="bitonic"),
+               dict(bitonic_run=64)):
+    _check(_rows(x, lens, k, plat, *topk_options(**opts)), x, k, lens)
   with pytest.raises(ValueError, match="finish"):
     ktopk.TopkConfig(finish="radix")
   with pytest.raises(ValueError, match="bitonic_warps"):
-    ktopk.TopkConfig(bitonic_warps=0)
+    Tuning(bitonic_warps=0)
 
 
 def test_auto_finish_ranks_single_rows():
@@ -237,35 +238,35 @@ def test_auto_finish_ranks_single_rows():
   fills value buckets from 2**16 scores, rank finish) matches numpy (interpret), ties
   included."""
   cfg = ktopk.TopkConfig()
-  assert [cfg.finish_for(r, k) for r, k in ((1, 2048), (1, 1024), (1, 512), (1, 256),
-                                            (2, 2048))] == [
+  assert [TUNING.finish_for(cfg, r, k) for r, k in ((1, 2048), (1, 1024), (1, 512), (1, 256),
+                                                   (2, 2048))] == [
       "rank", "rank", "rank", "bitonic", "bitonic"]
-  assert ktopk.TopkConfig(finish="sort").finish_for(1, 2048) == "sort"
-  assert [cfg.chunk_for(r, n) for r, n in ((1, 1 << 17), (8, 1 << 15), (1, 1 << 19),
-                                           (64, 1 << 17))] == [512, 512, 2048, 2048]
-  assert ktopk.TopkConfig(small_chunk_entries=0).chunk_for(1, 1024) == 2048
+  assert TUNING.finish_for(ktopk.TopkConfig(finish="sort"), 1, 2048) == "sort"
+  assert [TUNING.chunk_for(r, n) for r, n in ((1, 1 << 17), (8, 1 << 15), (1, 1 << 19),
+                                              (64, 1 << 17))] == [512, 512, 2048, 2048]
+  assert Tuning(small_chunk_entries=0).chunk_for(1, 1024) == 2048
   # the bucketed compaction (one row, k >= 1024) of a small call from 2**16 scores reads
   # chunks of 1024
-  assert [cfg.chunk_for(1, n, buckets=True) for n in (1 << 15, 1 << 16, 1 << 17, 1 << 20)] == [
-      512, 1024, 1024, 2048]
-  assert ktopk.TopkConfig(bucket_chunk=0).chunk_for(1, 1 << 17, buckets=True) == 512
+  assert [TUNING.chunk_for(1, n, buckets=True) for n in (1 << 15, 1 << 16, 1 << 17, 1 << 20)
+          ] == [512, 1024, 1024, 2048]
+  assert Tuning(bucket_chunk=0).chunk_for(1, 1 << 17, buckets=True) == 512
   assert [ktopk.gpu_chunk(cfg, r, n, k, ktopk.group_size(n, k, cfg, "gpu", rows=r),
-                          cfg.finish_for(r, k))
+                          TUNING.finish_for(cfg, r, k))
           for r, n, k in ((1, 1 << 17, 2048), (1, 1 << 17, 512), (8, 1 << 15, 2048),
                           (1, 20000, 1024))] == [(1024, True), (512, False), (512, False),
                                                  (512, True)]
   for bad in (dict(small_chunk=100), dict(small_chunk_entries=-1), dict(bucket_chunk=100),
               dict(bucket_chunk_min_entries=-1)):
     with pytest.raises(ValueError, match=next(iter(bad))):
-      ktopk.TopkConfig(**bad)
+      Tuning(**bad)
   rng = np.random.default_rng(7)
   x = np.round(rng.standard_normal((1, 20000)) * 8).astype(np.float32)
   for lens in (np.array([20000]), np.array([777])):
     for k in (1024, 512):
       _check(_rows(x, lens, k, KernelPlatform("gpu", True)), x, k, lens)
     # value buckets in chunks of 1024 (bucket_chunk, here below its 2**16 scores)
-    _check(_rows(x, lens, 1024, KernelPlatform("gpu", True),
-                 ktopk.TopkConfig(bucket_chunk_min_entries=0)), x, 1024, lens)
+    _check(_rows(x, lens, 1024, KernelPlatform("gpu", True), cfg,
+                 Tuning(bucket_chunk_min_entries=0)), x, 1024, lens)
 
 
 def test_large_groups():
@@ -328,25 +329,25 @@ def test_compactions_and_finishes(run):
   x[3, ::2] = -0.0
   lens = np.array([n, n // 2 + 3, n, n, 0])
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(bitonic_run=run),
-              ktopk.TopkConfig(bitonic_run=run, compact="lane"),
-              ktopk.TopkConfig(bitonic_run=run, chunk=512)):
-    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
+  for cfg, tun in (topk_options(bitonic_run=run),
+                   topk_options(bitonic_run=run, compact="lane"),
+                   topk_options(bitonic_run=run, chunk=512)):
+    _check(_rows(x, lens, k, plat, cfg, tun), x, k, lens)
     v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens, jnp.int32), k, cfg, plat,
-                           ordered=False)
+                           ordered=False, tuning=tun)
     rv, ri = index_ordered(*np_topk(x, k, lens))
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
   with pytest.raises(ValueError, match="bitonic_run"):
-    ktopk.TopkConfig(bitonic_run=-4)
+    Tuning(bitonic_run=-4)
   with pytest.raises(ValueError, match="compact"):
     ktopk.TopkConfig(compact="warp")
   auto = ktopk.TopkConfig()  # "lane" only for many long rows, never past 2**24 entries
-  assert auto.placement(64, 1 << 19, 2048) == "lane"
-  assert auto.placement(64, 1 << 17, 2048) == "scan"
-  assert auto.placement(1, 1 << 20, 2048) == "scan"
-  assert auto.placement(64, 1 << 25, 512) == "scan"
-  assert ktopk.TopkConfig(compact="lane").placement(1, 1 << 20, 2048) == "lane"
+  assert TUNING.placement(auto, 64, 1 << 19, 2048) == "lane"
+  assert TUNING.placement(auto, 64, 1 << 17, 2048) == "scan"
+  assert TUNING.placement(auto, 1, 1 << 20, 2048) == "scan"
+  assert TUNING.placement(auto, 64, 1 << 25, 512) == "scan"
+  assert TUNING.placement(ktopk.TopkConfig(compact="lane"), 1, 1 << 20, 2048) == "lane"
   from pallas_kernels.topk import gpu as kg
   with pytest.raises(ValueError, match="run=8"):
     kg.bitonic_finish_split(jnp.zeros((1, 8)), jnp.zeros((1, 8), jnp.int32),
@@ -372,8 +373,8 @@ def test_repair_finds_the_kth_key_digit_by_digit(k):
       np.float32)
   lens = np.array([n, n, n - 7, n, n, k + 1])
   for gather in (False, True):
-    cfg = ktopk.TopkConfig(capacity_factor=1, gather=gather, refine_edges=0)
-    _check(_rows(x, lens, k, KernelPlatform("gpu", True), cfg), x, k, lens)
+    opts = topk_options(capacity_factor=1, gather=gather, refine_edges=0)
+    _check(_rows(x, lens, k, KernelPlatform("gpu", True), *opts), x, k, lens)
 
 def test_gather_compaction_lists_groups_and_overflows():
   """TopkConfig(gather=True), GPU kernels in interpret mode: the threshold kernel lists, in
@@ -411,13 +412,13 @@ def test_gather_compaction_lists_groups_and_overflows():
     ktopk.TopkConfig(gather=1)
   with pytest.raises(ValueError, match="counter"):
     kg.threshold(gm, k, iters=14, num_warps=8, interpret=True, list_width=cap)
-  assert ktopk.TopkConfig().placement(64, 1 << 20, 2048, gather=True) == "scan"
   auto = ktopk.TopkConfig()  # "auto": gather from 2**23 scores in the call
-  assert auto.gathers(64, 1 << 17) and auto.gathers(8, 1 << 20)
-  assert not auto.gathers(8, 1 << 17) and not auto.gathers(1, 1 << 20)
-  assert ktopk.TopkConfig(gather=True).gathers(1, 1024)
+  assert TUNING.placement(auto, 64, 1 << 20, 2048, gather=True) == "scan"
+  assert TUNING.gathers(auto, 64, 1 << 17) and TUNING.gathers(auto, 8, 1 << 20)
+  assert not TUNING.gathers(auto, 8, 1 << 17) and not TUNING.gathers(auto, 1, 1 << 20)
+  assert TUNING.gathers(ktopk.TopkConfig(gather=True), 1, 1024)
   with pytest.raises(ValueError, match="gather_min_entries"):
-    ktopk.TopkConfig(gather_min_entries=0)
+    Tuning(gather_min_entries=0)
 
 def test_refined_threshold_keeps_correlated_rows_in_the_buffer():
   """Rows whose neighbouring scores rise together (a smooth random walk, as real score rows
@@ -428,8 +429,8 @@ def test_refined_threshold_keeps_correlated_rows_in_the_buffer():
   from pallas_kernels.topk import gpu as kg
   rng = np.random.default_rng(5)
   n, k, rows = 16384, 64, 4
-  cfg = ktopk.TopkConfig(gather=True, refine_min_rows=1)
-  g = ktopk.group_size(n, k, cfg, "gpu", rows=rows)
+  cfg, tun = topk_options(gather=True, refine_min_rows=1)
+  g = ktopk.group_size(n, k, cfg, "gpu", rows=rows, tuning=tun)
   cap = 2 * k
   x = np.cumsum(rng.standard_normal((rows, n)), axis=1).astype(np.float32)
   x[2, ::7] = np.nan
@@ -437,7 +438,7 @@ def test_refined_threshold_keeps_correlated_rows_in_the_buffer():
   xj, lj = jnp.asarray(x), jnp.asarray(lens, jnp.int32)
   gm = kg.group_max(xj, lj, chunk=2048, group=g, num_warps=4, interpret=True)
   thr, ctr, glist, nl = kg.threshold(gm, k, iters=14, num_warps=8, interpret=True,
-                                     slack=cfg.slack_for(g), counter=jnp.int32, list_width=cap)
+                                     slack=tun.slack_for(cfg, g), counter=jnp.int32, list_width=cap)
   valid = np.where((np.arange(n)[None] < lens[:, None]) & ~np.isnan(x), x, -np.inf)
   edges = np.asarray(thr)[:, None] + np.linspace(0, 1, 8, endpoint=False)[None] * 3.0
   got = np.asarray(kg.count_groups(xj, lj, jnp.asarray(edges, jnp.float32), glist, nl,
@@ -458,11 +459,11 @@ def test_refined_threshold_keeps_correlated_rows_in_the_buffer():
   assert (before[:3] > cap).all()  # the maxima's threshold overflows every long row
   assert ((after[:3] >= k) & (after[:3] <= cap)).all(), (before, after)
   assert after[3] >= k and np.all(refined >= np.asarray(thr))
-  _check(_rows(x, lens, k, KernelPlatform("gpu", True), cfg), x, k, lens)
-  assert cfg.refines(256, True) and not cfg.refines(256, False)
-  assert not ktopk.TopkConfig().refines(64, True) and ktopk.TopkConfig().refines(256, True)
+  _check(_rows(x, lens, k, KernelPlatform("gpu", True), cfg, tun), x, k, lens)
+  assert tun.refines(256, True) and not tun.refines(256, False)
+  assert not TUNING.refines(64, True) and TUNING.refines(256, True)
   with pytest.raises(ValueError, match="refine_edges"):
-    ktopk.TopkConfig(refine_edges=3)
+    Tuning(refine_edges=3)
   with pytest.raises(ValueError, match="edges"):
     kg.count_groups(xj, lj, jnp.zeros((rows, 3)), glist, nl, group=g, list_width=cap,
                     lanes=256, num_warps=4, interpret=True)
@@ -651,18 +652,19 @@ def test_compaction_is_exact(seed, spread, n, k):
   x[2, ::3] = -0.0
   lens = np.array([n, rng.integers(k, n), rng.integers(1, k), n], np.int32)
   plat = KernelPlatform("gpu", True)
-  for cfg in (ktopk.TopkConfig(chunk=1024, compact="lane"), ktopk.TopkConfig(chunk=1024)):
-    _check(_rows(x, lens, k, plat, cfg), x, k, lens)
-    v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, cfg, plat, ordered=False)
+  tun = Tuning(chunk=1024)
+  for cfg in (ktopk.TopkConfig(compact="lane"), ktopk.TopkConfig()):
+    _check(_rows(x, lens, k, plat, cfg, tun), x, k, lens)
+    v, i = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, cfg, plat, ordered=False,
+                           tuning=tun)
     rv, ri = index_ordered(*np_topk(x, k, lens))
     np.testing.assert_array_equal(np.asarray(i), ri)
     np.testing.assert_array_equal(np.asarray(v), rv)
-  g = ktopk.group_size(n, k, ktopk.TopkConfig(chunk=1024), "gpu", rows=4)
+  g = ktopk.group_size(n, k, cfg, "gpu", rows=4, tuning=tun)
   if n % g == 0:  # maxima from outside, NaN as -inf, past-length entries -inf (as emitted)
     xm = np.where((np.arange(n) < lens[:, None]) & ~np.isnan(x), x, -np.inf)
     gm = jnp.asarray(xm.reshape(4, n // g, g).max(-1))
-    out = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k,
-                          ktopk.TopkConfig(chunk=1024), plat, gm)
+    out = ktopk.topk_rows(jnp.asarray(x), jnp.asarray(lens), k, cfg, plat, gm, tuning=tun)
     _check(out, x, k, lens)
 
 
@@ -699,15 +701,15 @@ def test_threshold_search(slack, iters):
   with pytest.raises(ValueError, match="slack"):
     kg.threshold(jnp.asarray(m), k, iters=iters, num_warps=8, interpret=True, slack=-1)
   with pytest.raises(ValueError, match="falsi_slack"):
-    ktopk.TopkConfig(falsi_slack=0)
+    Tuning(falsi_slack=0)
   with pytest.raises(ValueError, match="threshold"):
     ktopk.TopkConfig(threshold="secant")
   x = rng.standard_normal((2, 20000)).astype(np.float32)
   x[1] = np.round(x[1] * 4)
   lens = np.array([20000, 12345])
-  cfg = ktopk.TopkConfig(threshold="falsi" if slack else "bisect", falsi_slack=slack or 64,
-                         bisect_iters=iters)
-  _check(_rows(x, lens, 512, KernelPlatform("gpu", True), cfg), x, 512, lens)
+  opts = topk_options(threshold="falsi" if slack else "bisect", falsi_slack=slack or 64,
+                      bisect_iters=iters)
+  _check(_rows(x, lens, 512, KernelPlatform("gpu", True), *opts), x, 512, lens)
   export_for(lambda x: kg.threshold(x, 2048, iters=iters, num_warps=8, interpret=False,
                                     slack=slack), "cuda",
              jax.ShapeDtypeStruct((1, 8192), jnp.float32))
@@ -739,29 +741,28 @@ def test_topk_lowers_for_tpu_and_gpu():
     f = lambda x, l: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(), KernelPlatform(kind, False))
     export_for(f, plat, S((8, 131072), jnp.float32), S((8,), jnp.int32))
   # TopkConfig() sorted (the bitonic finish) was exported above
-  for cfg, ordered in ((ktopk.TopkConfig(finish="rank"), True), (ktopk.TopkConfig(), False),
-                       (ktopk.TopkConfig(bitonic_run=0), True),
-                       (ktopk.TopkConfig(compact="lane"), True),
-                       (ktopk.TopkConfig(gather=True), True),
-                       (ktopk.TopkConfig(gather=True, compact="lane"), True),
-                       (ktopk.TopkConfig(gather=True, bitonic_mid=2048), True),
-                       (ktopk.TopkConfig(gather=True, refine_min_rows=1), True),
-                       (ktopk.TopkConfig(finish="rank", rank_block_i=16), True),
-                       (ktopk.TopkConfig(finish="rank", rank_buckets=False), True),
-                       (ktopk.TopkConfig(bitonic_rank_merge=256), True),
-                       (ktopk.TopkConfig(threshold="bisect"), True),
-                       (ktopk.TopkConfig(threshold="sort", finish="sort"), True),
-                       (ktopk.TopkConfig(compact="lane"), False)):
+  for opts, ordered in ((dict(finish="rank"), True), (dict(), False),
+                        (dict(bitonic_run=0), True), (dict(compact="lane"), True),
+                        (dict(gather=True), True), (dict(gather=True, compact="lane"), True),
+                        (dict(gather=True, bitonic_mid=2048), True),
+                        (dict(gather=True, refine_min_rows=1), True),
+                        (dict(finish="rank", rank_block_i=16), True),
+                        (dict(finish="rank", rank_buckets=False), True),
+                        (dict(bitonic_rank_merge=256), True), (dict(threshold="bisect"), True),
+                        (dict(threshold="sort", finish="sort"), True),
+                        (dict(compact="lane"), False)):
+    cfg, tun = topk_options(**opts)
     g = lambda x, l: ktopk.topk_rows(x, l, 2048, cfg, KernelPlatform("gpu", False),
-                                     ordered=ordered)
+                                     ordered=ordered, tuning=tun)
     export_for(g, "cuda", S((8, 131072), jnp.float32), S((8,), jnp.int32))
   # SPIN's block-mapped rows at the defaults: the repairing merge kernel maps the slots
   h = lambda x, l, s: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(),
                                       KernelPlatform("gpu", False), block_map=(s, 64))
   export_for(h, "cuda", S((8, 81920), jnp.float32), S((8,), jnp.int32), S((8, 1280), jnp.int32))
   # and through the rank merge
-  h = lambda x, l, s: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(bitonic_rank_merge=256),
-                                      KernelPlatform("gpu", False), block_map=(s, 64))
+  h = lambda x, l, s: ktopk.topk_rows(x, l, 2048, ktopk.TopkConfig(),
+                                      KernelPlatform("gpu", False), block_map=(s, 64),
+                                      tuning=Tuning(bitonic_rank_merge=256))
   export_for(h, "cuda", S((8, 81920), jnp.float32), S((8,), jnp.int32), S((8, 1280), jnp.int32))
 
 
@@ -780,7 +781,7 @@ def test_bad_input():
   with pytest.raises(ValueError, match="scores is empty"):
     jaxsparse.topk(x[:, :0], 2)
   with pytest.raises(ValueError, match="chunk"):
-    ktopk.TopkConfig(chunk=100)
+    Tuning(chunk=100)
 
 
 @pytest.mark.parametrize("n,bound", [(262144, 1.5), (81920, 1.5), (20480, 1.6)])
@@ -799,7 +800,7 @@ def test_filter_path_keeps_few_candidates_on_random_rows(n, bound):
   gm = kgpu.group_max(x, lens, chunk=4096, group=g, num_warps=4, interpret=True)
   gp = jnp.pad(gm, ((0, 0), (0, next_pow2(gm.shape[1]) - gm.shape[1])),
                constant_values=-np.inf)
-  assert gp.shape[1] == cfg.groups_per_k * k  # the threshold kernel's input, padded
+  assert gp.shape[1] == TUNING.groups_per_k * k  # the threshold kernel's input, padded
   thr = kgpu.threshold(gp, k, iters=20, num_warps=8, interpret=True)
   total = np.asarray(kgpu.count(x, lens, thr, chunk=4096, num_warps=4, interpret=True)).sum(1)
   assert (total >= k).all() and (total <= bound * k).all(), total

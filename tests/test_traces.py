@@ -118,9 +118,9 @@ def test_record_decode_with_real_model(tmp_path):
 
 def test_full_topk_kernel_matches_reference():
   tr = _tiny_decode(s=5, r=1, n=300, h=4, d=32)
-  q, w, k = tr.layer(0)
-  a, _, _ = evaluate.full_topk(q[:, 0], w[:, 0], k, tr.lengths, 16, implementation="xla")
-  b, _, _ = evaluate.full_topk(q[:, 0], w[:, 0], k, tr.lengths, 16, implementation="pallas")
+  q, k, w = tr.layer(0)
+  a, _, _ = evaluate.full_topk(q[:, 0], k, w[:, 0], tr.lengths, 16, implementation="xla")
+  b, _, _ = evaluate.full_topk(q[:, 0], k, w[:, 0], tr.lengths, 16, implementation="pallas")
   np.testing.assert_array_equal(a, b)
 
 
@@ -152,7 +152,7 @@ def test_tile_prefill_keeps_scores_inside_each_copy_and_the_mean_key():
   rng = np.random.default_rng(0)
   t, h, d = 50, 2, 8
   q, k, w = rng.standard_normal((t, h, d)), rng.standard_normal((t, d)) + 2, rng.uniform(0, 1, (t, h))
-  Q, W, K = (np.asarray(a) for a in traces.tile_prefill(q, w, k, 130, heads=6, dim=20, seed=1))
+  Q, K, W = (np.asarray(a) for a in traces.tile_prefill(q, k, w, 130, heads=6, dim=20, seed=1))
   assert Q.shape == (130, 6, 20) and W.shape == (130, 6) and K.shape == (130, 20)
   assert Q.dtype == K.dtype == W.dtype == np.float32
   ref = _np_scores(q, w, k)
@@ -164,18 +164,18 @@ def test_tile_prefill_keeps_scores_inside_each_copy_and_the_mean_key():
   np.testing.assert_allclose(K[:50].mean(0), K[50:100].mean(0), atol=1e-5)
   assert np.abs(K[:50] - K[50:100]).max() > 0.5
   # the same seed gives the same tiling
-  np.testing.assert_array_equal(K, np.asarray(traces.tile_prefill(q, w, k, 130, heads=6,
-                                                                  dim=20, seed=1)[2]))
+  np.testing.assert_array_equal(K, np.asarray(traces.tile_prefill(q, k, w, 130, heads=6,
+                                                                  dim=20, seed=1)[1]))
 
 
 def test_tile_prefill_bad_input():
   rng = np.random.default_rng(1)
   q, k, w = rng.standard_normal((10, 2, 4)), rng.standard_normal((10, 4)), np.ones((10, 2))
   with pytest.raises(ValueError, match="heads=3"):
-    traces.tile_prefill(q, w, k, 20, heads=3)
+    traces.tile_prefill(q, k, w, 20, heads=3)
   with pytest.raises(ValueError, match="dim=2"):
-    traces.tile_prefill(q, w, k, 20, dim=2)
+    traces.tile_prefill(q, k, w, 20, dim=2)
   with pytest.raises(ValueError, match="n=0"):
-    traces.tile_prefill(q, w, k, 0)
+    traces.tile_prefill(q, k, w, 0)
   with pytest.raises(ValueError, match=r"\[T, h, d\]"):
-    traces.tile_prefill(q, w[:5], k, 20)
+    traces.tile_prefill(q, k, w[:5], 20)

@@ -19,9 +19,9 @@ from tests.killrun import kill_then_resume
 from train import checkpoints
 from train import indexer as tr
 
-TINY = dict(schedule="48:3,64:3", layers=2, heads=2, head_dim=16, rope_dims=8, lr=1e-2,
+TINY = dict(schedule="48:3,64:3", num_layers=2, heads=2, head_dim=16, rope_dims=8, lr=1e-2,
             eval_windows=1, eval_tokens=128, recall_k=16, save_every=2)
-TINY_ARGS = ["--schedule", "48:3,64:3", "--layers", "2", "--heads", "2", "--head-dim", "16",
+TINY_ARGS = ["--schedule", "48:3,64:3", "--num-layers", "2", "--heads", "2", "--head-dim", "16",
              "--rope-dims", "8", "--lr", "0.01", "--eval-windows", "1", "--eval-tokens", "128",
              "--recall-k", "16", "--save-every", "2"]
 

@@ -33,15 +33,18 @@ def build(tokens: int, linux: str | None = None) -> np.ndarray:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m train.corpus", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", required=True)
-  p.add_argument("--tokens", type=int, default=4_200_000)
-  p.add_argument("--linux", default=None, help="extracted Linux tree or tarball")
+  p.add_argument("--out", required=True, help=".npy of uint16 token ids to write")
+  p.add_argument("--tokens", type=int, default=4_200_000,
+                 help="token ids to write (default 4200000: needs the Linux documentation)")
+  p.add_argument("--linux", default=None, help="extracted Linux tree or tarball (default "
+                 "/usr/src/linux-source-6.1.tar.xz, from `apt-get install linux-source-6.1`)")
   a = p.parse_args(argv)
   if a.tokens < 1:
     p.error(f"--tokens={a.tokens} must be positive")
   ids = build(a.tokens, a.linux)
   if len(ids) < a.tokens:
-    p.exit(2, f"{p.prog}: error: the documents hold only {len(ids)} tokens (< --tokens)\n")
+    p.exit(2, f"{p.prog}: error: the documents hold only {len(ids):,} tokens (< --tokens="
+              f"{a.tokens}): install linux-source-6.1, pass --linux, or lower --tokens\n")
   np.save(a.out, ids)
   print(f"wrote {len(ids)} token ids to {a.out}")
   return 0

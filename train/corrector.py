@@ -10,7 +10,7 @@ means' scores, fixed from the data). It rewards putting reference-dense groups f
 whole ranking at once, and is smooth in the correction; a pairwise loss would need O(G^2)
 terms per query for the same information.
 
-  python -m train.corrector --train-trace train.npz --eval-trace heldout.npz --layers 0,3 \\
+  python -m train.corrector --train-trace train.npz --eval-trace heldout.npz --layers 5,15 \\
       --steps 400 --out runs/corrector
   jaxsparse train corrector ...                                       (same options)
 
@@ -52,7 +52,7 @@ class CorrectorTrainConfig:
   eval_trace: str
   val_trace: str = ""  # training text the steps never see: a layer whose correction does not
   #                      raise its recall there exports as plain means
-  layers: str = ""  # comma list of trace layer indices; "" = all
+  layers: str = ""  # comma list of model layer ids (of those the traces hold); "" = all
   steps: int = 300
   lr: float = 2e-3
   queries: int = 64  # per step
@@ -108,7 +108,7 @@ class CorrectorTrainConfig:
 _REF_SCORES = 1 << 30  # one chunk up to 8K tokens of 16 heads; 32K takes 16
 
 
-def build_snapshots(q, w, k, cfg) -> list[dict]:
+def build_snapshots(q, k, w, cfg) -> list[dict]:
   """Replay the index over one trace layer; per version, its grouping and every query that
   uses it with its targets. Returns [{"assign" [N], "sizes" [G], "queries" [Qv], "target"
   [Qv, G] float32 (reference share per group; 0 where unusable), "usable" [Qv, G] bool}]."""
@@ -184,7 +184,7 @@ def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress
   for ti, tr in enumerate(trs):
     q, w, k = (np.asarray(a, np.float32) for a in (tr.q[li], tr.w[li], tr.k[li]))
     data.append((q, w, k))
-    snaps += [{**sn, "trace": ti} for sn in build_snapshots(q, w, k, icfg)]
+    snaps += [{**sn, "trace": ti} for sn in build_snapshots(q, k, w, icfg)]
   g = len(snaps[0]["sizes"])
   q, w, k = data[-1]
   keys = jnp.asarray(k)
@@ -221,7 +221,7 @@ def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress
 
   def heldout(p):
     m = nnx.merge(graphdef, p)
-    return float(ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval,
+    return float(ivf.evaluate(evq, evk, evw, icfg, query_positions=pos_eval,
                               corrector=m)["recall"].mean())
 
   losses, history, t0, stopped = [], [], time.time(), False
@@ -249,9 +249,9 @@ def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "history": history}
   if not stopped:
-    base = ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval)
-    orc = ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval, oracle=True)
-    cor = ivf.evaluate(evq, evw, evk, icfg, query_positions=pos_eval, corrector=model)
+    base = ivf.evaluate(evq, evk, evw, icfg, query_positions=pos_eval)
+    orc = ivf.evaluate(evq, evk, evw, icfg, query_positions=pos_eval, oracle=True)
+    cor = ivf.evaluate(evq, evk, evw, icfg, query_positions=pos_eval, corrector=model)
     result.update(recall_plain=float(base["recall"].mean()),
                   recall_corrected=float(cor["recall"].mean()),
                   recall_oracle=float(orc["recall"].mean()))
@@ -259,8 +259,8 @@ def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress
       vq, vw, vk = (np.asarray(a, np.float32) for a in (val.q[li], val.w[li], val.k[li]))
       pos_val = np.unique(np.linspace(icfg.seal_window, vk.shape[0] - 1,
                                       cfg.eval_queries).astype(np.int64))
-      vp = float(ivf.evaluate(vq, vw, vk, icfg, query_positions=pos_val)["recall"].mean())
-      vc = float(ivf.evaluate(vq, vw, vk, icfg, query_positions=pos_val,
+      vp = float(ivf.evaluate(vq, vk, vw, icfg, query_positions=pos_val)["recall"].mean())
+      vc = float(ivf.evaluate(vq, vk, vw, icfg, query_positions=pos_val,
                               corrector=model)["recall"].mean())
       result.update(val_recall_plain=vp, val_recall_corrected=vc, kept=vc > vp,
                     recall_shipped=result["recall_corrected" if vc > vp else "recall_plain"])
@@ -287,10 +287,16 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
                         f"holds {tr.layers.tolist()}")
   if len({t.k.shape[1] for t in trs}) > 1:
     raise ConfigError("every --train-trace must hold the same number of tokens")
-  idx = [int(v) for v in cfg.layers.split(",")] if cfg.layers else list(range(len(tr.layers)))
-  bad = [i for i in idx if not 0 <= i < len(tr.layers)]
+  held = tr.layers.tolist()
+  from jaxsparse.cli._common import comma_ints
+  try:
+    ids = comma_ints("--layers", cfg.layers, low=0) if cfg.layers else held
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  bad = [v for v in ids if v not in held]
   if bad:
-    raise ConfigError(f"--layers {bad} out of range: the traces hold {len(tr.layers)} layers")
+    raise ConfigError(f"--layers {bad} are not in the traces, which hold model layers {held}")
+  idx = [held.index(v) for v in ids]
   for name, t in named:
     if t.k.shape[1] <= 2 * cfg.seal_window:
       raise ConfigError(f"{name} has {t.k.shape[1]} tokens; needs more than 2 x --seal-window")

@@ -11,9 +11,10 @@ to the model's full 8,192-token context. Training text is long documents (standa
 modules, the Linux documentation; `--corpus` takes pre-tokenised ids) and never the
 evaluation text (`jaxsparse.model.text.held_out_text`).
 
-  python -m train.indexer --out runs/indexer --schedule 2048:300,4096:200,8192:700 \
-      --max-seconds 420    (the shipped indexers: 16 heads x 64 dims, step 1,049 on one H100)
-  jaxsparse train-indexer --out runs/indexer --window 256 --steps 20    (a CPU-sized run)
+  python -m train.indexer --out runs/indexer --schedule 2048:300,4096:200,8192:700 \\
+      --max-seconds 420    (the run of the shipped indexers, below)
+  jaxsparse train indexer --out runs/cpu --window 256 --steps 20 --eval-windows 1 \\
+      --eval-tokens 512 --recall-k 64          (a CPU-sized run: about a minute on 2 cores)
 
 Checkpoints (Orbax, atomic, the latest two kept) hold parameters, optimizer state and step; a
 rerun with the same --out resumes and ends with the same parameters as an uninterrupted run.
@@ -67,7 +68,7 @@ class TrainConfig:
   rope_dims: int = 16
   lr: float = 3e-3
   leak: float = 0.1
-  layers: int = 0  # 0: all layers of the base model
+  num_layers: int = 0  # train the first N layers of the base model; 0: all of them
   corpus: str = ""  # .npy of token ids; "" reads text.training_documents()
   eval_windows: int = 2
   eval_tokens: int = 8192
@@ -87,8 +88,10 @@ class TrainConfig:
       raise ConfigError(f"--lr={self.lr} must be positive")
     if not 0 <= self.leak < 1:
       raise ConfigError(f"--leak={self.leak} must lie in [0, 1)")
-    if self.layers < 0:
-      raise ConfigError(f"--layers={self.layers} must be >= 0 (0: all)")
+    from jaxsparse.cli._common import MODEL_LAYERS
+    if not 0 <= self.num_layers <= MODEL_LAYERS:
+      raise ConfigError(f"--num-layers={self.num_layers} must lie in [0, {MODEL_LAYERS}] (the "
+                        f"model's layers; 0: all)")
     if self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim:
       raise ConfigError(f"--rope-dims={self.rope_dims} must be even and <= --head-dim")
     if self.eval_tokens <= self.recall_k:
@@ -117,8 +120,24 @@ class TrainConfig:
 
   def identity(self) -> dict:
     """The fields a resumed run must share with the run that wrote the checkpoints."""
-    return {k: getattr(self, k) for k in ("heads", "head_dim", "rope_dims", "layers", "seed",
+    return {k: getattr(self, k) for k in ("heads", "head_dim", "rope_dims", "num_layers", "seed",
                                           "corpus", "lr", "leak")}
+
+
+OPTION_HELP = {
+    "heads": "indexer heads", "head_dim": "indexer head dim",
+    "rope_dims": "leading head dims that take rotary positions",
+    "lr": "peak AdamW learning rate (warm-up, then cosine decay)",
+    "leak": "negative slope of the leaky ReLU the training scores take (0 at inference)",
+    "num_layers": "train the first N layers of the model; 0: all",
+    "corpus": ".npy of token ids; '' reads the standard library and Linux documentation",
+    "eval_windows": "held-out windows of the final recall evaluation",
+    "eval_tokens": "tokens per evaluation window",
+    "recall_k": "top-K of the evaluation (attention mass the indexer's top-K keeps)",
+    "save_every": "steps between checkpoints",
+    "max_seconds": "checkpoint and stop after this long, 0: no limit (a rerun resumes)",
+    "seed": "initialisation and window sampling seed",
+}
 
 
 def load_corpus(cfg: TrainConfig):
@@ -226,7 +245,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
   ids, corpus_desc = load_corpus(cfg)
   from flax import nnx
   from jaxsparse.model import lightning, llama
-  base = llama.load_model(cfg.layers or None)
+  base = llama.load_model(cfg.num_layers or None)
   icfg = lightning.IndexerConfig(layers=base.cfg.layers, width=base.cfg.width, heads=cfg.heads,
                                  head_dim=cfg.head_dim, rope_dims=cfg.rope_dims)
   model = lightning.LightningIndexers(icfg, rngs=nnx.Rngs(cfg.seed))
@@ -296,28 +315,33 @@ def _write_json(path, obj):
 
 
 def build_parser(prog: str = "python -m train.indexer") -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog=prog, description=__doc__,
+  from jaxsparse.cli.train import shipped_provenance
+  p = argparse.ArgumentParser(prog=prog, description=__doc__ + "\n" + shipped_provenance(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", required=True, help="directory for checkpoints, report, indexers.npz")
-  p.add_argument("--schedule", default=TrainConfig.schedule,
-                 help="length curriculum WINDOW:STEPS,... (default %(default)s)")
+  p.add_argument("--schedule", default=None,
+                 help=f"length curriculum WINDOW:STEPS,... (default {TrainConfig.schedule})")
   p.add_argument("--window", type=int, default=0,
-                 help="one stage of this window (with --steps) instead of --schedule")
-  p.add_argument("--steps", type=int, default=0, help="steps of the --window stage")
+                 help="one stage of this window (with --steps) instead of --schedule "
+                 "(default: --schedule)")
+  p.add_argument("--steps", type=int, default=0,
+                 help="steps of the --window stage (default: --schedule)")
   for f in dataclasses.fields(TrainConfig):
     if f.name in ("out", "schedule"):
       continue
     typ = {"int": int, "float": float, "str": str}[f.type]
     p.add_argument("--" + f.name.replace("_", "-"), type=typ, default=f.default,
-                   help=f"(default {f.default!r})")
+                   help=f"{OPTION_HELP[f.name]} (default {f.default!r})")
   return p
 
 
 def config_from_args(a) -> TrainConfig:
-  sched = a.schedule
+  sched = a.schedule if a.schedule is not None else TrainConfig.schedule
   if a.window or a.steps:
     if not (a.window and a.steps):
       raise ConfigError("--window and --steps go together (one stage); or use --schedule")
+    if a.schedule is not None:
+      raise ConfigError("--schedule does not apply beside --window/--steps (one stage)")
     if a.window < 2 or a.steps < 1:
       raise ConfigError(f"--window={a.window} and --steps={a.steps} must be >= 2 and >= 1")
     sched = f"{a.window}:{a.steps}"

@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
   for command in (eval, bench, quality, trace, plan, metric, train, model):
     command.add_parser(sub)
+  for name, sp in sub.choices.items():  # an unknown option prints this command's usage
+    if not sp.get_default("parser"):
+      sp.set_defaults(parser=sp)
   return p
 
 
@@ -33,7 +36,9 @@ def main(argv=None) -> int:
   if rc is not None:
     return rc
   p = build_parser()
-  args = p.parse_args(argv)
+  args, extra = p.parse_known_args(argv)
+  if extra:
+    args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
   from jaxsparse.model.fetch import FetchError
   try:
     return args.func(args) or 0

@@ -3,20 +3,28 @@ from __future__ import annotations
 
 from ._common import CliError, load_trace, positive
 
-__all__ = ["index_options", "ivf_config", "prefill_traces", "check_metric"]
+__all__ = ["DEFAULTS", "index_options", "ivf_config", "prefill_traces", "check_metric"]
 
 
-def index_options(p, note: str = "") -> None:
-  """AttentionIndex settings shared by `eval` (prefill traces) and `plan`."""
-  p.add_argument("--budget", type=positive("--budget"), default=1024,
-                 help=f"{note}candidate slots per query (default 1024)")
-  p.add_argument("--seal-window", type=positive("--seal-window"), default=256,
-                 help=f"{note}keys per seal (default 256)")
-  p.add_argument("--cluster-size", type=positive("--cluster-size"), default=32,
-                 help=f"{note}keys per group on average (default 32)")
-  p.add_argument("--refit-interval", type=int, default=2048,
-                 help=f"{note}tokens between refits, 0 = seal only (default 2048)")
+DEFAULTS = {"k": 128, "budget": 1024, "seal_window": 256, "cluster_size": 32,
+            "refit_interval": 2048}
+"""AttentionIndex settings `plan` calibrates at and `eval` on a prefill trace uses when an
+option is left out: a plan made with the defaults serves `eval --plan` with the defaults."""
 
+
+def index_options(p, note: str = "", given_only: bool = False) -> None:
+  """AttentionIndex settings shared by `eval` (prefill traces) and `plan`. given_only: the
+  options default to None (`fill_defaults(args, DEFAULTS)` sets them once the mode is known)."""
+  d = {name: None if given_only else v for name, v in DEFAULTS.items()}
+  p.add_argument("--budget", type=positive("--budget"), default=d["budget"],
+                 help=f"{note}candidate slots per query (default {DEFAULTS['budget']})")
+  p.add_argument("--seal-window", type=positive("--seal-window"), default=d["seal_window"],
+                 help=f"{note}keys per seal (default {DEFAULTS['seal_window']})")
+  p.add_argument("--cluster-size", type=positive("--cluster-size"), default=d["cluster_size"],
+                 help=f"{note}keys per group on average (default {DEFAULTS['cluster_size']})")
+  p.add_argument("--refit-interval", type=int, default=d["refit_interval"],
+                 help=f"{note}tokens between refits, 0 = seal only (default "
+                 f"{DEFAULTS['refit_interval']})")
 
 
 def ivf_config(args):

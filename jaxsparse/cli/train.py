@@ -2,37 +2,53 @@
 options (`train/indexer.py` and `train/corrector.py` parse them, --help included)."""
 from __future__ import annotations
 
-import argparse
+import os
+import textwrap
 
 from ._common import FORMATTER
 
-__all__ = ["HELP", "add_parser", "dispatch"]
+__all__ = ["HELP", "shipped_provenance", "add_parser", "dispatch"]
 
 HELP = """\
 Train the lightning indexers of every layer (DeepSeek-V3.2's dense warm-up: KL to the
 head-summed attention, base model frozen), with a length curriculum up to 8,192 tokens.
-The shipped indexers took 1,800 steps (about 9 minutes on one H200); a CPU run is for small
---schedule values only.
+{provenance}
+A CPU run is for small --schedule or --window values only.
 
 examples:
   jaxsparse train indexer --out runs/idx --schedule 2048:300,4096:200,8192:1300
-  jaxsparse train indexer --out runs/tiny --window 128 --steps 10 --layers 2 --eval-tokens 256
+  jaxsparse train indexer --out runs/tiny --window 128 --steps 10 --num-layers 2 \\
+      --eval-windows 1 --eval-tokens 256 --recall-k 64
   jaxsparse train corrector --train-trace train.npz --eval-trace heldout.npz --out runs/corr
 """
 
 
+def shipped_provenance() -> str:
+  """How the shipped indexers were trained, read from their file's own metadata."""
+  import json
+
+  import numpy as np
+  from jaxsparse.model import lightning
+  path = lightning.default_indexers_path()
+  with np.load(path, allow_pickle=False) as z:
+    m = json.loads(str(z["meta"]))
+  return textwrap.fill(
+      f"The shipped indexers ({os.path.basename(path)}) ran {m['steps_done']:,} steps of "
+      f"--schedule {m['schedule']} in {m['train_seconds'] / 60:.0f} minutes on one "
+      f"{m['trained_on']}.", width=95)
+
+
 def add_parser(sub) -> None:
-  """Register `train` (and its old spelling `train-indexer`) for the top-level help."""
-  for name in ("train", "train-indexer"):
-    r = sub.add_parser(name, help="train the lightning indexers" if name == "train" else
-                       argparse.SUPPRESS, description=HELP, formatter_class=FORMATTER,
-                       add_help=name == "train")
-    if name == "train":
-      what = r.add_subparsers(dest="what", required=True, metavar="WHAT")
-      what.add_parser("indexer", help="lightning indexers (options: "
-                      "`jaxsparse train indexer --help`)")
-      what.add_parser("corrector", help="AttentionIndex representative corrections (options: "
-                      "`jaxsparse train corrector --help`)")
+  """Register `train` for the top-level help (`dispatch` runs it, and the old spelling
+  `train-indexer`, before the top-level parser sees them)."""
+  r = sub.add_parser("train", help="train the lightning indexers or AttentionIndex's "
+                     "corrections", description=HELP.format(provenance=shipped_provenance()),
+                     formatter_class=FORMATTER)
+  what = r.add_subparsers(dest="what", required=True, metavar="WHAT")
+  what.add_parser("indexer", help="lightning indexers (options: "
+                  "`jaxsparse train indexer --help`)")
+  what.add_parser("corrector", help="AttentionIndex representative corrections (options: "
+                  "`jaxsparse train corrector --help`)")
 
 
 def dispatch(argv: list) -> int | None:

@@ -33,11 +33,11 @@ __all__ = ["sharded_ivf_prefill_topk"]
 _map_queries = jax.jit(map_queries)  # a chunk's ranking queries under a grouping metric
 
 
-def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corrector=None,
+def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corrector=None,
                              layer=None, implementation=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
 
-  q [N, H, D], w [N, H], k [N, D] float (query n at position n sees keys 0..n); config:
+  q [N, H, D], k [N, D], w [N, H] float (query n at position n sees keys 0..n); config:
   `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all); metric: a grouping
   metric (an A [D, D] array, or a file of `jaxsparse fit-metric` with `layer`); corrector: a
   learned representative correction (a model, a file of `jaxsparse train corrector` with
@@ -46,18 +46,18 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
   Returns (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N]
   int32), as `jaxsparse.ivf.prefill_topk`.
   """
-  from jaxsparse import _checks
-  for _name, _x in (("q", q), ("w", w), ("k", k)):
+  from jaxsparse import _checks, backend
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
-  q, w, k = np.asarray(q), np.asarray(w), np.asarray(k)
+  q, k, w = np.asarray(q), np.asarray(k), np.asarray(w)
+  _checks.check_kw_order(q, k, w)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
-    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
-                     f"[N, H, D], [N, H], [N, D]")
+    raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
+                     f"[N, H, D], [N, D], [N, H]")
   devices = list(jax.devices() if devices is None else devices)
   if not devices:
     raise ValueError("devices must not be empty")
-  from jaxsparse import _checks, backend
   _checks.check_implementation(implementation)
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   from jaxsparse.ivf.evaluation import _metric_inputs, _resolve_corrector
@@ -87,7 +87,7 @@ def sharded_ivf_prefill_topk(q, w, k, config, *, devices=None, metric=None, corr
   g_cap = index.group_capacity(n, config)
   assign = np.full(n, -1, np.int32)
   topk = min(config.topk, n)
-  out_idx, out_num = exact_before_first_seal(q, w, k, config)
+  out_idx, out_num = exact_before_first_seal(q, k, w, config)
 
   def local_prefix(e, p):  # a shard's keys before global position p: a prefix of its array
     return (min(max(p - e * c, 0), c) + min(max(p - (2 * p_dev - 1 - e) * c, 0), c))

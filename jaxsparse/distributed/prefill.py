@@ -83,12 +83,12 @@ def _chunked(fn, q, w, qpos, block):
   return v.reshape(t, -1), i.reshape(t, -1)
 
 
-def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: str = "x",
+def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: str = "x",
                          strategy: str = "allgather", fp8_keys: bool = False,
                          block: int = 64, implementation=None):
   """Every query's exact indexer top-K over a causal sequence, sharded over `mesh[axis]`.
 
-  q [N, H, D], w [N, H], k [N, D] float (query n sits at position n and sees keys 0..n);
+  q [N, H, D], k [N, D], w [N, H] float (query n sits at position n and sees keys 0..n);
   mesh: a 1-D device mesh (default: every device); strategy: "allgather" or "ring";
   fp8_keys: exchange (and score) keys as fp8 with per-token scales, the way DSA serving
   stacks quantise before the gather (the result then equals the single-device top-K of the
@@ -110,15 +110,16 @@ def sharded_prefill_topk(q, w, k, topk: int, *, mesh: Mesh | None = None, axis: 
   kernels = backend.resolve(implementation) == "pallas"
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
-  for _name, _x in (("q", q), ("w", w), ("k", k)):
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
   if not isinstance(topk, int) or isinstance(topk, bool):
     raise ValueError(f"topk={topk!r} must be a positive int")
-  q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
+  q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
+  _checks.check_kw_order(q, k, w)
   n = k.shape[0]
   if q.ndim != 3 or q.shape[0] != n or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]):
-    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
-                     f"[N, H, D], [N, H], [N, D]")
+    raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
+                     f"[N, H, D], [N, D], [N, H]")
   if topk < 1:
     raise ValueError(f"topk={topk} must be positive")
   mesh = mesh or jax.make_mesh((len(jax.devices()),), (axis,))

@@ -16,18 +16,19 @@ __all__ = ["evaluate", "METHODS"]
 METHODS = ("ivf", "hisa", "full")
 
 
-def _check(q, w, k, config, method, positions):
+def _check(q, k, w, config, method, positions):
   from jaxsparse import _checks
-  for _name, _x in (("q", q), ("w", w), ("k", k)):
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
   if not np.issubdtype(np.asarray(positions).dtype, np.integer):
     raise ValueError(f"query_positions.dtype={np.asarray(positions).dtype} must be an integer "
                      "type")
   if method not in METHODS:
     raise ValueError(f"method={method!r} must be one of {METHODS}")
+  _checks.check_kw_order(q, k, w)
   if q.ndim != 3 or w.shape != q.shape[:2] or k.ndim != 2 or k.shape != (q.shape[0], q.shape[2]):
-    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
-                     f"[N, H, D], [N, H], [N, D]")
+    raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
+                     f"[N, H, D], [N, D], [N, H]")
   n = k.shape[0]
   if positions.ndim != 1 or positions.size == 0:
     raise ValueError(f"query_positions must be a non-empty [Q] array; got {positions.shape}")
@@ -110,11 +111,11 @@ def _hisa_structure(n, config):
   return assign, rank, sizes, last
 
 
-def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: bool = False,
+def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: bool = False,
              corrector=None, layer: int | None = None, metric=None) -> dict:
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
 
-  q [N, H, D], w [N, H], k [N, D] float (a prefill trace layer: query n sits at position n and
+  q [N, H, D], k [N, D], w [N, H] float (a prefill trace layer: query n sits at position n and
   sees keys 0..n); config: IVFConfig (`query_block` > 1: blocks of queries share candidates,
   method "ivf"); query_positions [Q] int. oracle=True ranks the same groups by their true share
   of reference keys, per query (ivf and hisa): whether the partition or the representative
@@ -128,8 +129,8 @@ def evaluate(q, w, k, config, *, method: str = "ivf", query_positions, oracle: b
   [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
   """
   positions = np.asarray(query_positions)
-  q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
-  _check(q, w, k, config, method, positions)
+  q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
+  _check(q, k, w, config, method, positions)
   positions = positions.astype(np.int64)
   if method != "ivf" and metric is not None:
     raise ValueError(f"metric applies to method='ivf' only; got method={method!r}")

@@ -96,15 +96,17 @@ def _check_fit(eps, queries, keys):
       raise ValueError(f"{name}={v} must be positive")
 
 
-def fit(q, w, k, *, eps: float = 0.01, queries: int = 256, keys: int = 256,
+def fit(q, k, w, *, eps: float = 0.01, queries: int = 256, keys: int = 256,
         seed: int = 0) -> np.ndarray:
-  """The metric of one layer from a training trace's q [N, H, D], w [N, H], k [N, D] (any
+  """The metric of one layer from a training trace's q [N, H, D], k [N, D], w [N, H] (any
   float; query n sees keys 0..n).
 
   Returns A [D, D] float32, symmetric positive definite: (D S / trace S + eps I)^(1/2), S the
   mean of g g^T over `sample_pairs(N, queries, keys, seed)`.
   """
   _check_fit(eps, queries, keys)
+  from jaxsparse import _checks
+  _checks.check_kw_order(np.asarray(q), np.asarray(k), np.asarray(w))
   return _root(_moment(q, w, k, queries, keys, seed), eps)
 
 

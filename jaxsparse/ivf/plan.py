@@ -88,7 +88,7 @@ def calibrate(trace, config, *, queries: int = 256, z: float = 2.0, prefer: str 
         if m == "ivf" and metric is not None:
           extra = (dict(metric=metric, layer=int(layer)) if isinstance(metric, (str, os.PathLike))
                    else dict(metric=metric[int(layer)]))
-        got[m].append(np.asarray(evaluate(q, w, k, config, method=m, query_positions=pos,
+        got[m].append(np.asarray(evaluate(q, k, w, config, method=m, query_positions=pos,
                                           **extra)["recall"], np.float64))
         if m == "hisa" and cache is not None:  # the trace held too: no other takes its id
           cache[key] = (tr, got[m][-1])

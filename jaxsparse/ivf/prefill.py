@@ -278,7 +278,7 @@ def _exact_head(q, w, k, *, topk, first):
   return (out_idx.at[:first, :head.shape[1]].set(head), out_num.at[:first].set(pos + 1))
 
 
-def exact_before_first_seal(q, w, k, config):
+def exact_before_first_seal(q, k, w, config):
   """`_exact_head` as writable numpy arrays (indices [N, topk] int32 -1, num_candidates [N]
   int32), for drivers that fill the later rows on the host."""
   n = k.shape[0]
@@ -287,11 +287,11 @@ def exact_before_first_seal(q, w, k, config):
   return tuple(np.array(a) for a in head)
 
 
-def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=None,
+def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=None,
                  implementation=None, metric=None):
   """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n at position n).
 
-  q [N, H, D], w [N, H], k [N, D] float; config: IVFConfig. Before the first seal queries
+  q [N, H, D], k [N, D], w [N, H] float; config: IVFConfig. Before the first seal queries
   score every key. method="hisa" runs the HiSA baseline through the same candidate and
   scoring path: contiguous blocks of `cluster_size` keys after the sinks, each usable once
   complete, ranked by their mean key (the candidates of `evaluate(method="hisa")`).
@@ -315,15 +315,15 @@ def prefill_topk(q, w, k, config, *, method: str = "ivf", corrector=None, layer=
     raise ValueError("corrector applies to method='ivf' only")
   if method == "hisa" and metric is not None:
     raise ValueError("metric applies to method='ivf' only")
-  from jaxsparse import _checks
-  for _name, _x in (("q", q), ("w", w), ("k", k)):
+  from jaxsparse import _checks, backend
+  for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
-  q, w, k = jnp.asarray(q), jnp.asarray(w), jnp.asarray(k)
+  q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
+  _checks.check_kw_order(q, k, w)
   n = k.shape[0]
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
-    raise ValueError(f"q {tuple(q.shape)}, w {tuple(w.shape)}, k {tuple(k.shape)} must be "
-                     f"[N, H, D], [N, H], [N, D]")
-  from jaxsparse import _checks, backend
+    raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
+                     f"[N, H, D], [N, D], [N, H]")
   _checks.check_implementation(implementation)
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   if method == "hisa":
@@ -360,7 +360,7 @@ def _corrected_prefill(q, w, k, config, corrector, state, clusters, plat, metric
   A: the index on ki = k @ A, ranking with q @ qmap)."""
   n, wnd = k.shape[0], config.seal_window
   topk = min(config.topk, n)
-  out_idx, out_num = exact_before_first_seal(q, w, k, config)
+  out_idx, out_num = exact_before_first_seal(q, k, w, config)
   pending = []
   for v in range(1, n // wnd + 1):
     p = v * wnd

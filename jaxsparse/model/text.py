@@ -2,7 +2,11 @@
 
 Training and evaluation never share a source: the lightning indexers train on long documents
 (`training_documents`: standard-library modules and, where installed, the Linux kernel's
-Documentation/*.rst), and quality is measured on `held_out_text` (the Python reference docs).
+Documentation/*.rst), and quality is measured on `held_out_text` (the Python reference docs)
+or, as a second held-out text, `numpy_docs` (NumPy's API docstrings).
+
+`python -m jaxsparse.model.text --name pydoc|numpy --out FILE` writes a held-out text to a file
+(for `jaxsparse quality --text FILE`).
 """
 from __future__ import annotations
 
@@ -11,8 +15,8 @@ import os
 import sysconfig
 import tarfile
 
-__all__ = ["python_docs", "stdlib_source", "stdlib_modules", "linux_documentation",
-           "training_documents", "held_out_text", "corpus"]
+__all__ = ["python_docs", "numpy_docs", "stdlib_source", "stdlib_modules",
+           "linux_documentation", "training_documents", "held_out_text", "HELD_OUT", "corpus"]
 
 LINUX_TARBALL = "/usr/src/linux-source-6.1.tar.xz"
 
@@ -26,6 +30,31 @@ def python_docs() -> str:
 def held_out_text() -> str:
   """The evaluation text: English prose that indexer training never reads."""
   return python_docs()
+
+
+def numpy_docs(min_chars: int = 200) -> str:
+  """NumPy's API docstrings (English prose, parameters and examples; numpy's own objects
+  only), each public object of numpy and its linalg, fft, random, ma and polynomial modules
+  once, in name order: a second held-out text (training reads none of it)."""
+  import inspect
+
+  import numpy as np
+  seen, docs = set(), []
+  for mod in (np, np.linalg, np.fft, np.random, np.ma, np.polynomial):
+    for name in sorted(dir(mod)):
+      obj = getattr(mod, name, None)
+      if name.startswith("_") or id(obj) in seen or isinstance(obj, (int, float, str)):
+        continue
+      seen.add(id(obj))
+      if not str(getattr(obj, "__module__", "") or "").startswith("numpy"):
+        continue
+      d = inspect.getdoc(obj)
+      if d and len(d) >= min_chars:
+        docs.append(d)
+  return "\n\n".join(docs)
+
+
+HELD_OUT = {"pydoc": python_docs, "numpy": numpy_docs}
 
 
 def stdlib_source(name: str = "_pydecimal.py") -> str:
@@ -89,3 +118,24 @@ def corpus(kind: str) -> str:
   if kind == "code":
     return stdlib_source()
   raise ValueError(f"kind={kind!r} must be 'docs' or 'code'")
+
+
+def main(argv=None) -> int:
+  import argparse
+  p = argparse.ArgumentParser(prog="python -m jaxsparse.model.text",
+                              description="Write a held-out text to a file.")
+  p.add_argument("--name", choices=sorted(HELD_OUT), required=True,
+                 help="pydoc: Python's reference docs; numpy: NumPy's docstrings")
+  p.add_argument("--out", required=True, help="UTF-8 text file to write")
+  args = p.parse_args(argv)
+  s = HELD_OUT[args.name]()
+  tmp = args.out + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(s)
+  os.replace(tmp, args.out)
+  print(f"wrote {args.out}: {len(s):,} characters")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

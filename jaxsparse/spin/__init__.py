@@ -20,7 +20,8 @@ context never recompiles.
 """
 from jaxsparse.spin.algorithm import (block_scores, compact_blocks, init_state, num_blocks_budget,
                                       predicted_slot_scores, realized_sparsity, request_seeds,
-                                      reset, select_blocks, select_blocks_batched, select_rows,
+                                      query_priorities, reset, select_blocks,
+                                      select_blocks_batched, select_rows,
                                       top_mask, update, update_block_states, update_blocks,
                                       update_dense, update_rows)
 from jaxsparse.spin.config import STATE_DTYPES, SpinConfig
@@ -31,7 +32,7 @@ from jaxsparse.spin.studies import predictor_study, replay
 __all__ = [
     "SpinConfig", "STATE_DTYPES", "init_state", "reset",
     "num_blocks_budget", "predicted_slot_scores", "block_scores", "top_mask", "request_seeds",
-    "select_blocks", "select_blocks_batched", "select_rows", "compact_blocks",
+    "select_blocks", "select_blocks_batched", "select_rows", "query_priorities", "compact_blocks",
     "update", "update_dense", "update_blocks", "update_block_states", "update_rows",
     "realized_sparsity",
     "select_compact_batched", "update_batched",

@@ -16,8 +16,8 @@ STALENESS_CAP = 255
 
 __all__ = [
     "STALENESS_CAP", "init_state", "reset", "num_blocks_budget", "predicted_slot_scores",
-    "block_scores", "by_offset", "top_mask", "request_seeds", "random_keys16", "select_blocks",
-    "select_blocks_batched", "update_dense", "update", "update_blocks", "update_block_states",
+    "block_scores", "by_offset", "top_mask", "request_seeds", "random_keys16", "query_priorities",
+    "select_blocks", "select_blocks_batched", "update_dense", "update", "update_blocks", "update_block_states",
     "realized_sparsity", "slot_mask", "compact_blocks", "select_rows", "update_rows"
 ]
 
@@ -224,6 +224,18 @@ def _priorities(state, pos, length, config: SpinConfig, seed):
   return jnp.zeros((nb,))
 
 
+def query_priorities(q, w, key_means):
+  """Exploration priorities of explore="query": the indexer score of the current query on each
+  block's mean key, sum_h w[h] * relu(q[h] . key_means[j]).
+
+  q [H, D], w [H] float; key_means [num_blocks, D] float, block j's mean over its visible keys
+  (the caller keeps them causal: a block not yet complete is the forced newest one or not
+  visible, so its value is never used). Returns [num_blocks] float32.
+  """
+  s = jnp.einsum("hd,jd->hj", q.astype(jnp.float32), key_means.astype(jnp.float32))
+  return jnp.einsum("h,hj->j", w.astype(jnp.float32), jnp.maximum(s, 0.0))
+
+
 def select_blocks(state, pos, length, config: SpinConfig, key):
   """Block mask [num_blocks] bool for one query at slot `pos` seeing `length` slots.
 
@@ -235,8 +247,9 @@ def select_blocks(state, pos, length, config: SpinConfig, key):
   return _select_blocks(state, pos, length, config, key_seed(key))
 
 
-def _select_blocks(state, pos, length, config: SpinConfig, seed):
-  """`select_blocks` with a uint32 seed instead of a key."""
+def _select_blocks(state, pos, length, config: SpinConfig, seed, prio=None):
+  """`select_blocks` with a uint32 seed instead of a key; prio [num_blocks]: the exploration
+  priorities of explore="query" (`query_priorities`)."""
   b = config.block_size
   nb = state["VB"].shape[-1]
   jb = jnp.arange(nb)
@@ -253,7 +266,13 @@ def _select_blocks(state, pos, length, config: SpinConfig, seed):
   else:
     exploit = top_mask(block_scores(state, pos, length, config), valid & ~forced, n_exploit)
   rest = valid & ~forced & ~exploit
-  explore = top_mask(_priorities(state, pos, length, config, seed), rest, n_explore)
+  if config.explore == "query":
+    if prio is None:
+      raise ValueError("explore='query' needs the current query's block priorities "
+                       "(select_rows(..., priorities=query_priorities(q, w, key_means)))")
+  else:
+    prio = _priorities(state, pos, length, config, seed)
+  explore = top_mask(prio, rest, n_explore)
   mask = forced | exploit | explore
   return jnp.where(state["warm"], mask, valid)
 
@@ -376,14 +395,19 @@ def compact_blocks(mask, width: int):
   return sel, jnp.minimum(mask.sum(1), width).astype(jnp.int32)
 
 
-def select_rows(state, lengths_rows, config: SpinConfig, key):
+def select_rows(state, lengths_rows, config: SpinConfig, key, priorities=None):
   """Per-row masks for R verifier rows (row r at slot lengths_rows[r] - 1), combined.
 
+  priorities: [R, num_blocks] float, explore="query"'s (`query_priorities` of each row's query).
   Returns (shared mask [num_blocks], per-row masks [R, num_blocks]).
   """
   r = lengths_rows.shape[0]
   seeds = request_seeds(key, r)
-  rows = jax.vmap(lambda l, s: _select_blocks(state, l - 1, l, config, s))(lengths_rows, seeds)
+  if priorities is None:
+    rows = jax.vmap(lambda l, s: _select_blocks(state, l - 1, l, config, s))(lengths_rows, seeds)
+  else:
+    rows = jax.vmap(lambda l, s, p: _select_blocks(state, l - 1, l, config, s, p))(
+        lengths_rows, seeds, priorities)
   shared = rows.any(0) if config.mask_policy == "union" else rows[0] | _newest(rows, lengths_rows,
                                                                              config)
   return shared, rows

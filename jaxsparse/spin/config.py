@@ -18,7 +18,7 @@ POOLINGS = ("max", "top4", "mean")
 REDUCTIONS = ("A0", "A1", "A2")
 
 
-EXPLORES = ("random", "staleness", "block-age", "none")
+EXPLORES = ("random", "staleness", "block-age", "query", "none")
 
 
 MASK_POLICIES = ("union", "row0")
@@ -39,7 +39,12 @@ class SpinConfig:
   sparsity: target block sparsity rho in [0, 1).
   ema_decay: alpha in [0, 1).
   explore_fraction: gamma, the part of the block budget m_t reserved for exploration.
-  explore: "random" | "staleness" | "block-age" | "none".
+  explore: "random" | "staleness" | "block-age" | "none" | "query". "query" (beyond the
+    paper, whose limits section names sudden attention shifts): the explored blocks are the
+    ones whose mean indexer key the current query scores highest (`query_priorities`), a
+    current-query signal at 1/block_size of the scoring cost; the reference algorithm takes
+    them as `select_rows(..., priorities=)` (the model loop, `jaxsparse.inloop`); the serving
+    steps raise NotImplementedError for it.
   pooling: "max" | "top4" | "mean" (how predicted slot scores become a block score).
   reduction: "A0" (slot top-K, then expand to blocks) | "A1" (pool predicted slot scores) |
     "A2" (block-level EMA states; `decode_step` then updates only those, not V and D).

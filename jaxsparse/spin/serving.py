@@ -27,7 +27,7 @@ def max_selected_blocks(num_blocks: int, config: SpinConfig) -> int:
   return min(num_blocks, max(m, 2))
 
 
-# 32 blocks of 64 slots = 2048 scores: the top-K's chunk (TopkConfig.chunk) and the scoring
+# 32 blocks of 64 slots = 2048 scores: the top-K's chunk (its tuning table's) and the scoring
 # kernel's 32-page runs (at 64 x 128K, 40%, the 1229 selected blocks pad to 1248).
 ALIGN_BLOCKS = 32
 
@@ -42,6 +42,9 @@ def _aligned_width(width: int, num_blocks: int) -> int:
 
 def _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config):
   from jaxsparse.indexer import _validate_paged
+  if config.explore == "query":
+    raise NotImplementedError("explore='query' runs in the reference algorithm (select_rows "
+                              "with priorities, jaxsparse.inloop), not in the serving steps")
   _validate_paged(q, k_cache, block_table, lengths, w, k_scale)
   if k_cache.shape[1] != config.block_size:
     raise ValueError(f"config.block_size={config.block_size} must equal the cache page size "

@@ -27,13 +27,13 @@ def _full_topk_sets(z, lengths_rows, k):
   return hit.reshape(s, r, n)
 
 
-def replay(q, w, k, lengths, config: SpinConfig, *, seed: int = 0, accepted=None,
+def replay(q, k, w, lengths, config: SpinConfig, *, seed: int = 0, accepted=None,
            scores=None):
   """Replay a decode trace through SPIN (the evaluation API).
 
   Args:
-    q: [S, H, D] (or [S, R, H, D] verifier rows) float queries; w: [S, H] (or [S, R, H]).
-    k: [N, D] keys by slot; lengths: [S] non-decreasing; at step s keys 0..lengths[s]-1 are
+    q: [S, H, D] (or [S, R, H, D] verifier rows) float queries; k: [N, D] keys by slot;
+    w: [S, H] (or [S, R, H]) float head weights; lengths: [S] non-decreasing; at step s keys 0..lengths[s]-1 are
       visible and the (last row's) query sits at slot lengths[s] - 1; row r of R sits at slot
       lengths[s] - R + r.
     config: SpinConfig; seed: exploration RNG seed.
@@ -46,6 +46,8 @@ def replay(q, w, k, lengths, config: SpinConfig, *, seed: int = 0, accepted=None
   after the first, which scores everything by design).
   """
   q, w = jnp.asarray(q), jnp.asarray(w)
+  from jaxsparse import _checks
+  _checks.check_kw_order(q, jnp.asarray(k), w)
   if q.ndim == 3:
     q, w = q[:, None], w[:, None]
   if q.ndim != 4 or w.shape != q.shape[:3]:

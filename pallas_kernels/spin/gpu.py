@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._util import counter_hash, words_seed
-from pallas_kernels.topk.gpu import _take_best, take_best_keys
+from pallas_kernels.topk.gpu import take_best, take_best_keys
 
 __all__ = [
     "NEG_INF", "LENGTH_ROW", "update_states_gpu", "select_compact_gpu", "block_scores_max_gpu"
@@ -283,13 +283,13 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
   n_exploit, n_explore = budget(n_blocks)
   valid = lane < n_blocks
   forced = valid & ((lane == 0) | (lane == n_blocks - 1))
-  exploit = _take_best(s, valid & ~forced, n_exploit, bits=score_bits)
+  exploit = take_best(s, valid & ~forced, n_exploit, bits=score_bits)
   rest = valid & ~forced & ~exploit
   if random:
     keys = counter_hash(seed, lane.astype(jnp.uint32)) >> 16
     explore = take_best_keys(jnp.where(rest, keys, jnp.uint32(0)), rest, n_explore, 16)
   else:
-    explore = _take_best(prio, rest, n_explore)
+    explore = take_best(prio, rest, n_explore)
   mask = jnp.where(warm, forced | exploit | explore, valid)
   m_ref[...] = mask.astype(jnp.int32)
   pos = jnp.cumsum(mask.astype(jnp.int32)) - 1
