@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels._util import clip_positions  # noqa: F401  (shared with the kernels)
+
 KEY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
 QUERY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
 IMPLEMENTATIONS = (None, "xla", "pallas")
@@ -29,7 +31,7 @@ def check_real(name: str, value) -> None:
 
 def check_real_dtype(name: str, x) -> None:
   """Reject complex (and other non-real) arrays before any conversion drops a part."""
-  dt = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+  dt = np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
   if not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)
           or dt == jnp.bfloat16 or dt.name.startswith("float8")):
     raise ValueError(f"{name}.dtype={dt.name} must be a real (float or integer) type")
@@ -44,16 +46,6 @@ def check_positions(name: str, x) -> None:
   if v is not None and v.size and (v.max() > np.iinfo(np.int32).max
                                    or v.min() < np.iinfo(np.int32).min):
     raise ValueError(f"{name} must fit int32; got min={v.min()} max={v.max()}")
-
-
-def clip_positions(positions, n: int):
-  """Positions -> int32 in [-1, n - 1], clipped before the cast so that a traced uint32 or
-  int64 position past 2^31 never wraps to a negative one (it sees every key, as any position
-  >= n - 1 does)."""
-  p = positions
-  if jnp.issubdtype(p.dtype, jnp.unsignedinteger):
-    return jnp.minimum(p, jnp.asarray(n - 1, p.dtype)).astype(jnp.int32)
-  return jnp.clip(p, -1, n - 1).astype(jnp.int32)
 
 
 def check_implementation(implementation):

@@ -33,6 +33,16 @@ def flush_zero(x):
   return jnp.where(jnp.abs(x) < TINY, 0.0, x)
 
 
+def clip_positions(positions, n: int):
+  """Query positions -> int32 in [-1, n - 1], clipped before the cast so that a traced uint32
+  or int64 position past 2^31 never wraps to a negative one (it sees every key, as any
+  position >= n - 1 does; README "Input rules")."""
+  p = positions
+  if jnp.issubdtype(p.dtype, jnp.unsignedinteger):
+    return jnp.minimum(p, jnp.asarray(n - 1, p.dtype)).astype(jnp.int32)
+  return jnp.clip(p, -1, n - 1).astype(jnp.int32)
+
+
 def masked_relu(s, w):
   """relu(s) where the head weight w (broadcast against s) is non-zero, else 0.
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels._platform import KernelPlatform
-from pallas_kernels._util import is_pow2, next_pow2, pad_axis
+from pallas_kernels._util import clip_positions, is_pow2, next_pow2, pad_axis
 from pallas_kernels.indexer_prefill.config import TPU_DEFAULT, PrefillConfig
 from pallas_kernels.indexer_prefill import gpu as _gpu
 from pallas_kernels.indexer_prefill import tpu as _tpu
@@ -63,7 +63,6 @@ def _prefill(q, k, w, k_scale, query_positions, config, platform):
   if query_positions is None:
     pos = jnp.full((t,), n - 1, jnp.int32)
   else:
-    from jaxsparse._checks import clip_positions
     pos = clip_positions(query_positions, n)
   if platform.kind == "gpu" and _use_mosaic(q, k, k_scale, config, platform):
     from pallas_kernels.indexer_prefill import mgpu
