@@ -63,12 +63,13 @@ def main(argv=None):
   if a.what in ("decode", "both"):
     rows += bench.bench_decode(**dec)
     print_table([r for r in rows if r["op"] == "decode"],
-                ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "vs_jnp", "kernel_us",
-                 "kernel_tbps", "kernel_vs_jnp", "error"])
+                ["B", "N", "keys", "impl", "config", "us", "tbps", "roofline", "speedup_vs_jnp",
+                 "kernel_us", "kernel_tbps", "kernel_speedup_vs_jnp", "error"])
   if a.what in ("prefill", "both"):
     prow = bench.bench_prefill(**pre)
     rows += prow
-    print_table(prow, ["T", "N", "keys", "impl", "config", "ms", "tflops", "roofline", "vs_jnp", "error"])
+    print_table(prow, ["T", "N", "keys", "impl", "config", "ms", "tflops", "roofline",
+                       "speedup_vs_jnp", "error"])
   write_json(a.out, dict(environment=environment(), shape=vars(s), rows=rows))
   print(f"wrote {a.out}")
 

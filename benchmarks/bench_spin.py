@@ -58,8 +58,8 @@ def main(argv=None):
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted, topk_config=_topk_config(a),
                             reduction=a.reduction, spin_decode_config=sdc)
-  print_table(rows, ["B", "N", "sparsity", "impl", "us", "vs_full", "us_undonated", "kernel_us",
-                     "kernel_vs_full",
+  print_table(rows, ["B", "N", "sparsity", "impl", "us", "time_vs_full", "us_undonated",
+                     "kernel_us", "kernel_time_vs_full",
                      "select_us", "update_us",
                      "sparse_scores_us", "topk_width_us", "predict_update_us",
                      "predict_update_frac", "realized", "error"])

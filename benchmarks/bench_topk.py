@@ -50,9 +50,9 @@ def main(argv=None):
         write_json(a.out, dict(environment=env, rows=rows, fused=[]))
     fused = [] if (a.default_config_only or a.finish) else bench.bench_decode_topk(
         shapes.DECODE_BATCHES, (128 * 1024, 512 * 1024), 2048)
-  print_table(rows, ["B", "N", "K", "impl", "config", "us", "kernel_us", "tbps", "vs_lax_top_k",
-                     "vs_torch", "error"])
-  print_table(fused, ["B", "N", "K", "impl", "us", "vs_jnp", "error"])
+  print_table(rows, ["B", "N", "K", "impl", "config", "us", "kernel_us", "tbps",
+                     "speedup_vs_lax_top_k", "speedup_vs_torch", "error"])
+  print_table(fused, ["B", "N", "K", "impl", "us", "speedup_vs_jnp", "error"])
   write_json(a.out, dict(environment=environment(), rows=rows, fused=fused))
   print(f"wrote {a.out}")
 

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench_ivf_recall import load_prefill_trace  # noqa: E402
 from jaxsparse._bench.timing import environment, write_json  # noqa: E402
-from jaxsparse.ivf.evaluation import _exact  # noqa: E402
+from jaxsparse.ivf._shared import exact_scores  # noqa: E402
 
 DISTANCES = (1024, 2048, 8192)
 
@@ -31,7 +31,7 @@ def layer_stats(q, w, k, positions, topk: int, gap: int) -> dict:
   """{"within_<d>": share of reference keys within d positions, "in_runs": share with another
   reference key at most `gap` positions away} for one layer (positions [Q] int)."""
   pj = jnp.asarray(positions, jnp.int32)
-  _, ref = _exact(jnp.asarray(q)[pj], jnp.asarray(w)[pj], jnp.asarray(k), pj, topk)
+  _, ref = exact_scores(jnp.asarray(q)[pj], jnp.asarray(w)[pj], jnp.asarray(k), pj, topk)
   ref = np.asarray(ref)
   live = ref >= 0
   dist = positions[:, None] - ref

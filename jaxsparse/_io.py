@@ -18,7 +18,9 @@ def _read_errors():
 def _why(e) -> str:
   """A short reason for a failed read, never numpy's advice to allow pickles."""
   msg = str(e)
-  if "pickle" in msg:
+  if "Object arrays" in msg:  # a member saved with allow_pickle
+    return "it holds pickled Python objects, which are never loaded"
+  if "pickle" in msg:  # numpy's word for a file that is neither .npy nor .npz
     return "not an npz archive"
   return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
@@ -33,6 +35,8 @@ def open_npz(path: str, error: type, what: str):
     z = np.load(path, allow_pickle=False)
   except errors as e:
     raise error(f"{path!r} is not a readable {what}: {_why(e)}") from None
+  if not isinstance(z, np.lib.npyio.NpzFile):
+    raise error(f"{path!r} is not a readable {what}: a single .npy array, not an npz archive")
   try:
     with z:
       yield z

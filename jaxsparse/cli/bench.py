@@ -79,25 +79,26 @@ def run(args) -> int:
   impl = None if args.implementation == "auto" else args.implementation
   from rich.console import Console
   status = Console(stderr=True).status("timing")
-  with status:
+  with bench.rows_not_echoed(), status:
     print(f"decode scoring: B = 1, 2 rows x {args.slots} slots, {args.heads} heads x "
           f"{args.head_dim} dims; time per call (us), tbps = bytes read / time")
     status.update("timing decode scoring")
     rows = bench.bench_decode((1, 2), (args.slots,), heads=args.heads, head_dim=args.head_dim,
                               key_dtypes=("bfloat16", "float8_e4m3fn"), implementation=impl,
                               reps=2, calls=3)
-    print_table(rows, ["B", "N", "keys", "impl", "us", "tbps", "vs_jnp"])
+    print_table(rows, ["B", "N", "keys", "impl", "us", "tbps", "speedup_vs_jnp"])
     print(f"prefill scoring: {args.chunk} causal queries x {args.slots // 4} keys")
     status.update("timing prefill scoring")
     pre = bench.bench_prefill((args.slots // 4,), chunk=args.chunk, heads=args.heads,
                               head_dim=args.head_dim, implementation=impl, reps=2, calls=2)
-    print_table(pre, ["T", "N", "keys", "impl", "ms", "tflops", "vs_jnp"])
+    print_table(pre, ["T", "N", "keys", "impl", "ms", "tflops", "speedup_vs_jnp"])
     print(f"exact top-K: 2 rows x {args.slots}, K = {args.k}")
     status.update("timing exact top-K")
     top = bench.bench_topk((2,), (args.slots,), (args.k,), approx=False, torch_topk=False,
                            reps=2, calls=3)
-    print_table(top, ["B", "N", "K", "impl", "us", "vs_lax_top_k"])
-  print("vs_jnp / vs_lax_top_k: speed-up over the plain-JAX path in the same run (> 1: faster)")
+    print_table(top, ["B", "N", "K", "impl", "us", "speedup_vs_lax_top_k"])
+  print("speedup_vs_jnp / speedup_vs_lax_top_k: the plain-JAX path's time / this row's, in the "
+        "same run (> 1: faster)")
   if args.out:
     write_json(args.out, dict(environment=environment(), rows=rows + pre + top))
     print(f"wrote {args.out}")

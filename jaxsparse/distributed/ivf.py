@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
+from jaxsparse.ivf._shared import metric_inputs, resolve_corrector
 from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal, map_queries
 
 __all__ = ["sharded_ivf_prefill_topk"]
@@ -60,9 +61,8 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
     raise ValueError("devices must not be empty")
   _checks.check_implementation(implementation)
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
-  from jaxsparse.ivf.evaluation import _metric_inputs, _resolve_corrector
-  corrector = _resolve_corrector(corrector, layer)
-  ki, qmap, amat = _metric_inputs(q, k, metric, layer, map_queries=False)
+  corrector = resolve_corrector(corrector, layer)
+  ki, qmap, amat = metric_inputs(q, k, metric, layer, map_queries=False)
   ki = np.asarray(ki)  # the keys the index groups: k, or k @ A under a metric
   p_dev, wnd, d = len(devices), config.seal_window, k.shape[1]
   gw = wnd // config.cluster_size

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
+from jaxsparse.ivf._shared import (block_means, exact_scores, hisa_structure, metric_inputs,
+                                   resolve_corrector)
 from jaxsparse.selection import topk_xla
 from pallas_kernels._util import masked_relu
 
@@ -35,16 +37,6 @@ def _check(q, k, w, config, method, positions):
   if positions.min() < 0 or positions.max() >= n:
     raise ValueError(f"query_positions must lie in [0, {n - 1}]; got "
                      f"[{positions.min()}, {positions.max()}]")
-
-
-@functools.partial(jax.jit, static_argnames=("topk",))
-def _exact(q, w, k, positions, topk):
-  """Exact causal scores [Q, N] and the reference top-k indices (-1 where fewer visible)."""
-  s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
-  wf = w.astype(jnp.float32)
-  z = jnp.einsum("qhn,qh->qn", masked_relu(s, wf[..., None]), wf)
-  z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
-  return z, topk_xla(z, topk)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("topk", "budget", "sink", "oracle"))
@@ -100,17 +92,6 @@ def _recall(sel, ref):
   return np.where(want > 0, hit.any(1).sum(1) / np.maximum(want, 1), 1.0)
 
 
-def _hisa_structure(n, config):
-  cs, sink = config.cluster_size, config.sink
-  pos = np.arange(n)
-  assign = np.where(pos >= sink, (pos - sink) // cs, -1).astype(np.int32)
-  g = max(1, -(-(n - sink) // cs))
-  rank = np.where(pos >= sink, (pos - sink) % cs, 0).astype(np.int32)
-  sizes = np.bincount(assign[assign >= 0], minlength=g).astype(np.int32)
-  last = (sink + (np.arange(g) + 1) * cs - 1).astype(np.int32)
-  return assign, rank, sizes, last
-
-
 def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: bool = False,
              corrector=None, layer: int | None = None, metric=None) -> dict:
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
@@ -134,12 +115,12 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
   positions = positions.astype(np.int64)
   if method != "ivf" and metric is not None:
     raise ValueError(f"metric applies to method='ivf' only; got method={method!r}")
-  corrector = _resolve_corrector(corrector, layer)
-  kx, qx, a = _metric_inputs(q, k, metric, layer)
+  corrector = resolve_corrector(corrector, layer)
+  kx, qx, a = metric_inputs(q, k, metric, layer)
   n = k.shape[0]
   topk = min(config.topk, n)
   pj = jnp.asarray(positions, jnp.int32)
-  z, ref = _exact(q[pj], w[pj], k, pj, topk)
+  z, ref = exact_scores(q[pj], w[pj], k, pj, topk)
   out_idx = np.full((len(positions), topk), -1, np.int32)
   out_num = np.zeros(len(positions), np.int32)
   compared = []
@@ -148,8 +129,8 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
     out_idx = np.asarray(ref)
     out_num = (positions + 1).astype(np.int32)
   elif method == "hisa":
-    assign, rank, sizes, last = _hisa_structure(n, config)
-    reps = _block_means(k, assign, len(sizes))
+    assign, rank, sizes, last = hisa_structure(n, config)
+    reps = block_means(k, assign, len(sizes))
     gend = config.sink + ((positions + 1 - config.sink) // config.cluster_size) * \
         config.cluster_size
     gend = np.maximum(gend, config.sink)
@@ -192,43 +173,3 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
       out_idx[sel], out_num[sel] = np.asarray(idx), np.asarray(num)
   return {"recall": _recall(out_idx, np.asarray(ref)), "topk_indices": out_idx,
           "num_candidates": out_num, "refit_compared": compared}
-
-
-def _metric_inputs(q, k, metric, layer, map_queries=True):
-  """(index keys [N, D], ranking queries [N, H, D], A or None): k @ A and q @ A^-1 in the
-  inputs' dtypes under a grouping metric, else k and q themselves. map_queries=False returns
-  A^-1 [D, D] float32 in the queries' place (for callers that map a chunk at a time)."""
-  from jaxsparse.ivf import metric as metric_mod
-  a = metric_mod.resolve(metric, layer, k.shape[1])
-  if a is None:
-    return k, q, None
-  inv = jnp.asarray(np.linalg.inv(a.astype(np.float64)).astype(np.float32))
-  kx = (k.astype(jnp.float32) @ jnp.asarray(a)).astype(k.dtype)
-  if not map_queries:
-    return kx, inv, jnp.asarray(a)
-  qx = jnp.einsum("nhd,de->nhe", q.astype(jnp.float32), inv).astype(q.dtype)
-  return kx, qx, jnp.asarray(a)
-
-
-def _resolve_corrector(corrector, layer):
-  from jaxsparse.ivf import corrector as corr_mod
-  if corrector is None or callable(corrector) and not isinstance(corrector, corr_mod.Corrector):
-    return corrector
-  if isinstance(corrector, corr_mod.Corrector):
-    return corr_mod.as_ivf_corrector(corrector)
-  models = corr_mod.load(str(corrector))
-  if layer is not None and layer in corr_mod.file_meta(str(corrector)).get("plain_layers", []):
-    return None  # the file keeps plain means for this layer
-  if layer is None or layer not in models:
-    raise ValueError(f"layer={layer} must name a layer the corrector file holds: "
-                     f"{sorted(models)}")
-  return corr_mod.as_ivf_corrector(models[layer])
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _block_means(k, assign, g):
-  a = jnp.asarray(assign)
-  seg = jnp.where(a >= 0, a, g)
-  s = jax.ops.segment_sum(k.astype(jnp.float32), seg, g + 1)[:g]
-  c = jax.ops.segment_sum(jnp.ones(k.shape[0]), seg, g + 1)[:g]
-  return s / jnp.maximum(c, 1)[:, None]

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
+from jaxsparse.ivf._shared import (block_means, exact_scores, hisa_structure, metric_inputs,
+                                   resolve_corrector)
 from jaxsparse.selection import keyed_topk_xla
 from pallas_kernels._util import flush_zero
 from pallas_kernels._util import masked_relu
@@ -267,14 +269,14 @@ def _exact_head(q, w, k, *, topk, first):
   """The output buffers (indices [N, topk] int32, num_candidates [N] int32) with the `first`
   queries (before the first seal) scoring every key they see ([first, first] scores) and the
   other rows -1 / 0."""
-  from jaxsparse.ivf.evaluation import _exact
   n = k.shape[0]
   out_idx = jnp.full((n, topk), -1, jnp.int32)
   out_num = jnp.zeros((n,), jnp.int32)
   if not first:
     return out_idx, out_num
   pos = jnp.arange(first, dtype=jnp.int32)
-  head = _exact(q[:first], w[:first], k[:first], pos, min(topk, first))[1].astype(jnp.int32)
+  head = exact_scores(q[:first], w[:first], k[:first], pos, min(topk, first))[1]
+  head = head.astype(jnp.int32)
   return (out_idx.at[:first, :head.shape[1]].set(head), out_num.at[:first].set(pos + 1))
 
 
@@ -308,7 +310,6 @@ def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=
   (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N] int32).
   Ties go to the lower key index and NaN scores are never chosen (README "Input rules").
   """
-  from jaxsparse.ivf.evaluation import _resolve_corrector
   if method not in ("ivf", "hisa"):
     raise ValueError(f"method={method!r} must be 'ivf' or 'hisa'")
   if method == "hisa" and corrector is not None:
@@ -328,9 +329,8 @@ def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   if method == "hisa":
     return _hisa_prefill(q, w, k, config, plat)
-  corrector = _resolve_corrector(corrector, layer)
-  from jaxsparse.ivf.evaluation import _metric_inputs
-  ki, qmap, a = _metric_inputs(q, k, metric, layer, map_queries=False)
+  corrector = resolve_corrector(corrector, layer)
+  ki, qmap, a = metric_inputs(q, k, metric, layer, map_queries=False)
   mapped = dict(ki=ki, qmap=qmap) if a is not None else {}
   topk, wnd = min(config.topk, n), config.seal_window
   state = index.init_state(n, k.shape[1], config)
@@ -383,11 +383,10 @@ def _hisa_prefill(q, w, k, config, plat):
   the representative), each query using the blocks complete at its position, in chunks of
   `seal_window` queries through `_chunk_topk`'s computation (ungrouped area: at most cs - 1
   keys) in `_hisa_chunks`."""
-  from jaxsparse.ivf.evaluation import _block_means, _hisa_structure
   n = k.shape[0]
   topk = min(config.topk, n)
-  assign, rank, sizes, last = (jnp.asarray(a) for a in _hisa_structure(n, config))
-  reps = _block_means(k, assign, sizes.shape[0])
+  assign, rank, sizes, last = (jnp.asarray(a) for a in hisa_structure(n, config))
+  reps = block_means(k, assign, sizes.shape[0])
   members, offsets = candidates.lists_by_rank(assign, rank, sizes)
   return _hisa_chunks(q, w, k, reps, sizes, last, members, offsets, config=config, topk=topk,
                       platform=plat)
