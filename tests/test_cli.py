@@ -47,6 +47,25 @@ def test_train_indexer_takes_the_documented_options(capsys):
   assert e.value.code == 0
 
 
+@pytest.mark.parametrize("what", ["indexer", "corrector"])
+def test_every_train_option_has_a_description_and_its_default(what):
+  import importlib
+  import re
+  parser = importlib.import_module(f"train.{what}").build_parser()
+  for action in parser._actions:
+    if action.dest == "help":
+      continue
+    text = action.help or ""
+    words = text.split("(")[0].strip()  # what the option does, before "(default ...)"
+    assert len(words.split()) >= 2, (action.option_strings, text)
+    if action.required:
+      assert text.endswith("(required)"), (action.option_strings, text)
+      continue
+    assert re.search(r"\(default:? [^()]+\)$", text), (action.option_strings, text)
+    if "(default " in text and action.default is not None:  # not a described default
+      assert text.endswith(f"(default {action.default!r})"), (action.option_strings, text)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
   d = tmp_path_factory.mktemp("files")
@@ -156,6 +175,9 @@ CASES = [
       "{d}/prefill.npz"], "--corpus='{d}/prefill.npz' is an npz archive"),
     (["train", "indexer", "--out", "{d}/r", "--window", "64", "--steps", "2", "--corpus",
       "{d}/ids_float.npy"], "holds float64 values"),
+    (["train", "corrector", "--out", "{d}/c", "--train-trace", "{d}/pickled.npy",
+      "--eval-trace", "{d}/prefill.npz"], "--train-trace: '{d}/pickled.npy' is not a readable "
+     "npz trace: it holds pickled Python objects"),
 ]
 
 

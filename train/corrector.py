@@ -105,6 +105,35 @@ class CorrectorTrainConfig:
                                           "target_power")}
 
 
+OPTION_HELP = {
+    "out": "directory for the per-layer checkpoints, the report and correctors.npz",
+    "train_trace": "prefill trace(s) of training text, comma list (same tokens and layers)",
+    "eval_trace": "held-out prefill trace: the recall printed and reported per layer",
+    "val_trace": "prefill trace of training text the steps never see; a layer whose "
+                 "correction does not raise recall on it is exported as plain means ('': no "
+                 "gate)",
+    "layers": "comma list of model layer ids to train, of those the traces hold ('': all)",
+    "steps": "optimizer steps per layer",
+    "lr": "AdamW learning rate",
+    "queries": "training queries per step",
+    "topk": "IVF top-K whose reference keys are the targets",
+    "budget": "IVF candidate slots per query",
+    "seal_window": "IVF keys per seal",
+    "cluster_size": "IVF average keys per group",
+    "refit_interval": "IVF tokens between refits (0: seal only)",
+    "member_features": "width of the network's per-member transform",
+    "hidden": "width of the network's hidden layer",
+    "scale": "bound on each coordinate of the correction (scale * tanh)",
+    "target_power": "power on the targets (> 1 sharpens them toward the reference-densest "
+                    "groups)",
+    "eval_queries": "query positions of the held-out (and validation) recall",
+    "eval_every": "steps between held-out recall evaluations",
+    "save_every": "steps between checkpoints",
+    "max_seconds": "checkpoint and stop a layer after this long, 0: no limit (a rerun resumes)",
+    "seed": "initialisation and query sampling seed",
+}
+
+
 _REF_SCORES = 1 << 30  # one chunk up to 8K tokens of 16 heads; 32K takes 16
 
 
@@ -267,15 +296,23 @@ def _train_layer(li, layer_id, trs, ev, cfg: CorrectorTrainConfig, out, progress
   return model, result
 
 
+def _load_trace(option: str, path: str):
+  """`traces.load`, a damaged or foreign file raised as ConfigError naming the option."""
+  from jaxsparse import traces
+  try:
+    return traces.load(path)
+  except traces.TraceError as e:
+    raise ConfigError(f"{option}: {e}") from None
+
+
 def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   out = os.path.abspath(cfg.out)
   checkpoints.prepare_out(out)
   checkpoints.check_identity(out, cfg.identity(), cfg.steps)
-  from jaxsparse import traces
   from jaxsparse.ivf import corrector as C
-  trs = [traces.load(p) for p in cfg.train_trace.split(",")]
-  ev = traces.load(cfg.eval_trace)
-  val = traces.load(cfg.val_trace) if cfg.val_trace else None
+  trs = [_load_trace("--train-trace", p) for p in cfg.train_trace.split(",")]
+  ev = _load_trace("--eval-trace", cfg.eval_trace)
+  val = _load_trace("--val-trace", cfg.val_trace) if cfg.val_trace else None
   tr = trs[0]
   named = [("--train-trace", t) for t in trs] + [("--eval-trace", ev)]
   named += [("--val-trace", val)] if val is not None else []
@@ -358,7 +395,8 @@ def build_parser(prog: str = "python -m train.corrector") -> argparse.ArgumentPa
     req = f.default is dataclasses.MISSING
     p.add_argument("--" + f.name.replace("_", "-"), type=typ, required=req,
                    default=None if req else f.default,
-                   help="(required)" if req else f"(default {f.default!r})")
+                   help=f"{OPTION_HELP[f.name]} "
+                   f"({'required' if req else f'default {f.default!r}'})")
   return p
 
 

@@ -341,7 +341,8 @@ def build_parser(prog: str = "python -m train.indexer") -> argparse.ArgumentPars
   from jaxsparse.cli.train import shipped_provenance
   p = argparse.ArgumentParser(prog=prog, description=__doc__ + "\n" + shipped_provenance(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", required=True, help="directory for checkpoints, report, indexers.npz")
+  p.add_argument("--out", required=True, help="directory for checkpoints, report, indexers.npz "
+                 "(required)")
   p.add_argument("--schedule", default=None,
                  help=f"length curriculum WINDOW:STEPS,... (default {TrainConfig.schedule})")
   p.add_argument("--window", type=int, default=0,
