@@ -22,9 +22,10 @@ def build(tokens: int, linux: str | None = None) -> np.ndarray:
   tok = gguf_weights.tokenizer()
   docs = text.stdlib_modules() + text.linux_documentation(linux)
   ids = []
-  for e in tok.encode_batch(docs):
-    ids.extend(e.ids)
-    ids.append(0)  # <|endoftext|>
+  for lo in range(0, len(docs), 16):  # batches of documents: stop once there are enough
+    for e in tok.encode_batch(docs[lo:lo + 16]):
+      ids.extend(e.ids)
+      ids.append(0)  # <|endoftext|>
     if len(ids) >= tokens:
       break
   return np.asarray(ids[:tokens], np.uint16)
