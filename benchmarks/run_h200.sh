@@ -113,7 +113,7 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
       txt=${TEXT:-pydoc}; python3 -m jaxsparse.model.text --name "$txt" --out "/tmp/heldout_$txt.txt"
       python3 -m jaxsparse.cli quality --text "/tmp/heldout_$txt.txt" --tokens "${TOKENS:-8192}" \
         --k "${KS:-256,64}" --windows "${WINDOWS:-8}" --task ppl,copy,passkey \
-        --methods "${METHODS:-dense,dsa,spin:0.2,spin:0.4,ivf,hisa,recent}" \
+        --methods "${METHODS:-dense,dsa,spin:0.4,spin:0.4:query:0.05,spin:0.4:query:0.2,ivf,ivf-metric,hisa,recent}" \
         --out "$OUT/inloop_$txt.json" --plot "$OUT/inloop_$txt.png" 2>&1 | tee "$OUT/inloop_$txt.log" ;;
     ivf-recall)  # held-out text, and training text (CORPUS) for the per-layer plans
       ids=${CORPUS:-.device/train_tokens.npy}; tr=${TRACES:-/tmp}; mkdir -p "$tr"

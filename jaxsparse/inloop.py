@@ -361,9 +361,10 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings, *, focu
     the method keeps; NaN for dense), unscored (share of visible keys on decided rows whose
     indexer score was never computed; NaN for dense), where decided rows are those with more
     than K visible keys (and at or past decode_from for spin).
-  focus: optional (rows [B, T] bool, source [B, T] bool): then also per layer [L] float64
+  focus: optional (rows [B, T] bool, source [B, T] bool): then also [L, B] float64
     source_mass (head-mean attention on the source keys) and source_kept (share of the source
-    keys the selection keeps), means over the focus rows: where a task's answer looks back.
+    keys the selection keeps), each sequence's mean over its focus rows (NaN without any):
+    where a task's answer looks back, layer by layer.
   """
   from jaxsparse.model.llama import var_value
   tokens = np.asarray(tokens)
@@ -400,9 +401,11 @@ def run(model, indexers, tokens, method: Method, settings: LoopSettings, *, focu
       idx = ref = None
     x, (hit, mass, kept) = _layer_out_batch(cfg, settings.chunk, w_l, x, q, k, v, idx, ref,
                                             jnp.asarray(fsrc))
-    if frows.any():
-      smass.append(float(np.asarray(mass)[frows].mean()))
-      skept.append(float(np.asarray(kept)[frows].mean()))
+    if frows.any():  # per sequence: the mean over its focus rows (NaN where it has none)
+      cnt = frows.sum(1)
+      with np.errstate(invalid="ignore"):
+        smass.append(np.where(frows, np.asarray(mass), 0.0).sum(1) / cnt)
+        skept.append(np.where(frows, np.asarray(kept), 0.0).sum(1) / cnt)
     if use_idx:
       hit = np.asarray(hit, np.float64)[:, decided]
       recall.append(float(hit.mean() / kk) if hit.size else math.nan)
@@ -460,10 +463,10 @@ def measure(model, indexers, windows, methods, settings: LoopSettings, *, tasks=
     for name, task in tasks.items():
       n = len(task.tokens)
       res[name] = _tasks.score(task, r["nll"][at:at + n], r["pred"][at:at + n])
+      for key in ("source_mass", "source_kept"):  # per layer, at the answer positions
+        res[name][key] = _nan_none(r[key][:, at:at + n].mean(1))
       at += n
-    if tasks:  # per layer, at the tasks' answer positions (pooled over the tasks)
-      res["source_mass"] = _nan_none(r["source_mass"])
-      res["source_kept"] = _nan_none(r["source_kept"])
+
     out[m.name] = res
   return out
 

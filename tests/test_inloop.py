@@ -201,6 +201,7 @@ def test_measure_and_compare_report_every_method(tiny):
   src[:, 10:20] = True
   for name in ("dense", "dsa", "recent"):
     r = inloop.run(model, idx, wins, inloop.Method(name), SETTINGS, focus=(rows, src))
+    assert r["source_mass"].shape == (model.cfg.layers, 3)
     if name != "recent":
       assert ((0 < r["source_mass"]) & (r["source_mass"] < 1)).all()
     if name == "dense":
