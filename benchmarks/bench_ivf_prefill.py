@@ -50,7 +50,7 @@ def case(n, h, d, seed=0):
   k = centers[rng.integers(0, len(centers), n)] + 0.5 * rng.standard_normal((n, d))
   q = jax.random.normal(jax.random.key(seed), (n, h, d), jnp.bfloat16)
   w = rng.uniform(0, 1, (n, h)).astype(np.float32)
-  return (q, jnp.asarray(w), jnp.asarray(k, jnp.bfloat16))
+  return (q, jnp.asarray(k, jnp.bfloat16), jnp.asarray(w))
 
 
 def trace_case(tr, layer, n, h, d, seed=0):
