@@ -28,7 +28,7 @@ def test_readme_python_snippet_runs(i, capsys):
 
 def test_readme_is_user_documentation():
   text = _text()
-  assert len(text.splitlines()) <= 300
+  assert len(text.splitlines()) <= 350  # one short section per capability, no diaries
   assert len(SNIPPETS) >= 3
   assert not re.search(r"\bsession ?\d+|\bcall \d+\b", text, re.I)
 
