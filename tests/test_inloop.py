@@ -297,3 +297,34 @@ def test_cli_inloop_errors_name_the_option_before_loading(args, msg, capsys, tmp
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
   assert "Traceback" not in err and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_replay_with_query_exploration_against_the_reference():
+  """`spin.replay` under explore="query": each step's block mask equals the float64 reference
+  stepping with the row's query scores of the block mean keys as exploration priorities."""
+  from jaxsparse import spin
+  rng = np.random.default_rng(7)
+  n, s = 72, 24
+  q, w, k = _dyadic(rng, s, h=2, d=8)
+  kfull = np.asarray(rng.integers(-8, 9, (n, 8)) / 8, np.float32)
+  lengths = np.arange(n - s + 1, n + 1)
+  cfg = SpinConfig(block_size=8, topk=8, sparsity=0.5, explore="query", explore_fraction=0.25)
+  res = spin.replay(q, kfull, w, lengths, cfg, seed=3)
+  cap = -(-n // 8) * 8
+  means = np.pad(kfull.astype(np.float64), ((0, cap - n), (0, 0))).reshape(cap // 8, 8, -1).mean(1)
+  st = np_spin_state(algorithm.init_state(cap, cfg))
+  key = jax.random.PRNGKey(3)
+  for i, length in enumerate(lengths):
+    key, sub = jax.random.split(key)
+    prio = np.einsum("h,hj->j", w[i].astype(np.float64),
+                     np.maximum(q[i].astype(np.float64) @ means.T, 0.0))
+    blocks = np_spin_select(st, length - 1, length, cfg, np_request_seed(sub, 0), prio)
+    np.testing.assert_array_equal(res["block_masks"][i], blocks, err_msg=f"step {i}")
+    z = _np_scores(np.concatenate([np.zeros((length - 1, 2, 8), np.float32), q[i:i + 1]]),
+                   np.concatenate([np.zeros((length - 1, 2), np.float32), w[i:i + 1]]),
+                   kfull[:length])[-1]
+    slots = np.repeat(blocks, 8)[:length]
+    st = np_spin_update(st, np.pad(np.where(slots, z, -np.inf), (0, cap - length),
+                                   constant_values=-np.inf),
+                        np.pad(slots, (0, cap - length)), length - 1, length, cfg)
+  assert not res["block_masks"][1:].all()  # blocks were skipped

@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
   e.add_argument("--sparsities", type=float_list("--sparsities"), default=None,
                  help="decode traces: SPIN target shares of blocks skipped, comma list "
                  "(default 0.2,0.4)")
-  e.add_argument("--explore", default=None, choices=("random", "staleness", "block-age", "none"),
+  e.add_argument("--explore", default=None, choices=("random", "staleness", "block-age", "query",
+                                                    "none"),
                  help="decode traces: SPIN exploration policy (default random)")
   e.add_argument("--reduction", default=None, choices=("A0", "A1", "A2"),
                  help="decode traces: SPIN block reduction (default A1)")

@@ -72,7 +72,13 @@ def replay(q, k, w, lengths, config: SpinConfig, *, seed: int = 0, accepted=None
   z = jnp.asarray(scores, jnp.float32).reshape(s, r, -1)
   z = jnp.pad(z, ((0, 0), (0, 0), (0, cap - z.shape[-1])), constant_values=NEG_INF)
   acc = jnp.full((s,), r - 1, jnp.int32) if accepted is None else jnp.asarray(accepted, jnp.int32)
-  out = _replay_scan(z, lrows, acc, config, seed)
+  prio = None
+  if config.explore == "query":  # each row's query on the block mean keys
+    from jaxsparse.spin.algorithm import query_priorities
+    kp = jnp.pad(jnp.asarray(k, jnp.float32), ((0, cap - k.shape[0]), (0, 0)))
+    km = kp.reshape(cap // b, b, -1).mean(1)
+    prio = jax.vmap(jax.vmap(lambda qq, ww: query_priorities(qq, ww, km)))(q, w)
+  out = _replay_scan(z, lrows, acc, config, seed, prio)
   masks, rows, miss, spars = [np.asarray(x) for x in out]
   tail_miss = miss[1:].reshape(-1) if s > 1 else miss.reshape(-1)
   return {"block_masks": masks, "row_masks": rows, "miss_rate": miss,
@@ -81,16 +87,17 @@ def replay(q, k, w, lengths, config: SpinConfig, *, seed: int = 0, accepted=None
           "mean_sparsity": float(spars[1:].mean() if s > 1 else spars.mean())}
 
 
-def _replay_scan_impl(z, lrows, acc, config, seed):
+def _replay_scan_impl(z, lrows, acc, config, seed, prio=None):
   s, r, cap = z.shape
   truth = _full_topk_sets(z, lrows, config.topk)
   state = init_state(cap, config)
+  prio = jnp.zeros((s, r, 0)) if prio is None else prio
 
   def step(carry, xs):
     st, key = carry
-    zs, ls, a, tr = xs
+    zs, ls, a, tr, pr = xs
     key, sub = jax.random.split(key)
-    mask, rows = select_rows(st, ls, config, sub)
+    mask, rows = select_rows(st, ls, config, sub, pr if config.explore == "query" else None)
     slots = slot_mask(mask, config.block_size)
     observed = jnp.where(slots[None, :], zs, NEG_INF)
     st = update_rows(st, observed, mask, ls, a, config)
@@ -98,7 +105,7 @@ def _replay_scan_impl(z, lrows, acc, config, seed):
     miss = 1.0 - kept / jnp.maximum(tr.sum(-1), 1)
     return (st, key), (mask, rows, miss, realized_sparsity(mask, ls[-1], config.block_size))
 
-  _, out = jax.lax.scan(step, (state, jax.random.PRNGKey(seed)), (z, lrows, acc, truth))
+  _, out = jax.lax.scan(step, (state, jax.random.PRNGKey(seed)), (z, lrows, acc, truth, prio))
   return out
 
 
