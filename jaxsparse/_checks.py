@@ -114,3 +114,15 @@ def check_kw_order(q, k, w) -> None:
   if h != d and k.shape[-1] == h and w.shape[-1] == d:
     raise ValueError(f"k {tuple(k.shape)} and w {tuple(w.shape)} look swapped: the arguments "
                      f"are (q, k, w) as in indexer_scores, k [..., D={d}] and w [..., H={h}]")
+
+
+def clip_lengths(lengths, n: int):
+  """Row lengths -> int32 in [0, n], clipped before the cast (README "Input rules"): a length
+  of n or more means the whole row, also a uint32 or int64 one past 2^31, which a plain cast
+  would wrap to a small or negative length. Concrete lengths are clipped in numpy (int64 stays
+  exact), traced ones in their own dtype."""
+  if isinstance(lengths, jax.core.Tracer):
+    if jnp.issubdtype(lengths.dtype, jnp.unsignedinteger):
+      return jnp.minimum(lengths, jnp.asarray(n, lengths.dtype)).astype(jnp.int32)
+    return jnp.clip(lengths, 0, n).astype(jnp.int32)
+  return jnp.asarray(np.clip(np.asarray(lengths), 0, n).astype(np.int32))

@@ -184,12 +184,19 @@ def sanitize_paged(block_table, lengths, num_blocks: int, page: int = PAGE_SIZE,
   from jax.experimental import checkify
   max_blocks = block_table.shape[1]
   cap = max_blocks * page
-  lens = lengths.astype(jnp.int32)
-  clamped = jnp.clip(lens, 0, cap)
+  # clamped in the lengths' own dtype before the int32 cast: a uint32 / int64 length past 2^31
+  # clamps to the capacity instead of wrapping
+  if jnp.issubdtype(lengths.dtype, jnp.unsignedinteger):
+    in_range = lengths <= cap
+    clamped = jnp.minimum(lengths, jnp.asarray(cap, lengths.dtype)).astype(jnp.int32)
+  else:
+    in_range = (lengths >= 0) & (lengths <= cap)
+    clamped = jnp.clip(lengths, 0, cap).astype(jnp.int32)
+  lens = lengths.astype(jnp.int32)  # for the check's message only
   used = jnp.arange(max_blocks, dtype=jnp.int32)[None, :] * page < clamped[:, None]
   bad = used & ((block_table < 0) | (block_table >= num_blocks))
   if checked:
-    checkify.check(jnp.all((lens >= 0) & (lens <= cap)),
+    checkify.check(jnp.all(in_range),
                    "lengths must lie in [0, {cap}] (block_table.shape[1] * page); got min="
                    "{lo} max={hi}", cap=jnp.int32(cap), lo=lens.min(), hi=lens.max())
     checkify.check(~jnp.any(bad), "block_table holds a page id outside [0, {n}) within a "

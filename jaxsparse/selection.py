@@ -115,6 +115,8 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sort
   """
   _checks.check_implementation(implementation)
   _validate(scores, k, lengths)
+  if lengths is not None:  # clipped before the int32 cast: a length past 2^31 never wraps
+    lengths = _checks.clip_lengths(lengths, scores.shape[-1])
   if not isinstance(sorted, bool):
     raise ValueError(f"sorted={sorted!r} must be a bool")
   impl = backend.resolve(implementation)
@@ -169,7 +171,9 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
   if impl == "xla" or plat.kind != "gpu":
     z = _indexer.paged_indexer_scores(q, k_cache, block_table, lengths, w, k_scale=k_scale,
                                       implementation=impl, config=decode_config)
-    lens = _indexer.row_lengths(lengths, 1 if q.ndim == 3 else q.shape[1])
+    cap = block_table.shape[1] * k_cache.shape[1]  # clipped before the cast, as sanitize_paged
+    lens = _indexer.row_lengths(_checks.clip_lengths(lengths, cap),
+                                1 if q.ndim == 3 else q.shape[1])
     lens = lens[:, 0] if q.ndim == 3 else lens
     return topk(z, k, lengths=lens, implementation=impl, config=topk_config, sorted=sorted)
   _indexer._validate_paged(q, k_cache, block_table, lengths, w, k_scale)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import jaxsparse
-from jaxsparse import ivf
+from jaxsparse import ivf, spin  # noqa: F401  (jaxsparse.spin below)
 from tests.reference import np_topk, rule_scores
 
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
@@ -331,3 +331,21 @@ def test_damaged_trace_files_raise_trace_error_naming_the_file(tmp_path, damage,
   assert cli.main(["eval", "--trace", path]) != 0
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "t.npz" in err[0] and "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_lengths_past_2_31_clamp_instead_of_wrapping(impl):
+  """A uint32 / int64 length past 2^31 means the whole row (topk) or the table's capacity
+  (paged inputs under jit), never a wrapped small or negative length."""
+  x = jnp.asarray([[3., 1., 2., 0.]])
+  for lens in (np.array([2**32 + 2], np.int64), np.array([2**32 - 1], np.uint32)):
+    np.testing.assert_array_equal(jaxsparse.topk(x, 2, lengths=lens, implementation=impl)[1],
+                                  [[0, 2]])
+  big = jnp.asarray(np.array([2**32 - 1], np.uint32))
+  got = jax.jit(lambda l: jaxsparse.topk(x, 2, lengths=l, implementation=impl))(big)[1]
+  np.testing.assert_array_equal(got, [[0, 2]])
+  q, w = jnp.ones((1, 1, 4)), jnp.ones((1, 1))
+  kc = jnp.arange(64 * 4, dtype=jnp.float32).reshape(1, 64, 4) / 256
+  tb = jnp.zeros((1, 1), jnp.int32)
+  got = jax.jit(lambda l: jaxsparse.indexer_topk(q, kc, tb, l, w, 2, implementation=impl))(big)
+  np.testing.assert_array_equal(got[1], [[63, 62]])  # every slot of the one page visible
