@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse import _checks
+
 __all__ = [
     "FP8_MAX", "apply_rope", "hadamard_matrix", "hadamard_rotate", "quantize_fp8",
     "indexer_weights", "prepare_indexer_inputs", "unpack_fp8_paged_cache", "pack_fp8_paged_cache"
@@ -28,6 +30,12 @@ def apply_rope(x, positions, *, rope_dims: int = 64, base: float = 10000.0,
     interleaved: rotate adjacent pairs (x[0::2], x[1::2]) instead of the two halves.
   Returns: array like x.
   """
+  _checks.check_real_dtype("x", x)
+  _checks.check_real_dtype("positions", positions)
+  _checks.check_int("rope_dims", rope_dims)
+  _checks.check_real("base", base)
+  if base <= 0:
+    raise ValueError(f"base={base!r} must be > 0")
   d = x.shape[-1]
   if rope_dims % 2 or not 0 < rope_dims <= d:
     raise ValueError(f"{rope_dims=} must be even and in (0, {d}]")
@@ -56,6 +64,7 @@ def apply_rope(x, positions, *, rope_dims: int = 64, base: float = 10000.0,
 
 def hadamard_matrix(d: int) -> np.ndarray:
   """Sylvester Hadamard matrix [d, d] with entries +-1 (d a power of two)."""
+  _checks.check_int("d", d)
   if d < 1 or d & (d - 1):
     raise ValueError(f"{d=} must be a power of two for the Hadamard rotation")
   h = np.ones((1, 1), np.float32)
@@ -70,6 +79,7 @@ def hadamard_rotate(x):
   DeepSeek-V3.2 rotates both indexer q and k before fp8 quantisation, which spreads outliers.
   x: [..., D] with D a power of two. Returns the same shape and dtype (computed in float32).
   """
+  _checks.check_real_dtype("x", x)
   d = x.shape[-1]
   h = jnp.asarray(hadamard_matrix(d) / math.sqrt(d))
   return jnp.matmul(x.astype(jnp.float32), h, precision=jax.lax.Precision.HIGHEST).astype(x.dtype)
@@ -86,6 +96,7 @@ def quantize_fp8(x):
   scale 1. The floor (the smallest normal float32) keeps a tiny but non-zero row finite: its
   scale never underflows to 0 (README "Input rules": subnormals count as zero).
   """
+  _checks.check_real_dtype("x", x)
   xf = x.astype(jnp.float32)
   amax = jnp.max(jnp.abs(xf), axis=-1)
   safe = jnp.where(amax > 0, amax, FP8_MAX)
@@ -100,6 +111,10 @@ def indexer_weights(proj, *, head_dim: int, q_scale=None):
   proj: [T, H] output of the weights projection; q_scale: optional [T, H] fp8 query scale.
   Returns [T, H] float32.
   """
+  _checks.check_real_dtype("proj", proj)
+  if q_scale is not None:
+    _checks.check_real_dtype("q_scale", q_scale)
+  _checks.check_int("head_dim", head_dim, 1)
   h = proj.shape[-1]
   w = proj.astype(jnp.float32) * (h ** -0.5) * (head_dim ** -0.5)
   if q_scale is not None:
@@ -143,6 +158,7 @@ def unpack_fp8_paged_cache(packed, head_dim: int = 128):
   values contiguously and then 64 float32 scales (so the last axis is a view, not per-slot data).
   Returns (k_cache [num_blocks, 64, head_dim] float8_e4m3fn, k_scale [num_blocks, 64] float32).
   """
+  _checks.check_int("head_dim", head_dim, 1)
   if packed.dtype != jnp.uint8:
     raise ValueError(f"packed.dtype={packed.dtype} must be uint8")
   if packed.ndim != 4 or packed.shape[1:] != (64, 1, head_dim + 4):
@@ -157,7 +173,20 @@ def unpack_fp8_paged_cache(packed, head_dim: int = 128):
 
 
 def pack_fp8_paged_cache(k_cache, k_scale):
-  """Inverse of `unpack_fp8_paged_cache` (for tests and for exporting to DeepGEMM layout)."""
+  """Inverse of `unpack_fp8_paged_cache` (for tests and for exporting to DeepGEMM layout).
+
+  k_cache [num_blocks, 64, head_dim] float8_e4m3fn, k_scale [num_blocks, 64] float32.
+  Returns packed [num_blocks, 64, 1, head_dim + 4] uint8."""
+  if not hasattr(k_cache, "dtype") or k_cache.dtype != jnp.float8_e4m3fn:
+    raise ValueError(f"k_cache.dtype={getattr(k_cache, 'dtype', type(k_cache).__name__)} must "
+                     "be float8_e4m3fn (quantize with prep.quantize_fp8 first)")
+  if k_cache.ndim != 3 or k_cache.shape[1] != 64:
+    raise ValueError(f"k_cache.shape={tuple(k_cache.shape)} must be [num_blocks, 64, head_dim]")
+  if not hasattr(k_scale, "dtype") or k_scale.dtype != jnp.float32:
+    raise ValueError(f"k_scale.dtype={getattr(k_scale, 'dtype', type(k_scale).__name__)} must "
+                     "be float32")
+  if tuple(k_scale.shape) != tuple(k_cache.shape[:2]):
+    raise ValueError(f"k_scale.shape={tuple(k_scale.shape)} must be {tuple(k_cache.shape[:2])}")
   nb, page, d = k_cache.shape
   vals = jax.lax.bitcast_convert_type(k_cache, jnp.uint8).reshape(nb, page * d)
   sc = jax.lax.bitcast_convert_type(k_scale, jnp.uint8).reshape(nb, page * 4)

@@ -65,6 +65,12 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
   the lower index, -inf / -1 where fewer than k entries exist, exactly what `topk` gives on
   the concatenated rows. The building block of sharded top-K (per-shard results merged).
   """
+  for name, x in (("values_a", values_a), ("values_b", values_b)):
+    _checks.check_real_dtype(name, x)
+  for name, x in (("indices_a", indices_a), ("indices_b", indices_b)):
+    dt = jnp.dtype(x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype)
+    if not jnp.issubdtype(dt, jnp.integer):
+      raise ValueError(f"{name}.dtype={dt.name} must be an integer type")
   k = values_a.shape[-1] if k is None else k
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
     raise ValueError(f"k={k!r} must be a positive int")

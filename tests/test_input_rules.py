@@ -214,6 +214,28 @@ def test_ivf_and_hisa_follow_the_rules(q, k):
   np.testing.assert_array_equal(r["topk_indices"], want)
 
 
+@pytest.mark.parametrize("seed", [20, 21])
+def test_ivf_and_hisa_keep_finite_keys_beside_nan_inf_and_signed_weights(seed):
+  """Keys holding NaN / +-inf make their group's mean (HiSA's block mean, the IVF center) NaN
+  or infinite, and a negative or zero head weight turns its score into -inf or NaN: such a
+  group ranks last but stays usable, so with a budget past N the finite keys it holds are
+  still found (prefill on XLA and the kernels, and `evaluate`, both methods)."""
+  rng = np.random.default_rng(seed)
+  q = rng.integers(-2, 3, (NI, H, D)).astype(np.float32)
+  k = rng.integers(-2, 3, (NI, D)).astype(np.float32)
+  rows = rng.choice(NI, 4, replace=False)
+  k[rows[0]], k[rows[1], 0], k[rows[2], 1], k[rows[3], 2] = np.nan, np.inf, -np.inf, np.nan
+  w = rng.choice([0.0, 1.0, -1.0, 0.5], (NI, H)).astype(np.float32)
+  pos = np.arange(NI)
+  want = np_topk(rule_scores(q, k, w, pos).astype(np.float32), CFG.topk)[1]
+  for method in ("ivf", "hisa"):
+    for impl in ("xla", "pallas"):
+      idx, _ = ivf.prefill_topk(q=q, k=k, w=w, config=CFG, method=method, implementation=impl)
+      np.testing.assert_array_equal(np.asarray(idx), want, err_msg=f"{method} {impl}")
+    r = ivf.evaluate(q=q, k=k, w=w, config=CFG, method=method, query_positions=pos)
+    np.testing.assert_array_equal(r["topk_indices"], want, err_msg=f"evaluate {method}")
+
+
 SHARDED = r"""
 import json, sys
 import numpy as np, jax
@@ -261,6 +283,26 @@ def test_sharded_prefill_follows_the_rules():
     np.testing.assert_array_equal(np.asarray(idx), want, err_msg=name)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU flush-to-zero")
+def test_subnormal_products_times_inf_are_nan_on_a_cpu():
+  """README "Input rules": a subnormal q . k (1e-20 x 1e-20) or input (1e-40) flushes to 0, so
+  with an infinite weight (or key) it is 0 x inf = NaN, never chosen; key 0 (q . k = 1 or
+  1e-40) shows which."""
+  cases = [(1e-20, 1e-20, np.inf, [np.inf, np.nan], [0, -1]),
+           (1e-40, np.inf, 1.0, [0.0, np.nan], [0, -1]),
+           (1e-40, 2.0, np.inf, [np.nan, np.nan], [-1, -1])]
+  for qv, kv, wv, scores, idx in cases:
+    q = np.zeros((1, 1, 4), np.float32)
+    k = np.zeros((2, 4), np.float32)
+    q[0, 0, 0], k[0, 0], k[1, 0] = qv, 1.0, kv
+    args = (jnp.asarray(q), jnp.asarray(k), jnp.full((1, 1), wv, jnp.float32))
+    for impl in ("xla", "pallas"):
+      _scores_equal(jaxsparse.indexer_scores(*args, implementation=impl), np.array([scores]))
+      got = jaxsparse.prefill_topk(*args, 2, query_positions=jnp.asarray([1]),
+                                   implementation=impl)[1]
+      np.testing.assert_array_equal(np.asarray(got), [idx], err_msg=f"{qv} {kv} {wv} {impl}")
+
+
 def test_quantize_fp8_tiny_rows_stay_finite():
   from jaxsparse import prep
   x = jnp.asarray([[1e-40, 0.0, -1e-42, 0.0], [2e-38, 4e-38, 0.0, 0.0],
@@ -289,6 +331,47 @@ def test_quantize_fp8_tiny_rows_stay_finite():
 def test_arguments_refused_with_their_name(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+_V, _I = jnp.zeros((2, 3)), jnp.zeros((2, 3), jnp.int32)
+_C = np.ones((4, 2, 8), np.complex64)
+_K8 = jnp.zeros((2, 64, 8), jnp.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: jaxsparse.merge_topk(_V, _I.astype(jnp.float32), _V, _I), "indices_a.dtype=float32"),
+    (lambda: jaxsparse.merge_topk(_V, _I, _V, _I.astype(jnp.complex64)),
+     "indices_b.dtype=complex64"),
+    (lambda: jaxsparse.merge_topk(_V.astype(jnp.complex64), _I, _V, _I), "values_a.dtype"),
+    (lambda: jaxsparse.prep.quantize_fp8(_C), "x.dtype=complex64"),
+    (lambda: jaxsparse.prep.indexer_weights(_C[:, :, 0], head_dim=8), "proj.dtype=complex64"),
+    (lambda: jaxsparse.prep.apply_rope(_C, np.arange(4), rope_dims=4), "x.dtype=complex64"),
+    (lambda: jaxsparse.prep.indexer_weights(np.ones((4, 2)), head_dim=2.5), "head_dim=2.5"),
+    (lambda: jaxsparse.prep.indexer_weights(np.ones((4, 2)), head_dim=0), "head_dim=0"),
+    (lambda: jaxsparse.prep.pack_fp8_paged_cache(_K8, jnp.ones((2, 63), jnp.float32)),
+     r"k_scale.shape=\(2, 63\)"),
+    (lambda: jaxsparse.prep.pack_fp8_paged_cache(_K8.astype(jnp.float32),
+                                                 jnp.ones((2, 64), jnp.float32)),
+     "k_cache.dtype=float32"),
+    (lambda: jaxsparse.spin.init_state(128.0, jaxsparse.spin.SpinConfig(block_size=64)),
+     "capacity=128.0"),
+    (lambda: jaxsparse.spin.init_state(-64, jaxsparse.spin.SpinConfig(block_size=64)),
+     "capacity=-64"),
+    (lambda: jaxsparse.spin.init_state(128, jaxsparse.spin.SpinConfig(block_size=64), (2.0,)),
+     r"batch=\(2.0,\)"),
+])
+def test_prep_merge_and_spin_arguments_refused_with_their_name(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()
+
+
+@pytest.mark.xfail(strict=True, reason="needs the check in selection.prefill_topk (see the "
+                   "input-rules audit report): block=True passes isinstance(int)")
+def test_prefill_topk_refuses_a_bool_block():
+  q, k, w = jnp.ones((8, 2, 16)), jnp.ones((24, 16)), jnp.ones((8, 2))
+  with pytest.raises(ValueError, match="block=True"):
+    jaxsparse.prefill_topk(q, k, w, 4, query_positions=jnp.arange(8), block=True,
+                           implementation="xla")
 
 
 def test_sharded_ivf_refuses_no_devices():

@@ -140,8 +140,10 @@ def test_flipped_bits_in_the_newest_step_fall_back_to_the_intact_one(tmp_path, t
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("stray", ["empty_dir", "file"])
+@pytest.mark.parametrize("stray", ["empty_dir", "file", "nonempty_dir"])
 def test_stray_step_names_never_discard_intact_steps(tmp_path, trained, corpus, stray):
+  """A stray entry named like a newer step (an empty folder, a file, a folder of other files,
+  no Orbax checkpoint) is moved aside with a warning: the run resumes from step 6."""
   ref_out, _, _ = trained
   out = str(tmp_path / stray)
   shutil.copytree(ref_out, out)
@@ -151,12 +153,26 @@ def test_stray_step_names_never_discard_intact_steps(tmp_path, trained, corpus, 
       fh.write("x")
   else:
     os.makedirs(path)
+  if stray == "nonempty_dir":
+    os.makedirs(os.path.join(path, "notes"))
+    with open(os.path.join(path, "notes", "readme.txt"), "w") as fh:
+      fh.write("not a checkpoint")
   with pytest.warns(UserWarning, match="named like a step"):
     rep = tr.train(tr.TrainConfig(out=out, corpus=corpus, **TINY), progress=False)
   assert rep["steps_run"] == 0  # step 6 restored: nothing left to run
   assert sorted(d for d in os.listdir(os.path.join(out, "checkpoints")) if d.isdigit()) == \
       ["4", "6"]
   assert os.listdir(os.path.join(out, "checkpoints.bad")) == ["9"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(save_every=0), "save_every=0"), (dict(save_every=1.5), "save_every=1.5"),
+    (dict(save_every=True), "save_every=True"), (dict(save_every=2, keep=0), "keep=0"),
+    (dict(save_every=2, keep=2.0), "keep=2.0")])
+def test_manager_refuses_bad_sizes_with_their_name(tmp_path, kw, match):
+  with pytest.raises(ValueError, match=match):
+    checkpoints.Manager(str(tmp_path / "c"), **kw)
+  assert not os.path.exists(tmp_path / "c")  # refused before anything is created
 
 
 def test_no_good_checkpoint_is_an_error_not_a_restart(tmp_path, trained, corpus):

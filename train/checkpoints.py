@@ -8,9 +8,10 @@ that never silently starts over.
   `OUT/checkpoints.bad/` with a warning, and the newest intact step is used; a step whose
   checksum matches is never moved. When steps exist and none restores, the run stops with
   `CheckpointError` instead of starting from scratch.
-- Entries named like a step that hold no checkpoint (an empty directory, a stray file) are
-  moved aside before Orbax sees them, so they never count as the newest step nor push intact
-  steps out of the kept ones.
+- Entries named like a step that hold no checkpoint (an empty directory, a stray file, a
+  directory with neither Orbax's step files nor a checksum) are moved aside with a warning
+  before Orbax sees them, so they never count as the newest step (nor as steps already taken)
+  nor push intact steps out of the kept ones.
 - `OUT/run.json` records the options a resumed run must share (head count, seed, ...) and the
   total steps: a rerun that changes them, or asks for fewer steps than were already taken, is
   refused before the model loads.
@@ -75,10 +76,21 @@ def write_identity(out: str, identity: dict, steps: int) -> None:
   os.replace(tmp, _identity_path(out))
 
 
+# what a step directory Orbax wrote holds at its top (one suffices: a damaged or half-deleted
+# step may have lost the others)
+_ORBAX_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt", "default")
+
+
 def _is_step(directory, name) -> bool:
-  """A directory named by a step number that holds something (an empty one is no step)."""
+  """A directory named by a step number that holds a checkpoint, perhaps a damaged one: Orbax's
+  step files, or a checksum this module wrote for it. An empty directory, or one of other
+  files, is no step."""
   path = os.path.join(directory, name)
-  return name.isdigit() and os.path.isdir(path) and bool(os.listdir(path))
+  if not (name.isdigit() and os.path.isdir(path)):
+    return False
+  if os.path.isfile(os.path.join(directory + ".sums", f"{name}.sha256")):
+    return True
+  return any(m in _ORBAX_MARKERS for m in os.listdir(path))
 
 
 def _step_dirs(directory):
@@ -112,6 +124,10 @@ class Manager:
   """Orbax CheckpointManager over one pytree item (`{"params": ..., "opt": ...}`)."""
 
   def __init__(self, directory: str, *, save_every: int, keep: int = 2):
+    for name, value in (("save_every", save_every), ("keep", keep)):
+      if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+          or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive int")
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = os.path.abspath(directory)

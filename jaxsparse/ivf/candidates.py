@@ -7,19 +7,28 @@ import jax.numpy as jnp
 from pallas_kernels._util import masked_relu
 
 __all__ = ["representative_scores", "candidate_mask", "candidate_indices", "inverted_lists",
-           "lists_by_rank", "fixed_slots", "ranked_groups"]
+           "lists_by_rank", "fixed_slots", "ranked_groups", "usable_scores"]
 
 
 def representative_scores(q, w, reps, valid):
   """Indexer score of every group representative: sum_h w_h relu(q_h . rep_g).
 
   q [Q, H, D], w [Q, H], reps [G, D] float32, valid [Q, G] bool -> [Q, G] float32 (-inf where
-  a group is not usable by that query).
+  a group is not usable by that query). A usable group never scores -inf or NaN: a mean
+  holding NaN / inf (a NaN or inf key, or a negative weight times an infinite dot) ranks last
+  as -float32 max, so its finite members stay candidates (README "Input rules").
   """
   s = jnp.einsum("qhd,gd->qhg", q.astype(jnp.float32), reps.astype(jnp.float32))
   wf = w.astype(jnp.float32)
   z = jnp.einsum("qhg,qh->qg", masked_relu(s, wf[..., None]), wf)
-  return jnp.where(valid, z, -jnp.inf)
+  return usable_scores(z, valid)
+
+
+def usable_scores(z, valid):
+  """Group scores z [Q, G] -> -inf where not `valid`, else z with NaN and -inf raised to
+  -float32 max (ranked after every number, but still usable)."""
+  low = jnp.float32(-jnp.finfo(jnp.float32).max)
+  return jnp.where(valid, jnp.where(z > -jnp.inf, z, low), -jnp.inf)
 
 
 def _nan_last(group_scores):

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from pallas_kernels._util import counter_hash, words_seed
@@ -34,8 +35,16 @@ def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
   [B, K]: at K = capacity / block_size (2048 at 128K slots) jax would alias the donated age to
   those indices and XLA would copy age every step. An int32 age built by hand works as well.
   """
+  from jaxsparse._checks import check_int
+  check_int("capacity", capacity, 1)
   if capacity % config.block_size:
     raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
+  if not isinstance(batch, (tuple, list)):
+    raise ValueError(f"batch={batch!r} must be a tuple of ints (leading request dims)")
+  for b in batch:
+    if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)) or b < 0:
+      raise ValueError(f"batch={batch!r} must be a tuple of non-negative ints")
+  batch = tuple(int(b) for b in batch)
   nb = capacity // config.block_size
   z = lambda n: jnp.zeros(batch + (n,), jnp.dtype(config.state_dtype))
   return {"V": z(capacity), "D": z(capacity), "VM": z(nb), "VB": z(nb), "DB": z(nb),

@@ -109,11 +109,13 @@ def ranked_scores(q, w, k, members, start, take, slot, used, *, slots: int,
 def representative_scores(q, w, reps, valid, *, platform: KernelPlatform):
   """Indexer scores of group representatives: q [Q, H, D], w [Q, H], reps [G, D], valid
   [Q, G] -> [Q, G] float32 (-inf where not valid): the dense indexer kernel, non-causal,
-  with the representatives as keys (rounded to bfloat16 when q is bfloat16)."""
+  with the representatives as keys (rounded to bfloat16 when q is bfloat16). A valid group's
+  NaN or -inf score (a NaN / inf mean) becomes -float32 max: ranked last, still usable."""
   from pallas_kernels import indexer_prefill
   # bf16 queries rank against representatives rounded to bf16 (2^-9 relative: enough to rank
   # groups, and the MMA's bf16 rate); float32 queries as float32 (TF32 dots on a GPU)
   dt = jnp.bfloat16 if q.dtype == jnp.bfloat16 else jnp.float32
   z = indexer_prefill.prefill_scores(q.astype(dt), reps.astype(dt), w.astype(jnp.float32),
                                      platform=platform)
-  return jnp.where(valid, z, -jnp.inf)
+  low = jnp.float32(-jnp.finfo(jnp.float32).max)
+  return jnp.where(valid, jnp.where(z > -jnp.inf, z, low), -jnp.inf)
