@@ -252,14 +252,12 @@ def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=Tr
   _indexer._validate_dense(q, k, w, k_scale, query_positions)
   if query_positions is None:
     raise ValueError("query_positions is required (the prefill is causal)")
-  if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-    raise ValueError(f"topk={topk!r} must be a positive int")
-  if not isinstance(block, int) or block < 1:
-    raise ValueError(f"block={block!r} must be a positive int")
+  _checks.check_int("topk", topk, 1)
+  _checks.check_int("block", block, 1)
   if not isinstance(sorted, bool):
     raise ValueError(f"sorted={sorted!r} must be a bool")
-  if query_chunk is not None and (not isinstance(query_chunk, int) or query_chunk < 1):
-    raise ValueError(f"query_chunk={query_chunk!r} must be a positive int")
+  if query_chunk is not None:
+    _checks.check_int("query_chunk", query_chunk, 1)
   if backend.resolve(implementation) == "xla":
     return _prefill_topk(q, k, w, k_scale, query_positions, topk, sorted, block)
   from pallas_kernels import indexer_prefill, topk as ktopk

@@ -365,8 +365,6 @@ def test_prep_merge_and_spin_arguments_refused_with_their_name(make, match):
     make()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the check in selection.prefill_topk (see the "
-                   "input-rules audit report): block=True passes isinstance(int)")
 def test_prefill_topk_refuses_a_bool_block():
   q, k, w = jnp.ones((8, 2, 16)), jnp.ones((24, 16)), jnp.ones((8, 2))
   with pytest.raises(ValueError, match="block=True"):
