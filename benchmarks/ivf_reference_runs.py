@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench_ivf_recall import load_prefill_trace  # noqa: E402
 from jaxsparse._bench.timing import environment, write_json  # noqa: E402
-from jaxsparse.ivf._shared import exact_scores  # noqa: E402
+from jaxsparse.ivf.prefill import exact_scores  # noqa: E402
 
 DISTANCES = (1024, 2048, 8192)
 

@@ -47,6 +47,22 @@ for p in (1, 2, 8):
                                 implementation="pallas")
     out["kernel"][f"{p}-{strat}"] = {"i": i.tolist(),
                                      "v": np.where(np.isfinite(v), v, -1e30).tolist()}
+# DeepSeek-V3.2's fp8 format, already quantised: fp8 q (scale folded into w), fp8 keys, k_scale
+from jaxsparse.prep import quantize_fp8
+m = 203  # ragged too
+(q8, qs), (k8, ks) = quantize_fp8(jnp.asarray(q[:m])), quantize_fp8(jnp.asarray(k[:m]))
+w8 = jnp.asarray(w[:m]) * qs
+out["fp8"], out["fp8_one"] = {}, {}
+for impl in ("xla", "pallas"):
+  one = jaxsparse.prefill_topk(q8, k8, w8, K, k_scale=ks, query_positions=jnp.arange(m),
+                               implementation=impl)
+  out["fp8_one"][impl] = np.asarray(one[1]).tolist()
+for impl, strat, p in (("xla", "allgather", 8), ("xla", "ring", 4), ("pallas", "allgather", 2),
+                       ("pallas", "ring", 2)):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
+  v, i = sharded_prefill_topk(q8, k8, w8, K, mesh=mesh, strategy=strat, k_scale=ks, block=32,
+                              implementation=impl)
+  out["fp8"][f"{impl}-{strat}-{p}"] = np.asarray(i).tolist()
 order = balanced_order(64, 4)
 out["order"] = order.tolist()
 k8, sc = quantize_keys_fp8(jnp.asarray(k))
@@ -58,8 +74,11 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def sharded():
   n = 531  # ragged: not a multiple of 2 x 8 x 32
+  # without LLVM's optimisation passes, as conftest.py sets for this process: most of the
+  # script's time is compiling interpret-mode kernels
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0"}
   res = subprocess.run([sys.executable, "-c", SCRIPT, str(n)], env=env, capture_output=True,
                        text=True, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]
@@ -120,6 +139,28 @@ def test_sharded_top_k_is_the_exact_causal_top_k(sharded):
     fin = np.isfinite(zr)
     np.testing.assert_allclose(zg[fin], zr[fin], rtol=1e-5, atol=1e-5)
     assert (got == idx).mean() > 0.999
+
+
+def test_sharded_fp8_inputs_equal_one_device_prefill_topk(sharded):
+  """Already quantised fp8 q (its scale folded into w) and fp8 keys with k_scale, both
+  exchanges and both implementations on 2 to 8 devices: the indices of the single-device
+  `jaxsparse.prefill_topk(q, k, w, K, k_scale=, query_positions=arange)` (the same
+  implementation), and the float64 reference's top-K of sum_h w relu(q . k) * k_scale."""
+  from jaxsparse.prep import quantize_fp8
+  from tests.test_ivf import assert_fp8_topk, fp8_reference
+  n, out = sharded
+  assert set(out["fp8"]) == {"xla-allgather-8", "xla-ring-4", "pallas-allgather-2",
+                             "pallas-ring-2"}
+  for name, got in out["fp8"].items():
+    assert got == out["fp8_one"][name.split("-")[0]], name
+  m = 203
+  rng = np.random.default_rng(0)
+  q = rng.standard_normal((n, 4, 32)).astype(np.float32)[:m]
+  w = rng.uniform(0, 1, (n, 4)).astype(np.float32)[:m]
+  k = rng.standard_normal((n, 32)).astype(np.float32)[:m]
+  (q8, qs), (k8, ks) = quantize_fp8(jnp.asarray(q)), quantize_fp8(jnp.asarray(k))
+  z, tol = fp8_reference(q8, k8, jnp.asarray(w) * qs, ks)
+  assert_fp8_topk(np.asarray(out["fp8_one"]["xla"]), z, tol)
 
 
 def test_balanced_order_pairs_an_early_and_a_late_chunk(sharded):
@@ -186,6 +227,17 @@ def test_sharded_bad_input():
     sharded_prefill_topk(q, q[:5, 0], q[:, :, 0], 4)
   with pytest.raises(ValueError, match="topk=0"):
     sharded_prefill_topk(q, q[:, 0], q[:, :, 0], 0)
+  k8 = jnp.zeros((10, 4), jnp.float8_e4m3fn)
+  with pytest.raises(ValueError, match="k_scale is required"):
+    sharded_prefill_topk(q, k8, q[:, :, 0], 4)
+  with pytest.raises(ValueError, match=r"k_scale.shape=\(9,\)"):
+    sharded_prefill_topk(q, k8, q[:, :, 0], 4, k_scale=np.ones(9, np.float32))
+  with pytest.raises(ValueError, match="k_scale.dtype"):
+    sharded_prefill_topk(q, k8, q[:, :, 0], 4, k_scale=np.ones(10, np.float16))
+  with pytest.raises(ValueError, match="q.dtype=float8_e4m3fn needs k.dtype"):
+    sharded_prefill_topk(q.astype(jnp.float8_e4m3fn), q[:, 0], q[:, :, 0], 4)
+  with pytest.raises(ValueError, match="fp8_keys=True"):
+    sharded_prefill_topk(q, k8, q[:, :, 0], 4, k_scale=np.ones(10, np.float32), fp8_keys=True)
 
 
 def test_bench_prefill_command_on_emulated_devices(tmp_path):
@@ -330,6 +382,12 @@ want, wnum = ivf.prefill_topk(q[:m], k[:m], w[:m], cfg, implementation="pallas")
 got, num = sharded_ivf_prefill_topk(q[:m], k[:m], w[:m], cfg, devices=jax.devices()[:2],
                                     implementation="pallas")
 out["kernels"] = bool(np.array_equal(got, want) and np.array_equal(num, wnum))
+from jaxsparse.prep import quantize_fp8  # fp8 q and keys with k_scale, seal only, 2 devices
+(q8, qs), (k8, ks) = quantize_fp8(jnp.asarray(q[:m])), quantize_fp8(jnp.asarray(k[:m] * 3))
+w8 = jnp.asarray(w[:m]) * qs
+want, wnum = ivf.prefill_topk(q8, k8, w8, cfg, k_scale=ks)
+got, num = sharded_ivf_prefill_topk(q8, k8, w8, cfg, devices=jax.devices()[:2], k_scale=ks)
+out["fp8"] = bool(np.array_equal(got, want) and np.array_equal(num, wnum))
 try:
   sharded_ivf_prefill_topk(q, k, w, cfg, implementation="triton")
   out["bad-implementation"] = ""
@@ -353,9 +411,11 @@ def test_sharded_attention_index(tmp_path):
   only) on 8 devices are one device's too; under a grouping metric (which changes the
   top-K) the same hold against one device's `prefill_topk(metric=)`, and with a correction
   made from each group's members, with and without the metric; through the Pallas kernels
-  (interpret mode) on 2 devices, one device's kernels' result."""
+  (interpret mode) on 2 devices, one device's kernels' result; fp8 q and keys with k_scale on
+  2 devices, one device's fp8 result."""
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0"}
   res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]
@@ -372,4 +432,5 @@ def test_sharded_attention_index(tmp_path):
     assert out[key] == {"same": True, "num_same": True, "differs": True}, (key, out[key])
   assert "metric" in out["bad-metric"], out["bad-metric"]
   assert out["kernels"], out
+  assert out["fp8"], out  # fp8 q and keys with k_scale: one device's fp8 result
   assert "implementation" in out["bad-implementation"], out["bad-implementation"]

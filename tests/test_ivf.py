@@ -428,3 +428,129 @@ def test_prefill_topk_runs_under_jit():
     for a, b in zip(want, got):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (np.asarray(got[0]) >= 0).sum(1).min() > 0
+
+
+# DeepSeek-V3.2's fp8 format end to end (issue 69): float8_e4m3fn q (its scale folded into w)
+# and keys with a float32 scale per key.
+
+FP8_CFG = ivf.IVFConfig(topk=12, budget=64, seal_window=32, cluster_size=8, refit_interval=0,
+                        sink=4, refit_batch=32)
+FP8_N = 95  # windows sealed at 32 and 64, and no last window of fewer queries (one compilation)
+
+
+def fp8_trace(n=FP8_N, h=2, d=16, seed=0, pow2=True):
+  """(q8 [N, H, D], k8 [N, D] float8_e4m3fn, w [N, H] float32 with q's scale folded in, k_scale
+  [N] float32): clustered keys of magnitudes spread over 2^-3 .. 2^3 (so the scales matter),
+  quantised by `jaxsparse.prep.quantize_fp8`; pow2=False multiplies each scale by a factor in
+  [0.6, 1.7) (scales need not be powers of two)."""
+  from jaxsparse.prep import quantize_fp8
+  q, k, w = _trace(n=n, h=h, d=d, seed=seed)
+  rng = np.random.default_rng(seed + 1)
+  k = k * np.exp2(rng.uniform(-3, 3, (n, 1))).astype(np.float32)
+  (q8, qs), (k8, ks) = quantize_fp8(jnp.asarray(q)), quantize_fp8(jnp.asarray(k))
+  if not pow2:
+    ks = ks * jnp.asarray(rng.uniform(0.6, 1.7, n), jnp.float32)
+  return q8, k8, jnp.asarray(w) * qs, ks
+
+
+def fp8_reference(q8, k8, w, ks):
+  """float64 causal scores of the fp8 format, (z [N, N], tol [N, N]): q and k dequantised
+  exactly, z = sum_h w relu(q . k) * k_scale, -inf after each query; tol bounds float32
+  accumulation's error (the sum of |terms| times 2^-24 per term summed, doubled)."""
+  f64 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)  # noqa: E731
+  q, k, w, s = f64(q8), f64(k8), f64(w), f64(ks)
+  n, h, d = q.shape
+  z = np.einsum("thn,th->tn", np.maximum(np.einsum("thd,nd->thn", q, k), 0), w) * s[None]
+  mag = np.einsum("thn,th->tn", np.einsum("thd,nd->thn", np.abs(q), np.abs(k)), np.abs(w))
+  tol = 2 * (h + d) * 2.0 ** -24 * mag * np.abs(s)[None]
+  causal = np.arange(n)[None, :] <= np.arange(n)[:, None]
+  return np.where(causal, z, -np.inf), tol
+
+
+def assert_fp8_topk(idx, z, tol, positions=None, max_tied=0.05):
+  """Every row of idx [Q, K] (-1 tail; query r at positions[r], default r) is the reference's
+  top-K of z [N, N] (descending, ties to the lower index): indices equal where no two of the
+  row's K + 1 best differ by less than their float32 tolerance (equal ones, such as ReLU's
+  zeros, are exact on every path), else the same scores within it; near-tied rows at most
+  `max_tied` of all."""
+  idx = np.asarray(idx)
+  rows, kk = idx.shape
+  n = z.shape[1]
+  positions = np.arange(rows) if positions is None else np.asarray(positions)
+  tied = 0
+  for r, t in enumerate(positions):
+    order = np.lexsort((np.arange(n), -z[t]))[:min(kk, t + 1) + 1]
+    want = order[:min(kk, t + 1)]
+    got = idx[r][idx[r] >= 0]
+    assert len(got) == len(want) and (idx[r][len(got):] == -1).all(), t
+    live = order[np.isfinite(z[t, order])]
+    gaps = -np.diff(z[t, live])
+    if ((gaps == 0) | (gaps > tol[t, live[1:]] + tol[t, live[:-1]])).all():
+      np.testing.assert_array_equal(got, want, err_msg=f"query {t}")
+    else:
+      tied += 1
+      np.testing.assert_allclose(np.sort(z[t, got]), np.sort(z[t, want]), rtol=0,
+                                 atol=2 * tol[t].max(), err_msg=f"query {t}")
+  assert tied <= max_tied * rows, tied
+
+
+@pytest.mark.parametrize("method,block,impl", [("ivf", 1, "xla"), ("ivf", 8, "xla"),
+                                               ("hisa", 1, "xla"), ("hisa", 1, "pallas")])
+def test_fp8_prefill_matches_float64_reference(method, block, impl, monkeypatch):
+  """fp8 q and keys with (not power-of-two) per-key scales, every key a candidate (budget
+  covering the sequence): each query's top-K is the float64 reference's of
+  sum_h w relu(q . k) * k_scale, through the seals, the gathered candidates
+  (`evaluate(k_scale=)`'s too), shared query blocks and HiSA's blocks; through the kernels
+  (GPU interpret mode: representative scoring, the ranked-group walk, gathered scoring and the
+  top-K) on HiSA's blocks."""
+  monkeypatch.setenv("JAXSPARSE_INTERPRET", "gpu")
+  q8, k8, w, ks = fp8_trace(pow2=False)
+  n = k8.shape[0]
+  cfg = dataclasses.replace(FP8_CFG, budget=n, query_block=block)
+  idx, num = ivf.prefill_topk(q8, k8, w, cfg, method=method, k_scale=ks, implementation=impl)
+  np.testing.assert_array_equal(np.asarray(num), np.arange(n) + 1)  # every visible key
+  z, tol = fp8_reference(q8, k8, w, ks)
+  assert_fp8_topk(idx, z, tol)
+  if impl == "xla" and block == 1:
+    pos = np.arange(0, n, 4)
+    ev = ivf.evaluate(q8, k8, w, cfg, method=method, query_positions=pos, k_scale=ks)
+    assert (ev["recall"] == 1).all()
+    assert_fp8_topk(ev["topk_indices"], z, tol, pos)
+
+
+def test_fp8_index_groups_the_dequantised_keys():
+  """`prefill_inputs` splits the format: q and k to score upcast exactly to bfloat16, the keys
+  the index groups dequantised (k * k_scale in float32; @ A under a grouping metric). With a
+  real budget the fp8 prefill then gives exactly what float32 q and keys k * k_scale give
+  (power-of-two scales: the dequantisation is exact and a scale after the head sum equals one
+  inside it): the same groups, ranking and candidates."""
+  from jaxsparse.ivf.prefill import prefill_inputs
+  q8, k8, w, ks = fp8_trace()
+  qd, kd = q8.astype(jnp.float32), k8.astype(jnp.float32) * ks[:, None]
+  x = prefill_inputs(q8, k8, w, k_scale=ks)
+  assert x.q.dtype == x.k.dtype == jnp.bfloat16 and x.index_keys.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(x.q, np.float32), np.asarray(qd))
+  np.testing.assert_array_equal(np.asarray(x.k, np.float32), np.asarray(k8, np.float32))
+  np.testing.assert_array_equal(np.asarray(x.index_keys), np.asarray(kd))
+  a = np.diag(np.linspace(0.5, 2, k8.shape[1])).astype(np.float32)  # a grouping metric
+  xm = prefill_inputs(q8, k8, w, k_scale=ks, metric=a)
+  np.testing.assert_allclose(np.asarray(xm.index_keys), np.asarray(kd) @ a, rtol=1e-6)
+  want = ivf.prefill_topk(qd, kd, w, FP8_CFG)
+  got = ivf.prefill_topk(q8, k8, w, FP8_CFG, k_scale=ks)
+  for g, r in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+  assert (np.asarray(got[1]) < np.arange(FP8_N) + 1).any()  # the budget binds
+
+
+def test_fp8_bad_inputs_name_the_argument():
+  q8, k8, w, ks = fp8_trace(n=40)
+  for call in (lambda **kw: ivf.prefill_topk(q8, k8, w, FP8_CFG, **kw),
+               lambda **kw: ivf.evaluate(q8, k8, w, FP8_CFG, query_positions=[5], **kw)):
+    with pytest.raises(ValueError, match="k_scale is required"):
+      call()
+    with pytest.raises(ValueError, match=r"k_scale.shape=\(39,\) must be \(40,\)"):
+      call(k_scale=ks[:-1])
+    with pytest.raises(ValueError, match="k_scale.dtype=bfloat16"):
+      call(k_scale=ks.astype(jnp.bfloat16))
+  with pytest.raises(ValueError, match="q.dtype=float8_e4m3fn needs k.dtype=float8_e4m3fn"):
+    ivf.prefill_topk(q8, k8.astype(jnp.float32), w, FP8_CFG)

@@ -141,7 +141,7 @@ def build_snapshots(q, k, w, cfg) -> list[dict]:
   """Replay the index over one trace layer; per version, its grouping and every query that
   uses it with its targets. Returns [{"assign" [N], "sizes" [G], "queries" [Qv], "target"
   [Qv, G] float32 (reference share per group; 0 where unusable), "usable" [Qv, G] bool}]."""
-  from jaxsparse.ivf._shared import exact_scores
+  from jaxsparse.ivf.prefill import exact_scores
   from jaxsparse.ivf import index
   n = k.shape[0]
   kj = jnp.asarray(k)

@@ -20,13 +20,15 @@ device (for several hosts, `sharded_prefill_topk` is the multi-controller path).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
-from jaxsparse.ivf._shared import metric_inputs, resolve_corrector
-from jaxsparse.ivf.prefill import _chunk_topk, exact_before_first_seal, map_queries
+from jaxsparse.ivf.prefill import (chunk_topk, exact_before_first_seal, map_queries,
+                                   prefill_inputs)
 
 __all__ = ["sharded_ivf_prefill_topk"]
 
@@ -34,11 +36,24 @@ __all__ = ["sharded_ivf_prefill_topk"]
 _map_queries = jax.jit(map_queries)  # a chunk's ranking queries under a grouping metric
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _sizes_last(assign, g: int):
+  """(sizes [g] int32, last [g] int32: the newest member's position, -1 when empty) of the
+  groups of assign [N] (-1: ungrouped)."""
+  seg = jnp.where(assign >= 0, assign, g)
+  sizes = jax.ops.segment_sum((assign >= 0).astype(jnp.int32), seg, num_segments=g + 1)[:g]
+  last = jax.ops.segment_max(jnp.where(assign >= 0, jnp.arange(assign.shape[0]), -1), seg,
+                             num_segments=g + 1)[:g]
+  return sizes, jnp.maximum(last, -1).astype(jnp.int32)
+
+
 def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corrector=None,
-                             layer=None, implementation=None):
+                             layer=None, implementation=None, k_scale=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
 
-  q [N, H, D], k [N, D], w [N, H] float (query n at position n sees keys 0..n); config:
+  q [N, H, D], k [N, D], w [N, H] float (query n at position n sees keys 0..n); k_scale [N]
+  float32 or None (DeepSeek-V3.2's fp8 format: float8_e4m3fn q and k, one scale a key; the
+  shards group the dequantised keys, candidates score times k_scale); config:
   `jaxsparse.ivf.IVFConfig`; devices: a list of devices (default: all); metric: a grouping
   metric (an A [D, D] array, or a file of `jaxsparse fit-metric` with `layer`); corrector: a
   learned representative correction (a model, a file of `jaxsparse train corrector` with
@@ -48,22 +63,19 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
   int32), as `jaxsparse.ivf.prefill_topk`.
   """
   from jaxsparse import _checks, backend
-  for _name, _x in (("q", q), ("k", k), ("w", w)):
-    _checks.check_real_dtype(_name, _x)
-  q, k, w = np.asarray(q), np.asarray(k), np.asarray(w)
-  _checks.check_kw_order(q, k, w)
-  n = k.shape[0]
-  if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
-    raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
-                     f"[N, H, D], [N, D], [N, H]")
+  x = prefill_inputs(q, k, w, k_scale=k_scale, metric=metric, layer=layer, corrector=corrector,
+                     host=True)
   devices = list(jax.devices() if devices is None else devices)
   if not devices:
     raise ValueError("devices must not be empty")
   _checks.check_implementation(implementation)
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
-  corrector = resolve_corrector(corrector, layer)
-  ki, qmap, amat = metric_inputs(q, k, metric, layer, map_queries=False)
-  ki = np.asarray(ki)  # the keys the index groups: k, or k @ A under a metric
+  corrector, qmap, amat = x.corrector, x.qmap, x.metric
+  # host copies: the scoring inputs (fp8 upcast to bfloat16), the keys the index groups (k,
+  # dequantised when scaled, @ A under a metric) and the keys a corrector reads
+  q, k, w, keys, ki = (np.asarray(a) for a in (x.q, x.k, x.w, x.keys, x.index_keys))
+  ks = None if x.k_scale is None else np.asarray(x.k_scale)
+  n = k.shape[0]
   p_dev, wnd, d = len(devices), config.seal_window, k.shape[1]
   gw = wnd // config.cluster_size
   c = -(-n // (2 * p_dev * wnd)) * wnd  # chunk length: whole windows
@@ -74,8 +86,8 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
   kpad = np.concatenate([ki, np.zeros((2 * p_dev * c - n, d), ki.dtype)])
   k_loc = [jax.device_put(kpad[lp], dev) for lp, dev in zip(local_pos, devices)]
   k_own = k_loc  # the original keys of each shard, which a corrector reads
-  if corrector is not None and amat is not None:
-    kpad = np.concatenate([k, np.zeros((2 * p_dev * c - n, d), k.dtype)])
+  if corrector is not None and x.keys is not x.index_keys:
+    kpad = np.concatenate([keys, np.zeros((2 * p_dev * c - n, d), keys.dtype)])
     k_own = [jax.device_put(kpad[lp], dev) for lp, dev in zip(local_pos, devices)]
   sinks = [jax.device_put(jnp.int32(config.sink if e == 0 else 0), dev)
            for e, dev in enumerate(devices)]
@@ -83,11 +95,12 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
   slot_gid = [np.full(index.group_capacity(2 * c, config), -1, np.int64) for _ in devices]
   used = [0] * p_dev
   k_all = [jax.device_put(k, dev) for dev in devices]
+  s_all = [None if ks is None else jax.device_put(ks, dev) for dev in devices]
   qmaps = [jax.device_put(qmap, dev) for dev in devices] if amat is not None else None
   g_cap = index.group_capacity(n, config)
   assign = np.full(n, -1, np.int32)
   topk = min(config.topk, n)
-  out_idx, out_num = exact_before_first_seal(q, k, w, config)
+  out_idx, out_num = exact_before_first_seal(q, k, w, config, k_scale=ks)
 
   def local_prefix(e, p):  # a shard's keys before global position p: a prefix of its array
     return (min(max(p - e * c, 0), c) + min(max(p - (2 * p_dev - 1 - e) * c, 0), c))
@@ -128,16 +141,17 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
     ga = jax.device_put(jnp.asarray(assign), dev)
     kd = k_all[devices.index(dev)]
     put = lambda x: jax.device_put(x, dev)
-    sizes, _, last = index._group_stats(ga, kd, g_cap)
+    sizes, last = _sizes_last(ga, g_cap)
     members, offsets = candidates.inverted_lists(ga, g_cap)
     qlo = lo - (config.query_block - 1)  # shared blocks: the queries ranking the first one
     qc = put(q[qlo:hi])
     rank = {} if amat is None else dict(rank_q=_map_queries(qc, qmaps[devices.index(dev)]))
-    res = _chunk_topk(qc, put(w[qlo:hi]), kd, put(reps.copy()), sizes, last,
-                      members, offsets, put(jnp.full((hi - qlo,), p, jnp.int32)),
-                      put(jnp.arange(qlo, hi, dtype=jnp.int32)), topk=topk,
-                      budget=config.budget, sink=config.sink, window=wnd,
-                      block=config.query_block, platform=plat, **rank)
+    res = chunk_topk(qc, kd, put(w[qlo:hi]), put(reps.copy()), sizes, last,
+                     members, offsets, put(jnp.full((hi - qlo,), p, jnp.int32)),
+                     put(jnp.arange(qlo, hi, dtype=jnp.int32)), topk=topk,
+                     budget=config.budget, sink=config.sink, window=wnd,
+                     block=config.query_block, platform=plat,
+                     k_scale=s_all[devices.index(dev)], **rank)
     pending.append((lo, hi, res))
   for lo, hi, (idx, num) in pending:
     out_idx[lo:hi], out_num[lo:hi] = np.asarray(idx), np.asarray(num)

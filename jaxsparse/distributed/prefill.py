@@ -3,8 +3,9 @@
 Queries stay on their device; the sequence is cut into 2P chunks and device d takes chunks d
 and 2P-1-d (zig-zag), so every device holds an early and a late chunk and the causal work is
 balanced. Two key exchanges:
-  "allgather": all-gather the key shards (optionally as fp8 with a per-token scale, half the
-               bytes), score the local queries against every key, exact top-K;
+  "allgather": all-gather the key shards (as fp8 with a per-token scale, half the bytes of
+               bf16, when they come quantised or fp8_keys=True), score the local queries
+               against every key, exact top-K;
   "ring":      pass key shards around the ring (ppermute) for P steps; each step scores the
                local queries against the visiting shard and merges its top-K into the running
                one (`jaxsparse.merge_topk`), so no device ever holds more than two key shards.
@@ -47,21 +48,28 @@ def quantize_keys_fp8(k):
   return (k / scale[:, None]).astype(jnp.float8_e4m3fn), scale.astype(jnp.float32)
 
 
-def _scores(q, w, k, qpos, kpos, block):
-  """q [T, H, D], w [T, H], k [S, D] -> causal scores [T, S] float32 (-inf where hidden).
+def _scores(q, w, k, qpos, kpos, block, scale=None):
+  """q [T, H, D], w [T, H], k [S, D], scale [S] float32 or None -> causal scores [T, S]
+  float32 (-inf where hidden): sum_h w relu(q . k) (* scale after the head sum, as
+  `jaxsparse.indexer_scores` applies k_scale). float8_e4m3fn q and keys go into the dot as
+  bfloat16, as `indexer_scores`' XLA path takes them (exact); other dtypes as float32.
 
   Computed tile by tile ([T, block] per key block), so a score's arithmetic is the same
   whichever device, shard or gather it comes from: results are bitwise those of one device.
   """
   nb = k.shape[0] // block
-  kb = k.astype(jnp.float32).reshape(nb, block, k.shape[1])
+  cd = jnp.bfloat16 if q.dtype == jnp.float8_e4m3fn else jnp.float32
+  kb = k.astype(cd).reshape(nb, block, k.shape[1])
+  sb = None if scale is None else scale.reshape(nb, block)
 
-  def tile(kk):
-    s = jnp.einsum("thd,sd->ths", q.astype(jnp.float32), kk)
+  def tile(xs):
+    kk, ss = xs
+    s = jnp.einsum("thd,sd->ths", q.astype(cd), kk, preferred_element_type=jnp.float32)
     wf = w.astype(jnp.float32)
-    return jnp.einsum("ths,th->ts", masked_relu(s, wf[..., None]), wf)
+    z = jnp.einsum("ths,th->ts", masked_relu(s, wf[..., None]), wf)
+    return z if ss is None else z * ss[None, :]
 
-  z = jnp.moveaxis(lax.map(tile, kb), 0, 1).reshape(q.shape[0], nb * block)
+  z = jnp.moveaxis(lax.map(tile, (kb, sb)), 0, 1).reshape(q.shape[0], nb * block)
   return jnp.where(kpos[None, :] <= qpos[:, None], z, NEG_INF)
 
 
@@ -84,17 +92,26 @@ def _chunked(fn, q, w, qpos, block):
 
 
 def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: str = "x",
-                         strategy: str = "allgather", fp8_keys: bool = False,
+                         strategy: str = "allgather", fp8_keys: bool = False, k_scale=None,
                          block: int = 64, implementation=None):
   """Every query's exact indexer top-K over a causal sequence, sharded over `mesh[axis]`.
 
-  q [N, H, D], k [N, D], w [N, H] float (query n sits at position n and sees keys 0..n);
-  mesh: a 1-D device mesh (default: every device); strategy: "allgather" or "ring";
-  fp8_keys: exchange (and score) keys as fp8 with per-token scales, the way DSA serving
-  stacks quantise before the gather (the result then equals the single-device top-K of the
-  same fp8 keys). block: queries and keys per scoring tile (every device scores the same
+  q [N, H, D], k [N, D], w [N, H] (query n sits at position n and sees keys 0..n): bfloat16
+  or float32, or DeepSeek-V3.2's fp8 format (`jaxsparse.prep.prepare_indexer_inputs`):
+  float8_e4m3fn k with k_scale [N] float32 (one scale a key; required with fp8 keys, allowed
+  with others), q float8_e4m3fn (its scale folded into w, float32) or bfloat16 / float32.
+  With k_scale a score is `jaxsparse.indexer_scores(q, k, w, k_scale=)`'s: q and k upcast
+  exactly (fp8 to bfloat16), float32 sums, times k_scale after the head sum; keys and scales
+  travel between devices as given (fp8: one byte an element), and the indices equal the
+  single-device `jaxsparse.prefill_topk(q, k, w, topk, k_scale=k_scale,
+  query_positions=arange(N))`'s. mesh: a 1-D device mesh (default: every device); strategy:
+  "allgather" or "ring". fp8_keys: quantise bfloat16 / float32 keys here (`quantize_keys_fp8`,
+  per-token power-of-two scales) and exchange and score them as fp8 with those scales, the way
+  DSA serving stacks quantise before the gather (the result then equals the single-device
+  top-K of the same fp8 keys); not with keys already quantised or a k_scale. block: queries
+  and keys per scoring tile (every device scores the same
   tiles, so the result does not depend on the device count). implementation: None (the
-  kernels on GPU/TPU, XLA on a CPU), "xla" (tile-by-tile float32 einsums) or "pallas": each
+  kernels on GPU/TPU, XLA on a CPU), "xla" (tile-by-tile einsums, float32 sums) or "pallas": each
   device runs `jaxsparse.prefill_topk`'s kernel path (chunked scoring and top-K kernels) on its
   queries: in the all-gather, each of its two chunks against the keys (back in position order)
   up to the chunk's end, in causal segments (`causal_prefill_topk`); in the ring, against each
@@ -122,6 +139,14 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
                      f"[N, H, D], [N, D], [N, H]")
   if topk < 1:
     raise ValueError(f"topk={topk} must be positive")
+  if fp8_keys and (k_scale is not None or k.dtype == jnp.float8_e4m3fn):
+    raise ValueError("fp8_keys=True quantises bfloat16 / float32 keys here; keys already "
+                     "quantised (float8_e4m3fn with k_scale) take fp8_keys=False")
+  if k_scale is not None:
+    _checks.check_real_dtype("k_scale", k_scale)
+    k_scale = jnp.asarray(k_scale)
+  _checks.check_key_scale(k, k_scale, (n,))
+  _checks.check_fp8_pairing(q, k, "k")
   mesh = mesh or jax.make_mesh((len(jax.devices()),), (axis,))
   if axis not in mesh.axis_names:
     raise ValueError(f"axis={axis!r} is not an axis of the mesh {mesh.axis_names}")
@@ -136,15 +161,16 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
   qs, ws, ks = (_zigzag(a, npad, shards) for a in (q, w, k))  # zero rows pad the last chunk
   # padded keys sit past every query: never visible; padded queries are dropped below
   kpos = jnp.where(valid, pos, jnp.iinfo(jnp.int32).max)
-  scale = None
+  scale = None if k_scale is None else _zigzag(k_scale, npad, shards)  # padded keys: 0
   if fp8_keys:
     ks, scale = quantize_keys_fp8(ks)
   spec = P(axis)
   put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))
   args = [put(qs), put(ws), put(ks), put(pos), put(kpos)]
-  if fp8_keys:
+  if scale is not None:
     args.append(put(scale))
-  v, i = _sharded_fn(mesh, axis, topk, strategy, fp8_keys, block, kernels, len(args))(*args)
+  v, i = _sharded_fn(mesh, axis, topk, strategy, scale is not None, block, kernels,
+                     len(args))(*args)
   if jax.process_count() == 1:  # back to position order on the devices (no host copy)
     return _reassemble(mesh, n, shards)(v, i)
   from jax.experimental import multihost_utils  # every process gets the whole result
@@ -158,12 +184,12 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_fn(mesh, axis, topk, strategy, fp8, block, kernels, nargs):
+def _sharded_fn(mesh, axis, topk, strategy, scaled, block, kernels, nargs):
   """The jitted shard_map of `_shard_body` for one mesh and setting (built once, so repeated
-  calls neither retrace nor recompile)."""
+  calls neither retrace nor recompile; scaled: per-key scales travel with the keys)."""
   spec = P(axis)
   fn = functools.partial(_shard_body, topk=topk, axis=axis, shards=mesh.shape[axis],
-                         strategy=strategy, fp8=fp8, block=block, kernels=kernels)
+                         strategy=strategy, scaled=scaled, block=block, kernels=kernels)
   # pallas_call outputs carry no varying-axis annotation: the kernel path skips that check
   body = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * nargs,
                        out_specs=(spec, spec), **({"check_vma": False} if kernels else {}))
@@ -211,10 +237,6 @@ def _varying(x, axis):
   return x
 
 
-def _dequant(k, scale):
-  return k.astype(jnp.float32) * scale[:, None] if scale is not None else k
-
-
 def _kernel_topk(q, w, k, scale, qpos, start, topk):
   """The kernel path's top-K of local queries against keys at positions start, start + 1, ...
   (indices as positions)."""
@@ -244,24 +266,24 @@ def _causal_chunks(q, w, kall, sall, *, device, shards, topk):
           jnp.concatenate([parts[0][1], parts[1][1]]))
 
 
-def _ring(k, pos, sc, visit, *, topk, axis, shards, fp8, rows):
+def _ring(k, pos, sc, visit, *, topk, axis, shards, scaled, rows):
   """P ring steps: `visit(keys, positions, scales)` gives the top-K pieces [(v, i), ...] of the
-  local queries against the visiting key shard; they are merged into the running top-K and
-  the shard moves on to the next device."""
+  local queries against the visiting key shard (and its scales when `scaled`); they are
+  merged into the running top-K and the shard moves on to the next device."""
   perm = [(d, (d + 1) % shards) for d in range(shards)]
 
   def step(carry, _):
     v, i, kk, pp, ss = carry
-    for nv, ni in visit(kk, pp, ss if fp8 else None):
+    for nv, ni in visit(kk, pp, ss if scaled else None):
       v, i = _merge_rows(v, i, nv, ni, topk)
     kk, pp = lax.ppermute(kk, axis, perm), lax.ppermute(pp, axis, perm)
-    if fp8:
+    if scaled:
       ss = lax.ppermute(ss, axis, perm)
     return (v, i, kk, pp, ss), None
 
   init = (_varying(jnp.full((rows, topk), NEG_INF, jnp.float32), axis),
           _varying(jnp.full((rows, topk), -1, jnp.int32), axis), k, pos,
-          sc if fp8 else jnp.zeros_like(pos, jnp.float32))
+          sc if scaled else jnp.zeros_like(pos, jnp.float32))
   (v, i, *_), _ = lax.scan(step, init, None, length=shards)
   return v, i
 
@@ -281,15 +303,15 @@ def _merge_rows(v, i, nv, ni, topk):
   return mv.reshape(r, topk), mi.reshape(r, topk)
 
 
-def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, fp8, block,
+def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, scaled, block,
                 kernels=False):
-  sc = rest[0] if fp8 else None
-  ring = functools.partial(_ring, topk=topk, axis=axis, shards=shards, fp8=fp8,
+  sc = rest[0] if scaled else None
+  ring = functools.partial(_ring, topk=topk, axis=axis, shards=shards, scaled=scaled,
                            rows=q.shape[0])
   if kernels and strategy == "allgather":
     back = lambda a: _unzigzag(a, a.shape[0], shards)  # noqa: E731  (position order)
     kall = back(lax.all_gather(k, axis, tiled=True))
-    sall = back(lax.all_gather(sc, axis, tiled=True)) if fp8 else None
+    sall = back(lax.all_gather(sc, axis, tiled=True)) if scaled else None
     branches = [functools.partial(_causal_chunks, device=d, shards=shards, topk=topk)
                 for d in range(shards)]
     if shards == 1:
@@ -303,10 +325,9 @@ def _shard_body(q, w, k, qpos, kpos, *rest, topk, axis, shards, strategy, fp8, b
   if strategy == "allgather":
     kall = lax.all_gather(k, axis, tiled=True)
     pall = lax.all_gather(kpos, axis, tiled=True)
-    sall = lax.all_gather(sc, axis, tiled=True) if fp8 else None
-    keys = _dequant(kall, sall)
-    return _chunked(lambda a, b, c: _local_topk(_scores(a, b, keys, c, pall, block), pall,
-                                                topk), q, w, qpos, block)
+    sall = lax.all_gather(sc, axis, tiled=True) if scaled else None
+    return _chunked(lambda a, b, c: _local_topk(_scores(a, b, kall, c, pall, block, sall),
+                                                pall, topk), q, w, qpos, block)
   return ring(k, kpos, sc, lambda kk, pp, ss: [_chunked(
-      lambda a, b, c: _local_topk(_scores(a, b, _dequant(kk, ss), c, pp, block), pp, topk),
+      lambda a, b, c: _local_topk(_scores(a, b, kk, c, pp, block, ss), pp, topk),
       q, w, qpos, block)])

@@ -1,6 +1,7 @@
-"""Helpers the AttentionIndex evaluation and prefill paths (one device and sharded) share:
-the exact causal scores, the grouping metric's inputs, the corrector a caller names, and HiSA's
-fixed block partition."""
+"""Helpers the AttentionIndex evaluation and prefill modules share: the grouping metric's
+inputs, the corrector a caller names, and HiSA's fixed block partition (the exact causal
+scores are `jaxsparse.ivf.prefill.exact_scores`; other packages reach these through
+`jaxsparse.ivf.prefill.prefill_inputs`)."""
 from __future__ import annotations
 
 import functools
@@ -9,21 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse.selection import topk_xla
-from pallas_kernels._util import masked_relu
-
-__all__ = ["exact_scores", "metric_inputs", "resolve_corrector", "hisa_structure",
-           "block_means"]
-
-
-@functools.partial(jax.jit, static_argnames=("topk",))
-def exact_scores(q, w, k, positions, topk):
-  """Exact causal scores [Q, N] and the reference top-k indices (-1 where fewer visible)."""
-  s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
-  wf = w.astype(jnp.float32)
-  z = jnp.einsum("qhn,qh->qn", masked_relu(s, wf[..., None]), wf)
-  z = jnp.where(jnp.arange(k.shape[0])[None, :] <= positions[:, None], z, -jnp.inf)
-  return z, topk_xla(z, topk)[1]
+__all__ = ["metric_inputs", "resolve_corrector", "hisa_structure", "block_means"]
 
 
 def metric_inputs(q, k, metric, layer, map_queries=True):

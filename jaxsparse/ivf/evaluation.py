@@ -8,10 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.ivf import candidates, index
-from jaxsparse.ivf._shared import (block_means, exact_scores, hisa_structure, metric_inputs,
-                                   resolve_corrector)
+from jaxsparse.ivf._shared import block_means, hisa_structure
+from jaxsparse.ivf.prefill import exact_scores, map_queries, prefill_inputs
 from jaxsparse.selection import topk_xla
-from pallas_kernels._util import masked_relu
 
 __all__ = ["evaluate", "METHODS"]
 
@@ -93,11 +92,15 @@ def _recall(sel, ref):
 
 
 def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: bool = False,
-             corrector=None, layer: int | None = None, metric=None) -> dict:
+             corrector=None, layer: int | None = None, metric=None, k_scale=None) -> dict:
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
 
   q [N, H, D], k [N, D], w [N, H] float (a prefill trace layer: query n sits at position n and
-  sees keys 0..n); config: IVFConfig (`query_block` > 1: blocks of queries share candidates,
+  sees keys 0..n); k_scale [N] float32 or None: each key's scale, required for
+  float8_e4m3fn keys (DeepSeek-V3.2's fp8 format, fp8 q with its scale in w), taken as
+  `prefill_topk` takes it: the reference and the candidates score
+  sum_h w relu(q . k) * k_scale, the index groups the dequantised keys k * k_scale.
+  config: IVFConfig (`query_block` > 1: blocks of queries share candidates,
   method "ivf"); query_positions [Q] int. oracle=True ranks the same groups by their true share
   of reference keys, per query (ivf and hisa): whether the partition or the representative
   loses keys. corrector: the learned representative correction added to the
@@ -115,12 +118,13 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
   positions = positions.astype(np.int64)
   if method != "ivf" and metric is not None:
     raise ValueError(f"metric applies to method='ivf' only; got method={method!r}")
-  corrector = resolve_corrector(corrector, layer)
-  kx, qx, a = metric_inputs(q, k, metric, layer)
+  x = prefill_inputs(q, k, w, k_scale=k_scale, metric=metric, layer=layer, corrector=corrector)
+  q, k, corrector, kx, a = x.q, x.k, x.corrector, x.index_keys, x.metric
+  qx = q if x.qmap is None else map_queries(q, x.qmap)  # the ranking queries
   n = k.shape[0]
   topk = min(config.topk, n)
   pj = jnp.asarray(positions, jnp.int32)
-  z, ref = exact_scores(q[pj], w[pj], k, pj, topk)
+  z, ref = exact_scores(q[pj], w[pj], k, pj, topk, x.k_scale)
   out_idx = np.full((len(positions), topk), -1, np.int32)
   out_num = np.zeros(len(positions), np.int32)
   compared = []
@@ -130,7 +134,7 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
     out_num = (positions + 1).astype(np.int32)
   elif method == "hisa":
     assign, rank, sizes, last = hisa_structure(n, config)
-    reps = block_means(k, assign, len(sizes))
+    reps = block_means(x.keys, assign, len(sizes))
     gend = config.sink + ((positions + 1 - config.sink) // config.cluster_size) * \
         config.cluster_size
     gend = np.maximum(gend, config.sink)
@@ -157,7 +161,7 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
         out_idx[sel] = np.asarray(ref)[sel]
         out_num[sel] = positions[sel] + 1
         continue
-      reps = index.representatives(state, k, corrector, a)
+      reps = index.representatives(state, x.keys, corrector, a)
       gend = jnp.full((len(sel),), state["grouped_end"], jnp.int32)
       sj = jnp.asarray(sel)
       if config.query_block > 1 and not oracle:
