@@ -344,10 +344,13 @@ def np_spin_update(st, z, observed, pos, length, cfg):
   return st
 
 
-def np_spin_rows(st, lrows, cfg, seeds):
+def np_spin_rows(st, lrows, cfg, seeds, prios=None):
   """Verifier rows (sec. 3.2.2): each row r at slot lrows[r] - 1 selects its own mask; the
-  shared mask is their union, or row 0's plus every row's newest block."""
-  rows = np.stack([np_spin_select(st, int(l) - 1, int(l), cfg, s) for l, s in zip(lrows, seeds)])
+  shared mask is their union, or row 0's plus every row's newest block. prios: [R, nb] each
+  row's explore="query" priorities."""
+  prios = [None] * len(lrows) if prios is None else prios
+  rows = np.stack([np_spin_select(st, int(l) - 1, int(l), cfg, s, p)
+                   for l, s, p in zip(lrows, seeds, prios)])
   if cfg.mask_policy == "union":
     return rows.any(0), rows
   shared = rows[0].copy()
@@ -388,3 +391,21 @@ def saved_prefill_traces(directory, rng, lengths, held: int = 640, h: int = 2, d
   path = str(directory / "held.npz")
   traces.save(path, clustered_prefill_trace(rng, held, h, d, list(layers)))
   return paths, path
+
+
+def np_block_key_means(kc, table, length, block=64):
+  """[nb, D] float64 mean of each block's visible keys (slots < length; 0 with none) for one
+  request of a paged cache kc [P, block, D] with block table row `table` [nb]."""
+  kc = np.asarray(jnp.asarray(kc, jnp.float32), np.float64)
+  out = np.zeros((len(table), kc.shape[-1]))
+  for j in range(min(len(table), -(-int(length) // block))):
+    n = min(block, int(length) - j * block)
+    out[j] = kc[int(table[j]), :n].mean(0)
+  return out
+
+
+def np_query_priorities(q, w, key_means):
+  """explore="query" priorities [nb]: sum_h w[h] relu(q[h] . key_means[j]) in float64."""
+  q = np.asarray(jnp.asarray(q, jnp.float32), np.float64)
+  w = np.asarray(jnp.asarray(w, jnp.float32), np.float64)
+  return np.maximum(q @ key_means.T, 0.0).T @ w

@@ -370,6 +370,10 @@ def test_prefill_topk_refuses_a_bool_block():
   with pytest.raises(ValueError, match="block=True"):
     jaxsparse.prefill_topk(q, k, w, 4, query_positions=jnp.arange(8), block=True,
                            implementation="xla")
+  from jaxsparse.distributed import sharded_prefill_topk
+  for bad in (True, 2.5):
+    with pytest.raises(ValueError, match=f"block={bad}"):
+      sharded_prefill_topk(q, k[:8], w, 4, block=bad, implementation="xla")
 
 
 def test_sharded_ivf_refuses_no_devices():

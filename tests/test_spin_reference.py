@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxsparse import spin
-from tests.reference import (np_indexer, np_request_seed, np_spin_budget, np_spin_commit,
+from tests.reference import (np_block_key_means, np_indexer, np_query_priorities, np_request_seed, np_spin_budget, np_spin_commit,
                              np_spin_rows, np_spin_select, np_spin_state, np_spin_update, np_topk,
                              random_paged, spin_selection_case, spin_state_case)
 
@@ -171,6 +171,91 @@ def test_decode_step_matches_reference(reduction, implementation):
         np.testing.assert_allclose(np.asarray(st[k][i], np.float64), ref[i][k], rtol=2e-5,
                                    atol=2e-5, err_msg=f"{it} {i} {k}")
       np.testing.assert_array_equal(np.asarray(st["age"][i]), ref[i]["age"])
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_decode_step_query_exploration_matches_reference(implementation):
+  """explore="query" in the serving step: a dense first step fills every block's mean key, then
+  each step refreshes the newest blocks (request 0 completes a block on the way) and explores
+  the blocks whose mean key the current query scores highest; masks, top-K and state against
+  the reference fed float64 priorities from the cache's own blocks."""
+  rng = np.random.default_rng(5)
+  q, kc, _, _, w, _ = random_paged(rng, 3, 1, 4, 32, 1000, 60)
+  q, w = q[:, 0], w[:, 0]
+  table = np.stack([rng.permutation(60)[:16] for _ in range(3)])
+  cfg = spin.SpinConfig(block_size=64, topk=48, sparsity=0.5, ema_decay=0.7,
+                        state_dtype="float32", explore="query", explore_fraction=0.25)
+  st = spin.init_state(16 * 64, cfg, (3,), head_dim=32)
+  ref = [np_spin_state(st, i) for i in range(3)]
+  lens0 = np.array([958, 701, 330])  # request 0 fills block 14 at its third step
+  for it in range(4):
+    lens = lens0 + it
+    qi = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)  # a new query every step
+    key = jax.random.PRNGKey(it)
+    v, idx, st, info = spin.decode_step(st, qi, kc, jnp.asarray(table, jnp.int32),
+                                        jnp.asarray(lens, jnp.int32), w, cfg, key,
+                                        implementation=implementation)
+    z = np_indexer.paged(qi[:, None], kc, table, lens, w[:, None])[:, 0]
+    for i in range(3):
+      km = np_block_key_means(kc, table[i], lens[i])
+      mask = np_spin_select(ref[i], int(lens[i]) - 1, int(lens[i]), cfg, 0,
+                            np_query_priorities(qi[i], w[i], km))
+      np.testing.assert_array_equal(np.asarray(info["block_masks"][i]), mask, err_msg=f"{it} {i}")
+      obs = np.repeat(mask, 64)
+      _, ri = np_topk(np.where(obs, z[i], -np.inf).astype(np.float32)[None], 48, [lens[i]])
+      np.testing.assert_array_equal(np.asarray(idx[i]), ri[0])
+      ref[i] = np_spin_update(ref[i], np.where(obs, z[i], 0.0), obs, int(lens[i]) - 1,
+                              int(lens[i]), cfg)
+      np.testing.assert_allclose(np.asarray(st["VB"][i], np.float64), ref[i]["VB"], rtol=2e-5,
+                                 atol=2e-5)
+      # complete blocks hold their full mean (bf16 keys summed in float32: ~1e-6 relative)
+      full = int(lens[i]) // 64
+      np.testing.assert_allclose(np.asarray(st["KM"][i, :full], np.float64), km[:full],
+                                 rtol=1e-5, atol=1e-6)
+    if it == 0:
+      assert (np.asarray(info["realized_sparsity"]) == 0).all()  # cold: dense
+    else:
+      assert (np.asarray(info["realized_sparsity"]) > 0.3).all()
+
+
+def test_speculative_rows_query_exploration_match_reference():
+  """Verifier rows with explore="query": each row's own priorities, the shared mask, and the
+  commit carrying the blocks' mean keys."""
+  rng = np.random.default_rng(11)
+  r = 3
+  q, kc, _, _, w, _ = random_paged(rng, 2, r, 4, 32, 1000, 60)
+  table = np.stack([rng.permutation(60)[:16] for _ in range(2)])
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.5, ema_decay=0.6,
+                        state_dtype="float32", explore="query", explore_fraction=0.25)
+  lens = np.array([1000, 650])
+  kms = [np_block_key_means(kc, table[b], lens[b] - r) for b in range(2)]  # the last step's
+  st = {**_state_paged(rng, cfg, 2, 16), "KM": jnp.asarray(np.stack(kms), jnp.float32)}
+  key = jax.random.PRNGKey(4)
+  vals, slots, pending, info = spin.decode_step_rows(st, q, kc, jnp.asarray(table, jnp.int32),
+                                                     jnp.asarray(lens), w, cfg, key,
+                                                     implementation="xla")
+  new = spin.commit(st, pending, np.array([2, 1]), cfg)
+  for b in range(2):
+    lrows = lens[b] - (r - 1) + np.arange(r)
+    km = np_block_key_means(kc, table[b], lens[b])
+    prios = [np_query_priorities(q[b, i], w[b, i], km) for i in range(r)]
+    shared, rows = np_spin_rows(np_spin_state(st, b), lrows, cfg, [0] * r, prios)
+    np.testing.assert_array_equal(np.asarray(info["row_masks"][b]), rows)
+    np.testing.assert_array_equal(np.asarray(info["block_masks"][b]), shared)
+    np.testing.assert_allclose(np.asarray(new["KM"][b, :lens[b] // 64], np.float64),
+                               km[:lens[b] // 64], rtol=1e-5, atol=1e-6)
+  assert int(new["step"][0]) == int(st["step"][0]) + 3  # rows 0..2 accepted, in order
+
+
+def test_query_exploration_needs_the_mean_keys_in_the_state():
+  rng = np.random.default_rng(0)
+  q, kc, table, lens, w, _ = random_paged(rng, 2, 1, 4, 32, 256, 8)
+  cfg = spin.SpinConfig(block_size=64, topk=16, explore="query")
+  st = spin.init_state(4 * 64, cfg, (2,))
+  with pytest.raises(ValueError, match="head_dim=32"):
+    spin.decode_step(st, q[:, 0], kc, table, lens, w[:, 0], cfg, jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="head_dim"):
+    spin.init_state(4 * 64, cfg, (2,), head_dim=0)
 
 
 @pytest.mark.parametrize("mask_policy", ["union", "row0"])

@@ -150,8 +150,7 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
   mesh = mesh or jax.make_mesh((len(jax.devices()),), (axis,))
   if axis not in mesh.axis_names:
     raise ValueError(f"axis={axis!r} is not an axis of the mesh {mesh.axis_names}")
-  if block < 1:
-    raise ValueError(f"block={block} must be positive")
+  _checks.check_int("block", block, 1)
   shards = mesh.shape[axis]
   per = -(-n // (2 * shards * block)) * 2 * block  # tokens per device: two chunks of blocks
   npad = per * shards

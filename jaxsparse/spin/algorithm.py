@@ -23,8 +23,13 @@ __all__ = [
 ]
 
 
-def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
+def init_state(capacity: int, config: SpinConfig, batch: tuple = (), *,
+               head_dim: int | None = None):
   """Fresh (reset) state for `capacity` slots; `batch` adds leading request dims.
+
+  head_dim: the indexer key dim D; with it the state also holds KM [..., capacity /
+  block_size, D] float32, each block's mean key, which the serving steps keep for
+  explore="query" (they require it then; a first step after a reset fills every block).
 
   The first step after a reset scores every block (`warm` is False until then). Keys: V, D
   [..., capacity] and VB, DB, VM [..., capacity / block_size] in the state dtype, age
@@ -47,9 +52,13 @@ def init_state(capacity: int, config: SpinConfig, batch: tuple = ()):
   batch = tuple(int(b) for b in batch)
   nb = capacity // config.block_size
   z = lambda n: jnp.zeros(batch + (n,), jnp.dtype(config.state_dtype))
-  return {"V": z(capacity), "D": z(capacity), "VM": z(nb), "VB": z(nb), "DB": z(nb),
-          "age": jnp.zeros(batch + (nb,), jnp.uint32), "step": jnp.zeros(batch, jnp.int32),
-          "warm": jnp.zeros(batch, bool)}
+  state = {"V": z(capacity), "D": z(capacity), "VM": z(nb), "VB": z(nb), "DB": z(nb),
+           "age": jnp.zeros(batch + (nb,), jnp.uint32), "step": jnp.zeros(batch, jnp.int32),
+           "warm": jnp.zeros(batch, bool)}
+  if head_dim is not None:
+    check_int("head_dim", head_dim, 1)
+    state["KM"] = jnp.zeros(batch + (nb, int(head_dim)), jnp.float32)
+  return state
 
 
 def reset(state):
@@ -242,7 +251,8 @@ def query_priorities(q, w, key_means):
   visible, so its value is never used). Returns [num_blocks] float32.
   """
   s = jnp.einsum("hd,jd->hj", q.astype(jnp.float32), key_means.astype(jnp.float32))
-  return jnp.einsum("h,hj->j", w.astype(jnp.float32), jnp.maximum(s, 0.0))
+  p = jnp.einsum("h,hj->j", w.astype(jnp.float32), jnp.maximum(s, 0.0))
+  return jnp.where(jnp.isnan(p), -jnp.inf, p)  # a NaN priority ranks last (README "Input rules")
 
 
 def select_blocks(state, pos, length, config: SpinConfig, key):
@@ -286,13 +296,16 @@ def _select_blocks(state, pos, length, config: SpinConfig, seed, prio=None):
   return jnp.where(state["warm"], mask, valid)
 
 
-def select_blocks_batched(state, pos, lengths, config: SpinConfig, key):
+def select_blocks_batched(state, pos, lengths, config: SpinConfig, key, priorities=None):
   """`select_blocks` for B requests: state with a leading batch axis, pos/lengths [B], one key
   (request b explores with `request_seeds(key, B)[b]`) -> masks [B, num_blocks] bool (the
-  step and the benchmarks share this)."""
+  step and the benchmarks share this). priorities: [B, num_blocks] explore="query"'s."""
   seeds = request_seeds(key, pos.shape[0])
-  return jax.vmap(_select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config,
-                                                              seeds)
+  if priorities is None:
+    return jax.vmap(_select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config,
+                                                                seeds)
+  return jax.vmap(_select_blocks, in_axes=(0, 0, 0, None, 0, 0))(state, pos, lengths, config,
+                                                                 seeds, priorities)
 
 
 def _ema(old, new, a):

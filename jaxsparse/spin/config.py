@@ -44,7 +44,8 @@ class SpinConfig:
     ones whose mean indexer key the current query scores highest (`query_priorities`), a
     current-query signal at 1/block_size of the scoring cost; the reference algorithm takes
     them as `select_rows(..., priorities=)` (the model loop, `jaxsparse.inloop`); the serving
-    steps raise NotImplementedError for it.
+    steps keep each block's mean key in the state (`init_state(..., head_dim=D)`), recomputing
+    the newest blocks' each step from the cache (every block's on a first step after a reset).
   pooling: "max" | "top4" | "mean" (how predicted slot scores become a block score).
   reduction: "A0" (slot top-K, then expand to blocks) | "A1" (pool predicted slot scores) |
     "A2" (block-level EMA states; `decode_step` then updates only those, not V and D).

@@ -25,7 +25,7 @@ def _score_bits(config: SpinConfig) -> int:
 def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: int, *,
                            kernel: bool = False, interpret: bool = False, block_table=None,
                            num_pages: int = 0, advance_step: bool = False,
-                           select_warps: int = 8, kind: str = "gpu"):
+                           select_warps: int = 8, kind: str = "gpu", priorities=None):
   """Block selection and compaction for B requests -> (masks [B, nb] bool, sel [B, width]
   int32 selected ids ascending, -1 padded, counts [B] int32 ids in sel, selected [B] int32
   blocks selected, uncut [, pages [B, width] int32, length rows [B, 32] int32] [, next step
@@ -43,7 +43,8 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
   (`pallas_kernels.spin.tpu.select_compact_tpu`) ranks, picks and compacts, and A1's
   max-pooled block scores come from `block_scores_max_tpu`; other poolings and the
   priorities from XLA; no pages or step outputs.
-  pos None: lengths - 1 (computed in the kernels where they read it)."""
+  pos None: lengths - 1 (computed in the kernels where they read it). priorities: [B, nb]
+  float32 exploration priorities that replace the policy's own (explore="query")."""
   kpos = pos
   if pos is None:
     pos = lengths - 1
@@ -54,15 +55,19 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
                                page=config.block_size, interpret=interpret)
     else:
       s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
-    seeds = request_seeds(key, pos.shape[0])
-    prio = jax.vmap(_priorities, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config, seeds)
+    if priorities is None:
+      seeds = request_seeds(key, pos.shape[0])
+      prio = jax.vmap(_priorities, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config,
+                                                                seeds)
+    else:
+      prio = priorities
     n_exploit, n_explore = _budget(-(-lengths // config.block_size), config)
     masks, sel, total = select_compact_tpu(s, prio, lengths, state["warm"], width, n_exploit,
                                            n_explore, block=config.block_size,
                                            interpret=interpret)
     return masks, sel, jnp.minimum(total, width), total
   if not kernel or config.reduction == "A0":
-    masks = select_blocks_batched(state, pos, lengths, config, key)
+    masks = select_blocks_batched(state, pos, lengths, config, key, priorities)
     out = (masks, *compact_blocks(masks, width), masks.sum(1).astype(jnp.int32))
     if num_pages:
       from pallas_kernels.spin.gpu import LENGTH_ROW
@@ -80,7 +85,9 @@ def select_compact_batched(state, pos, lengths, config: SpinConfig, key, width: 
                              page=config.block_size, interpret=interpret)
   else:
     s = jax.vmap(block_scores, in_axes=(0, 0, 0, None))(state, pos, lengths, config)
-  if config.explore == "random":
+  if priorities is not None:
+    prio = priorities
+  elif config.explore == "random":
     prio = key_words(key)
   else:
     seeds = request_seeds(key, pos.shape[0])

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.indexer import sanitize_paged
-from jaxsparse.spin.algorithm import (compact_blocks, realized_sparsity, select_rows,
-                                      update_block_states, update_blocks)
+from jaxsparse.spin.algorithm import (compact_blocks, query_priorities, realized_sparsity,
+                                      select_rows, update_block_states, update_blocks)
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from jaxsparse.spin.kernels import select_compact_batched, update_batched, update_batched_tpu
 
@@ -42,10 +42,13 @@ def _aligned_width(width: int, num_blocks: int) -> int:
 
 def _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config):
   from jaxsparse.indexer import _validate_paged
-  if config.explore == "query":
-    raise NotImplementedError("explore='query' runs in the reference algorithm (select_rows "
-                              "with priorities, jaxsparse.inloop), not in the serving steps")
   _validate_paged(q, k_cache, block_table, lengths, w, k_scale)
+  if config.explore == "query":
+    want = (*state["V"].shape[:-1], block_table.shape[1], k_cache.shape[-1])
+    if "KM" not in state or tuple(state["KM"].shape) != want:
+      raise ValueError(f"explore='query' needs the blocks' mean keys in the state: "
+                       f"init_state(capacity, config, batch, head_dim={k_cache.shape[-1]}) "
+                       f"(KM {want})")
   if k_cache.shape[1] != config.block_size:
     raise ValueError(f"config.block_size={config.block_size} must equal the cache page size "
                      f"k_cache.shape[1]={k_cache.shape[1]}")
@@ -121,6 +124,38 @@ def _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale, im
   return z, slots
 
 
+def _key_means(k_cache, block_table, lengths, k_scale, blocks, block: int):
+  """Mean visible key of the given blocks: blocks [B, S] int32 block ids (past the table:
+  skipped) -> [B, S, D] float32 (0 for a block with no visible slot). Reads S pages a request."""
+  nb = block_table.shape[1]
+  pages = jnp.take_along_axis(block_table, jnp.clip(blocks, 0, nb - 1), axis=1)
+  pages = jnp.clip(pages, 0, k_cache.shape[0] - 1)  # void requests see no slot below
+  keys = k_cache[pages].astype(jnp.float32)  # [B, S, b, D]
+  if k_scale is not None:
+    keys = keys * k_scale[pages].astype(jnp.float32)[..., None]
+  slot = blocks[:, :, None] * block + jnp.arange(block)
+  vis = (slot < lengths[:, None, None]) & (blocks[:, :, None] < nb)
+  total = jnp.where(vis[..., None], keys, 0.0).sum(2)
+  return total / jnp.maximum(vis.sum(2), 1)[..., None].astype(jnp.float32)
+
+
+def _refresh_key_means(km, k_cache, block_table, lengths, k_scale, block: int, span: int):
+  """KM [B, nb, D] with the `span` blocks ending at each request's newest recomputed (the
+  blocks its new slots can have touched since the last step)."""
+  newest = (jnp.maximum(lengths, 1) - 1) // block
+  blocks = newest[:, None] - jnp.arange(span - 1, -1, -1)  # [B, span]; negative: skipped
+  means = _key_means(k_cache, block_table, lengths, k_scale, jnp.maximum(blocks, 0), block)
+  rows = jnp.broadcast_to(jnp.arange(km.shape[0])[:, None], blocks.shape)
+  cols = jnp.where(blocks >= 0, blocks, km.shape[1])  # out of range: dropped
+  return km.at[rows, cols].set(means, mode="drop")
+
+
+def _all_key_means(k_cache, block_table, lengths, k_scale, block: int):
+  bsz, nb = block_table.shape
+  blocks = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb))
+  return _key_means(k_cache, block_table, lengths, k_scale, blocks, block)
+
+
 def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
                       implementation, decode_config, topk_config, warm=None, ordered=True):
   from jaxsparse import backend, selection
@@ -138,11 +173,16 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   # the selection kernel also gathers the selected blocks' pages for the scoring kernel
   # and advances the step counters in place (the update kernel then reads the new ones)
   tpu_kernels = impl == "pallas" and plat.kind == "tpu"  # the TPU selection kernel
+  prio = km = None
+  if config.explore == "query":  # the current query on the blocks' mean keys
+    state = dict(state)
+    km = _refresh_key_means(state.pop("KM"), k_cache, block_table, lengths, k_scale, b, 2)
+    prio = jax.vmap(query_priorities)(q, w, km)
   masks, sel_w, counts_w, picked, *extra = select_compact_batched(
       state, None if kernels else pos, lengths, config, key, width,
       kernel=kernels or tpu_kernels, kind=plat.kind,
       interpret=plat.interpret, block_table=block_table if kernels else None,
-      num_pages=k_cache.shape[0] if kernels else 0, advance_step=kernels)
+      num_pages=k_cache.shape[0] if kernels else 0, advance_step=kernels, priorities=prio)
   pages = extra[:2]
   if kernels:
     state = {**state, "step": extra[2]}
@@ -180,7 +220,8 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     z, _ = _sparse_scores(q[:, None], k_cache, block_table, lengths, w[:, None], sel_w,
                           counts_w, k_scale, impl, decode_config, b,
                           tuple(pages) if pages else None)
-    return finish(z[:, 0], sel_w)
+    vals, top, new = finish(z[:, 0], sel_w)
+    return vals, top, new if km is None else {**new, "KM": km}
 
   def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":
@@ -189,7 +230,10 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
     else:
       z = paged_indexer_scores_xla(q[:, None], k_cache, block_table, lengths, w[:, None],
                                    k_scale)[:, 0]
-    return finish(z, jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
+    vals, top, new = finish(z, jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
+    if km is None:
+      return vals, top, new
+    return vals, top, {**new, "KM": _all_key_means(k_cache, block_table, lengths, k_scale, b)}
 
   if warm is None:
     vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
@@ -245,7 +289,20 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   b = config.block_size
   lrows = row_lengths(lengths, r)  # [B, R]
   keys = jax.random.split(key, bsz)
-  shared, row_masks = jax.vmap(select_rows, in_axes=(0, 0, None, 0))(state, lrows, config, keys)
+  if config.explore == "query":  # every row's query on the blocks' mean keys
+    state = dict(state)
+    km = state.pop("KM")
+    km = jax.lax.cond(  # a cold request: every block's mean (the whole batch, as its scoring)
+        jnp.all(state["warm"]),
+        lambda: _refresh_key_means(km, k_cache, block_table, lengths, k_scale, b,
+                                   2 + -(-r // b)),
+        lambda: _all_key_means(k_cache, block_table, lengths, k_scale, b))
+    prio = jax.vmap(jax.vmap(query_priorities, in_axes=(0, 0, None)))(q, w, km)
+    shared, row_masks = jax.vmap(select_rows, in_axes=(0, 0, None, 0, 0))(state, lrows, config,
+                                                                          keys, prio)
+  else:
+    shared, row_masks = jax.vmap(select_rows, in_axes=(0, 0, None, 0))(state, lrows, config,
+                                                                        keys)
   per_row = max_selected_blocks(nb, config)
   width = _aligned_width(per_row * r if config.mask_policy == "union" else per_row + r, nb)
   sel, counts = compact_blocks(shared, width)
@@ -255,6 +312,8 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   top = jnp.where(idx >= 0, jnp.take_along_axis(
       jnp.broadcast_to(slots[:, None], z.shape), jnp.maximum(idx, 0), axis=2), -1)
   pending = {"scores": z, "sel": sel, "lrows": lrows}
+  if config.explore == "query":
+    pending["KM"] = km
   info = {"block_masks": shared, "row_masks": row_masks,
           "realized_sparsity": jax.vmap(lambda m, l: realized_sparsity(m, l[-1], b))(shared,
                                                                                      lrows)}
@@ -280,7 +339,11 @@ def commit(state, pending, accepted, config: SpinConfig):
     raise ValueError(f"accepted must lie in [0, {rows - 1}] (R - 1 drafts); got min={a.min()} "
                      f"max={a.max()}")
   acc = jnp.clip(jnp.asarray(a), 0, rows - 1).astype(jnp.int32)
-  return _commit(state, pending, acc, config)
+  if "KM" not in pending:
+    return _commit(state, pending, acc, config)
+  rest = {k: v for k, v in state.items() if k != "KM"}
+  new = _commit(rest, {k: v for k, v in pending.items() if k != "KM"}, acc, config)
+  return {**new, "KM": pending["KM"]}  # the means the step read, its drafts' blocks included
 
 
 def _commit_impl(state, pending, accepted, config):
