@@ -31,7 +31,7 @@ def layer_stats(q, w, k, positions, topk: int, gap: int) -> dict:
   """{"within_<d>": share of reference keys within d positions, "in_runs": share with another
   reference key at most `gap` positions away} for one layer (positions [Q] int)."""
   pj = jnp.asarray(positions, jnp.int32)
-  _, ref = exact_scores(jnp.asarray(q)[pj], jnp.asarray(w)[pj], jnp.asarray(k), pj, topk)
+  _, ref = exact_scores(jnp.asarray(q)[pj], jnp.asarray(k), jnp.asarray(w)[pj], pj, topk)
   ref = np.asarray(ref)
   live = ref >= 0
   dist = positions[:, None] - ref

@@ -20,6 +20,7 @@ def test_public_signatures_put_k_before_w():
     mod = importlib.import_module(name)
     for attr in getattr(mod, "__all__", dir(mod)):
       fn = getattr(mod, attr)
+      fn = getattr(fn, "__wrapped__", fn)  # a jitted function: the function it wraps
       if attr.startswith("_") or not inspect.isfunction(fn):
         continue
       params = list(inspect.signature(fn).parameters)

@@ -150,7 +150,7 @@ def build_snapshots(q, k, w, cfg) -> list[dict]:
   rows = max(1, _REF_SCORES // (q.shape[1] * n))
   qj, wj = jnp.asarray(q), jnp.asarray(w)
   ref = np.concatenate([
-      np.asarray(exact_scores(qj[pj], wj[pj], kj, pj, cfg.topk)[1])
+      np.asarray(exact_scores(qj[pj], kj, wj[pj], pj, cfg.topk)[1])
       for pj in (jnp.asarray(pos_all[i:i + rows], jnp.int32)
                  for i in range(0, len(pos_all), rows))])
   state = index.init_state(n, k.shape[1], cfg)

@@ -93,13 +93,12 @@ def prefill_inputs(q, k, w, *, k_scale=None, metric=None, layer=None, corrector=
 
 
 @functools.partial(jax.jit, static_argnames=("topk",))
-def exact_scores(q, w, k, positions, topk, k_scale=None):
-  """Exact causal indexer scores and their top-k: q [Q, H, D], w [Q, H], k [N, D],
+def exact_scores(q, k, w, positions, topk, k_scale=None):
+  """Exact causal indexer scores and their top-k: q [Q, H, D], k [N, D], w [Q, H],
   positions [Q] int, k_scale [N] float32 or None -> (z [Q, N] float32: sum_h w relu(q . k)
   (* k_scale) in float32, -inf after each query's position; indices [Q, topk] int32, ties to
   the lower index, -1 where fewer are visible). The reference the evaluation measures recall
-  against, and what queries before the first seal take. Note the (q, w, k) order of the index
-  internals (callers pass it positionally)."""
+  against, and what queries before the first seal take."""
   s = jnp.einsum("qhd,nd->qhn", q.astype(jnp.float32), k.astype(jnp.float32))
   wf = w.astype(jnp.float32)
   z = jnp.einsum("qhn,qh->qn", masked_relu(s, wf[..., None]), wf)
@@ -396,7 +395,7 @@ def _exact_head(q, w, k, k_scale=None, *, topk, first):
   if not first:
     return out_idx, out_num
   pos = jnp.arange(first, dtype=jnp.int32)
-  head = exact_scores(q[:first], w[:first], k[:first], pos, min(topk, first),
+  head = exact_scores(q[:first], k[:first], w[:first], pos, min(topk, first),
                       None if k_scale is None else k_scale[:first])[1]
   head = head.astype(jnp.int32)
   return (out_idx.at[:first, :head.shape[1]].set(head), out_num.at[:first].set(pos + 1))
