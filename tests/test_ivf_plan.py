@@ -168,3 +168,62 @@ def test_shared_cache_measures_hisa_once_and_changes_no_plan(calibrated, monkeyp
   calls.clear()  # another budget is another configuration: HiSA is measured again
   plan.calibrate(tr, dataclasses.replace(CFG, budget=192), queries=64, cache=cache)
   assert calls == ["ivf", "hisa"] * 2 and len(cache) == 4
+
+
+def test_prefill_runs_each_layer_under_its_plan(calibrated, tmp_path):
+  """prefill_topk(plan=, layer=) runs the planned partition: layer 3 (planned blocks) equals
+  HiSA's prefill even with a metric given (it shapes content groups only), layer 7 equals the
+  content groups'; a plan file works as the dict does."""
+  tr, p = calibrated
+  path = str(tmp_path / "plan.json")
+  plan.save(path, p)
+  eye = np.eye(D, dtype=np.float32)
+  for i, layer in enumerate([3, 7]):
+    want = ivf.prefill_topk(tr.q[i], tr.k[i], tr.w[i], CFG, method=p["methods"][layer])
+    other = ivf.prefill_topk(tr.q[i], tr.k[i], tr.w[i], CFG,
+                             method={"ivf": "hisa", "hisa": "ivf"}[p["methods"][layer]])
+    assert not np.array_equal(np.asarray(want[0]), np.asarray(other[0]))  # the choice matters
+    for given in (p, path):
+      got = ivf.prefill_topk(tr.q[i], tr.k[i], tr.w[i], CFG, plan=given, layer=layer)
+      np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+  got = ivf.prefill_topk(tr.q[0], tr.k[0], tr.w[0], CFG, plan=p, layer=3, metric=2 * eye)
+  np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(
+      ivf.prefill_topk(tr.q[0], tr.k[0], tr.w[0], CFG, method="hisa")[0]))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(method="ivf", layer=3), "method or plan"),
+    (dict(), "needs layer"),
+    (dict(layer=5), "layer=5 is not in the plan"),
+    (dict(layer=3, config=dataclasses.replace(CFG, budget=192)), "budget=160, not config.budget=192"),
+])
+def test_prefill_plan_misuse_is_named(calibrated, kw, msg):
+  tr, p = calibrated
+  cfg = kw.pop("config", CFG)
+  with pytest.raises(ValueError, match=msg):
+    ivf.prefill_topk(tr.q[0], tr.k[0], tr.w[0], cfg, plan=p, **kw)
+
+
+def test_shipped_plans_are_the_recall_runs_choices(tmp_path):
+  """The shipped file is what benchmarks/ship_plans.py makes of the committed recall results,
+  and plan.shipped finds a plan by context and budget (blocks on 32K's run layers)."""
+  import importlib.util
+  import os
+  here = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ship_plans.py")
+  spec = importlib.util.spec_from_file_location("ship_plans", here)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  made = [pl for name in mod.SOURCES
+          for pl in mod.plans_from(os.path.join(os.path.dirname(here), "results", name))]
+  with open(plan.SHIPPED) as f:
+    assert json.load(f)["plans"] == made
+  out = str(tmp_path / "plans.json")  # the script's own command writes the same file
+  assert mod.main(["--out", out]) == 0
+  with open(out) as f, open(plan.SHIPPED) as g:
+    assert json.load(f) == json.load(g)
+  p = plan.shipped(32768, 4096, metric=True)
+  assert [m for m in range(30) if p["methods"][m] == "hisa"] == [0, 1, 11, 29]
+  assert p["metric"] == "smollm2_metric.npz" and p["config"]["cluster_size"] == 128
+  assert plan.shipped(8192, 384, metric=False)["methods"][27] == "hisa"
+  with pytest.raises(ValueError, match=r"\(32768, 2048\)"):
+    plan.shipped(65536, 4096)

@@ -9,7 +9,7 @@ partition unless the other wins by more than `z` standard errors of the paired p
 difference; blocks are preferred by default, since they need no index maintenance and a layer
 where the two are within noise on one text can go either way on another. The plan is
 a small JSON file (`save` / `load`, validated); `method(plan, layer)` is what `evaluate` and
-`prefill_topk` take for that layer.
+`prefill_topk` take for that layer, and `prefill_topk(..., plan=, layer=)` applies it.
 """
 from __future__ import annotations
 
@@ -19,11 +19,15 @@ import os
 
 import numpy as np
 
-__all__ = ["calibrate", "calibration_positions", "choose", "method", "save", "load",
-           "PlanFileError", "FILE_FORMAT"]
+__all__ = ["calibrate", "calibration_positions", "choose", "method", "check_config", "save",
+           "load", "shipped", "PlanFileError", "FILE_FORMAT", "SHIPPED"]
 
 FILE_FORMAT = 1
 _METHODS = ("ivf", "hisa")
+_MATCHED = ("topk", "budget", "seal_window", "cluster_size")  # a plan holds at these only
+# SmolLM2-135M's plans, calibrated on three training texts at each context and budget of
+# `benchmarks/bench_ivf_recall.py` (made by `benchmarks/ship_plans.py` from its result files)
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "smollm2_plans.json")
 
 
 class PlanFileError(ValueError):
@@ -138,6 +142,36 @@ def method(plan: dict, layer: int) -> str:
   if m is None:
     raise ValueError(f"layer={layer} is not in the plan (layers {sorted(plan['methods'])})")
   return m
+
+
+def check_config(plan: dict, config) -> None:
+  """ValueError naming the field where `config` (an IVFConfig) differs from the one the plan
+  was calibrated with, among topk, budget, seal_window and cluster_size (a partition's lead
+  depends on them)."""
+  got = plan.get("config") or {}
+  for name in _MATCHED:
+    if name in got and got[name] != getattr(config, name):
+      raise ValueError(f"the plan was calibrated with {name}={got[name]}, not config.{name}="
+                       f"{getattr(config, name)}: calibrate one at these settings "
+                       f"(`plan.calibrate`, `jaxsparse plan`)")
+
+
+def shipped(tokens: int, budget: int, *, metric: bool = True) -> dict:
+  """SmolLM2-135M's plan calibrated at `tokens` context and `budget` (with the shipped
+  grouping metric for the content groups, or without); ValueError listing what is shipped
+  otherwise."""
+  with open(SHIPPED) as f:
+    plans = json.load(f)["plans"]
+  for raw in plans:
+    if (raw["tokens"], raw["config"]["budget"], bool(raw.get("metric"))) == (tokens, budget,
+                                                                              metric):
+      plan = {**raw, "methods": {int(k): v for k, v in raw["methods"].items()}}
+      _validate(plan, SHIPPED)
+      return plan
+  have = sorted({(p["tokens"], p["config"]["budget"]) for p in plans
+                 if bool(p.get("metric")) == metric})
+  raise ValueError(f"no shipped plan at tokens={tokens}, budget={budget}, metric={metric}; "
+                   f"shipped (tokens, budget): {have}")
 
 
 def save(path: str, plan: dict) -> None:

@@ -17,6 +17,7 @@ which holds every float8_e4m3fn value), the head sum in float32, times the key's
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import jax
@@ -414,8 +415,8 @@ def exact_before_first_seal(q, k, w, config, *, k_scale=None):
   return tuple(np.array(a) for a in head)
 
 
-def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=None,
-                 implementation=None, metric=None, k_scale=None):
+def prefill_topk(q, k, w, config, *, method: str | None = None, corrector=None, layer=None,
+                 implementation=None, metric=None, k_scale=None, plan=None):
   """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n at position n).
 
   q [N, H, D] bfloat16, float32 or float8_e4m3fn; k [N, D] likewise; w [N, H] float32;
@@ -442,7 +443,26 @@ def prefill_topk(q, k, w, config, *, method: str = "ivf", corrector=None, layer=
   q. Returns jax arrays (indices [N, topk] int32, -1 where fewer keys are visible;
   num_candidates [N] int32). Ties go to the lower key index and NaN scores are never chosen
   (README "Input rules").
+
+  method: "ivf" (the default) or "hisa". plan: a per-layer plan (`jaxsparse.ivf.plan`: a dict,
+  a file, or `plan.shipped(tokens, budget)`) with `layer`, instead of method: the layer runs
+  the partition the plan gives it; on a layer planned "hisa" metric and corrector are not
+  used (they shape content groups). The plan must have been calibrated at config's topk,
+  budget, seal_window and cluster_size (ValueError naming the field otherwise).
   """
+  if plan is not None:
+    from jaxsparse.ivf import plan as plan_mod
+    if method is not None:
+      raise ValueError(f"method={method!r}: give method or plan, not both")
+    if layer is None:
+      raise ValueError("plan needs layer= (the model layer whose planned partition runs)")
+    if isinstance(plan, (str, os.PathLike)):
+      plan = plan_mod.load(os.fspath(plan))
+    plan_mod.check_config(plan, config)
+    method = plan_mod.method(plan, layer)
+    if method == "hisa":
+      metric = corrector = None
+  method = "ivf" if method is None else method
   if method not in ("ivf", "hisa"):
     raise ValueError(f"method={method!r} must be 'ivf' or 'hisa'")
   if method == "hisa" and corrector is not None:
