@@ -4,12 +4,29 @@ from __future__ import annotations
 import importlib.util
 import os
 
+def _xla_knows(flag: str) -> bool:
+  """Whether the installed jaxlib has an XLA flag (XLA aborts on an unknown one in XLA_FLAGS):
+  its name is a string in the library."""
+  import mmap
+  spec = importlib.util.find_spec("jaxlib")
+  lib = os.path.join(os.path.dirname(spec.origin), "libjax_common.so") if spec else ""
+  try:
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+      return m.find(flag.encode()) >= 0
+  except (OSError, ValueError):
+    return False
+
+
 # Without a GPU plugin every test compiles for the CPU, where most of the suite's time is XLA
-# compiling interpret-mode kernels: LLVM's optimisation passes cost more than they save there.
-# Must precede the backend's start.
+# compiling interpret-mode kernels: LLVM's optimisation passes cost more than they save there,
+# and the CPU's newer (MLIR) fusion emitters compile the interpret-mode kernels' loops 3-4x
+# slower than the classic elemental emitters (same HLO, same results). Must precede the
+# backend's start; subprocesses that tests start inherit it through os.environ.
 if not any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
-  os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
-                                                   "--xla_backend_optimization_level=0"]))
+  os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+      os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
+      *(["--xla_cpu_use_fusion_emitters=false"]
+        if _xla_knows("xla_cpu_use_fusion_emitters") else [])]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -18,6 +18,15 @@ from jaxsparse.selection import topk_xla
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
+
+def _env(devices: int) -> dict:
+  """A CPU subprocess with `devices` emulated devices, under this process's XLA_FLAGS (the
+  compile-time flags conftest.py sets: most of a script's time is compiling interpret-mode
+  kernels)."""
+  return {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
+          "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                              f"--xla_force_host_platform_device_count={devices}"]))}
+
 SCRIPT = r'''
 import json, sys
 import numpy as np, jax, jax.numpy as jnp
@@ -74,12 +83,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def sharded():
   n = 531  # ragged: not a multiple of 2 x 8 x 32
-  # without LLVM's optimisation passes, as conftest.py sets for this process: most of the
-  # script's time is compiling interpret-mode kernels
-  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=0"}
-  res = subprocess.run([sys.executable, "-c", SCRIPT, str(n)], env=env, capture_output=True,
+  res = subprocess.run([sys.executable, "-c", SCRIPT, str(n)], env=_env(8), capture_output=True,
                        text=True, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]
   return n, json.loads(res.stdout.strip().splitlines()[-1])
@@ -242,11 +246,9 @@ def test_sharded_bad_input():
 
 def test_bench_prefill_command_on_emulated_devices(tmp_path):
   out = tmp_path / "p.json"
-  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   res = subprocess.run([sys.executable, "-m", "jaxsparse.cli", "bench", "prefill", "--devices",
                         "2", "--tokens", "256", "--k", "16", "--heads", "2", "--head-dim", "16",
-                        "--reps", "1", "--out", str(out)], env=env, capture_output=True,
+                        "--reps", "1", "--out", str(out)], env=_env(2), capture_output=True,
                        text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
   rows = json.loads(out.read_text())["rows"]
@@ -290,10 +292,8 @@ def test_two_processes_match_one_device(tmp_path):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   procs = [subprocess.Popen([sys.executable, "-c", MULTI, str(pid), str(port),
-                             str(tmp_path / f"p{pid}.json")], env=env,
+                             str(tmp_path / f"p{pid}.json")], env=_env(2),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for pid in (0, 1)]
   for p in procs:
@@ -413,10 +413,7 @@ def test_sharded_attention_index(tmp_path):
   made from each group's members, with and without the metric; through the Pallas kernels
   (interpret mode) on 2 devices, one device's kernels' result; fp8 q and keys with k_scale on
   2 devices, one device's fp8 result."""
-  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=0"}
-  res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=env, capture_output=True,
+  res = subprocess.run([sys.executable, "-c", IVF_SCRIPT], env=_env(8), capture_output=True,
                        text=True, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]
   out = json.loads(res.stdout.strip().splitlines()[-1])
