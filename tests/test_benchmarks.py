@@ -148,22 +148,35 @@ def test_tpu_estimates_script(tmp_path):
   assert all(r["floor_v5e_us"] > r["floor_v6e_us"] > 0 for r in rows)
 
 
+PARTS = r'''
+import contextlib, io, json, os, sys
+import pytest
+out = {}
+for part in sys.argv[2:]:  # one interpreter: jax and the test module are imported once
+  os.environ["JAXSPARSE_TEST_PART"] = part
+  buf = io.StringIO()
+  with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+    rc = pytest.main(["-q", "--co", "-p", "no:cacheprovider", sys.argv[1]])
+  out[part] = {"rc": int(rc), "text": buf.getvalue()}
+print(json.dumps(out))
+'''
+
+
 def test_test_parts_cover_the_suite_once():
   """JAXSPARSE_TEST_PART=i/n (the device driver splits the GPU tests over calls with it): the
-  n parts together select every test exactly once; a malformed value is refused."""
-  def ids(part):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT)}
-    if part:
-      env["JAXSPARSE_TEST_PART"] = part
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:cacheprovider",
-                          os.path.join(ROOT, "tests", "test_gpu.py")], env=env,
-                         capture_output=True, text=True, timeout=300)
-    return res, [ln for ln in res.stdout.splitlines() if "::" in ln]
-  _, every = ids("")
-  parts = [ids(f"{i}/3")[1] for i in (1, 2, 3)]
+  n parts together select every test exactly once; a malformed value is refused. Each is a
+  collection by pytest itself (`pytest.main`, the conftest's hook), all in one subprocess."""
+  env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT)}
+  res = subprocess.run([sys.executable, "-c", PARTS, os.path.join(ROOT, "tests", "test_gpu.py"),
+                        "", "1/3", "2/3", "3/3", "4/3"], env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  runs = json.loads(res.stdout.strip().splitlines()[-1])
+  ids = {part: [ln for ln in r["text"].splitlines() if "::" in ln] for part, r in runs.items()}
+  every, parts = ids[""], [ids[f"{i}/3"] for i in (1, 2, 3)]
+  assert runs[""]["rc"] == 0 and len(every) > 3
   assert sorted(sum(parts, [])) == sorted(every) and all(parts)
-  bad, _ = ids("4/3")
-  assert bad.returncode != 0 and "JAXSPARSE_TEST_PART" in bad.stdout + bad.stderr
+  assert runs["4/3"]["rc"] != 0 and "JAXSPARSE_TEST_PART" in runs["4/3"]["text"]
 
 
 def test_reference_runs_quick(tmp_path):

@@ -514,13 +514,16 @@ def test_select_mask_property(seed, spread):
   x = np.round(rng.standard_normal(length) * spread).astype(np.float32)
   elig = rng.random(length) < 0.8
   n_all = np.arange(int(elig.sum()) + 1, dtype=np.int32)
-  rows = len(n_all)
+  # always length + 1 rows (the most n values a row can have), the rows past the last n asking
+  # for every eligible entry again: one shape, so every example runs one compiled kernel
+  rows = length + 1
+  n_rows = np.concatenate([n_all, np.full(rows - len(n_all), n_all[-1], np.int32)])
   got = np.asarray(kg.select_mask(jnp.asarray(np.tile(x, (rows, 1))),
-                                  jnp.asarray(np.tile(elig, (rows, 1))), jnp.asarray(n_all),
+                                  jnp.asarray(np.tile(elig, (rows, 1))), jnp.asarray(n_rows),
                                   interpret=True))
   rank = np.asarray(spin.algorithm._rank_desc(jnp.asarray(x), jnp.asarray(elig)))
-  for n in n_all:
-    np.testing.assert_array_equal(got[n], rank < n)
+  for row, n in enumerate(n_rows):
+    np.testing.assert_array_equal(got[row], rank < n)
 
 
 @pytest.mark.parametrize("reduction,pooling,state_dtype", [
