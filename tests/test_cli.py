@@ -218,7 +218,7 @@ def test_an_invalid_gguf_in_the_environment_is_one_error_line(argv, files, monke
   assert "is not a readable SmolLM2 GGUF file: ValueError: GGUF magic invalid" in last
 
 
-def test_main_job_explains_itself(tmp_path, capsys):
+def test_main_job_explains_itself(tmp_path, capsys, xla_optimized):
   out, plot = tmp_path / "e.json", tmp_path / "e.png"
   assert cli.main(["eval", "--k", "128", "--sparsities", "0.3", "--explore", "none",
                    "--implementation", "xla", "--out", str(out), "--plot", str(plot)]) == 0

@@ -44,12 +44,14 @@ for p in (1, 2, 4, 8):
     for fp8 in ((False, True) if p in (1, 4) else (False,)):
       v, i = sharded_prefill_topk(q, k, w, K, mesh=mesh, strategy=strat, fp8_keys=fp8, block=32)
       out["runs"][f"{p}-{strat}-{fp8}"] = {"i": i.tolist(), "v": np.where(np.isfinite(v), v, -1e30).tolist()}
-# the kernel path (interpret mode here): each device runs prefill_topk's kernels
+# the kernel path (interpret mode here): each device runs prefill_topk's kernels; the
+# all-gather's query chunks go in 8 // 2P causal segments: 4 on 1 device, 2 on 2, and from 4
+# devices on one (8 devices only add branches of the same code to compile: 16 kernel calls)
 one = jaxsparse.prefill_topk(jnp.asarray(q), jnp.asarray(k), jnp.asarray(w), K,
                              query_positions=jnp.arange(n), implementation="pallas")
 out["kernel_one"] = {"i": np.asarray(one[1]).tolist(),
                      "v": np.where(np.isfinite(one[0]), one[0], -1e30).tolist()}
-for p in (1, 2, 8):
+for p in (1, 2, 4):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
   for strat in ("allgather", "ring"):
     v, i = sharded_prefill_topk(q, k, w, K, mesh=mesh, strategy=strat, block=32,
@@ -114,11 +116,12 @@ def test_sharded_equals_one_device_for_1_2_4_8_devices_and_both_exchanges(sharde
 
 
 def test_sharded_kernel_path_equals_one_device_kernels(sharded):
-  """implementation="pallas": on 1, 2 and 8 devices, both exchanges (the all-gather's chunks in
-  causal segments), exactly one device's `prefill_topk` kernel result (indices and values)."""
+  """implementation="pallas": on 1, 2 and 4 devices, both exchanges (the all-gather's chunks in
+  causal segments: several per chunk, then one), exactly one device's `prefill_topk` kernel
+  result (indices and values)."""
   n, out = sharded
   base = out["kernel_one"]
-  assert set(out["kernel"]) == {f"{p}-{s}" for p in (1, 2, 8) for s in ("allgather", "ring")}
+  assert set(out["kernel"]) == {f"{p}-{s}" for p in (1, 2, 4) for s in ("allgather", "ring")}
   for name, r in out["kernel"].items():
     assert r["i"] == base["i"], name
     assert r["v"] == base["v"], name

@@ -266,8 +266,9 @@ def test_sharded_prefill_follows_the_rules():
   import sys
   n = 45
   root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-  env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu",  # conftest's XLA flags too
+         "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                             "--xla_force_host_platform_device_count=4"]))}
   res = subprocess.run([sys.executable, "-c", SHARDED, str(n)], env=env, capture_output=True,
                        text=True, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]

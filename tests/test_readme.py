@@ -83,7 +83,8 @@ def _printed_rows(out: str) -> list[list[str]]:
   return [re.sub(r"[│┃]", " ", ln).split() for ln in out.splitlines()]
 
 
-def test_every_readme_command_runs_or_reaches_the_model(tmp_path, monkeypatch, capsys):
+def test_every_readme_command_runs_or_reaches_the_model(tmp_path, monkeypatch, capsys,
+                                                      xla_optimized):
   """Each `jaxsparse ...` / `python -m ...` command of the README, in order, in one directory
   (so a file one command writes is the next one's input), with book.txt standing for the
   user's text. `jaxsparse eval` and `python -m train.corpus` run whole; commands that would
