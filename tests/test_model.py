@@ -71,7 +71,7 @@ def test_forward_matches_independent_numpy(model, tok):
   assert (out.argmax(-1) == ref.argmax(-1)).all()
 
 
-def test_perplexity_on_real_prose_and_code(model, tok):
+def test_perplexity_on_real_prose_and_code(model, tok, xla_optimized):
   prose = jnp.asarray(tok.encode(text.python_docs()[20000:60000]).ids[:1024], jnp.int32)
   code = jnp.asarray(tok.encode(text.stdlib_source()[5000:40000]).ids[:1024], jnp.int32)
   ppl_prose = llama.perplexity(model(prose), prose)
@@ -164,7 +164,7 @@ def test_chunked_forward_depth_runs_the_first_layers_only(model, tok):
       llama.run_chunked(model, ids, depth=bad)
 
 
-def test_shipped_indexers_are_a_working_dsa_model(model, tok):
+def test_shipped_indexers_are_a_working_dsa_model(model, tok, xla_optimized):
   """The shipped long-context indexers: no dead layer, and DSA top-64 over 512 held-out tokens
   stays within 10% of dense perplexity."""
   from jaxsparse import quality
