@@ -24,9 +24,9 @@ def _env(devices: int) -> dict:
   """A CPU subprocess with `devices` emulated devices, under this process's XLA_FLAGS (the
   compile-time flags conftest.py sets: most of a script's time is compiling interpret-mode
   kernels)."""
+  flags = [os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={devices}"]
   return {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
-                                              f"--xla_force_host_platform_device_count={devices}"]))}
+          "XLA_FLAGS": " ".join(filter(None, flags))}
 
 SCRIPT = r'''
 import json, sys
