@@ -43,6 +43,8 @@ def main(argv=None):
   p.add_argument("--spin-mosaic-pages", type=int, default=0,
                  help="pages per CTA of the SPIN step's Mosaic block-sparse scoring kernel "
                       "(0: the library default)")
+  p.add_argument("--explore", default="random", choices=("random", "query"),
+                 help="SpinConfig.explore of the SPIN step")
   a = p.parse_args(argv)
   sdc = None
   if a.spin_mosaic_pages:
@@ -50,14 +52,15 @@ def main(argv=None):
     sdc = DecodeConfig(mosaic_pages=a.spin_mosaic_pages)
   if a.quick:
     rows = bench.bench_spin((2,), (4096,), (0.4,), k=64, heads=8, head_dim=64, reps=2, calls=2,
-                            unsorted=a.unsorted, reduction=a.reduction)
+                            unsorted=a.unsorted, reduction=a.reduction, explore=a.explore)
   else:
     rows = bench.bench_spin(tuple(int(v) for v in a.batches.split(",")),
                             tuple(int(v) for v in a.slots.split(",")),
                             tuple(float(v) for v in a.sparsities.split(",")),
                             step_only=a.step_only, state_dtype=a.state_dtype,
                             unsorted=a.unsorted, topk_config=_topk_config(a),
-                            reduction=a.reduction, spin_decode_config=sdc)
+                            reduction=a.reduction, spin_decode_config=sdc,
+                            explore=a.explore)
   print_table(rows, ["B", "N", "sparsity", "impl", "us", "time_vs_full", "us_undonated",
                      "kernel_us", "kernel_time_vs_full",
                      "select_us", "update_us",

@@ -44,7 +44,8 @@
 #   prefill-topk     prefill_topk's kernel path against scoring alone and scoring + top-K
 #   spin             the SPIN decode step against the full step (scoring + exact top-K): B 64,
 #                    40% sparsity, 128K and 512K slots (BATCHES, SLOTS, SPARSITIES widen it;
-#                    STEP_ONLY=1 skips the stage timings; SPIN_NAME names the file). The
+#                    STEP_ONLY=1 skips the stage timings; SPIN_NAME names the file; EXPLORE=query
+#                    SPIN's query exploration). The
 #                    command-buffer files: STEP_ONLY=1 SPIN_NAME=spin_step_cmdbuf_off
 #                    XLA_FLAGS=--xla_gpu_enable_command_buffer= (and _on with
 #                    =FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE
@@ -150,7 +151,7 @@ sys.exit(fetch._sha256(sys.argv[1]) != fetch.GGUF_SHA256)" "$GGUF_DIR/joined"; t
         | tee "$OUT/prefill_topk.log" | tail -8 ;;
     spin)
       python3 benchmarks/bench_spin.py --batches "${BATCHES:-64}" --slots "${SLOTS:-131072,524288}" \
-        --sparsities "${SPARSITIES:-0.4}" ${STEP_ONLY:+--step-only} \
+        --sparsities "${SPARSITIES:-0.4}" ${STEP_ONLY:+--step-only} ${EXPLORE:+--explore $EXPLORE} \
         --out "$OUT/${SPIN_NAME:-spin_step}.json" 2>&1 | tee "$OUT/${SPIN_NAME:-spin_step}.log" | tail -12 ;;
     prefill-sharded)
       python3 -m jaxsparse.cli bench prefill --devices 1 --tokens "${TOKENS:-262144,524288}" \

@@ -383,16 +383,18 @@ def test_fp8_queries_gpu():
   assert_scores_close(outd, np_indexer.dense(qd8, kd, wd, sd, pos), reduction=64 * 128, dtype_tol=GPU_TOL)
 
 
-@pytest.mark.parametrize("reduction", ["A1", "A2"])
-def test_spin_step_gpu_matches_masked_reference(reduction):
+@pytest.mark.parametrize("reduction,explore", [("A1", "random"), ("A2", "random"),
+                                               ("A1", "query")])
+def test_spin_step_gpu_matches_masked_reference(reduction, explore):
   from jaxsparse import spin
   rng = np.random.default_rng(13)
   bsz = 4
   q, kc, table, lens, w, _ = random_paged(rng, bsz, 1, 64, 128, 40000, 3000, "bfloat16")
   q, w = q[:, 0], w[:, 0]
   table = jnp.asarray(np.stack([rng.permutation(3000)[:625] for _ in range(bsz)]), jnp.int32)
-  cfg = spin.SpinConfig(block_size=64, topk=512, sparsity=0.4, reduction=reduction)
-  st = spin.init_state(625 * 64, cfg, (bsz,))
+  cfg = spin.SpinConfig(block_size=64, topk=512, sparsity=0.4, reduction=reduction,
+                        explore=explore)
+  st = spin.init_state(625 * 64, cfg, (bsz,), head_dim=128 if explore == "query" else None)
   key = jax.random.PRNGKey(0)
   _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key, implementation="pallas")
   v, i, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key, implementation="pallas")

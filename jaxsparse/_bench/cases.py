@@ -362,13 +362,15 @@ def bench_decode_topk(batches, slots_list, k, *, heads=64, head_dim=128, seed=0,
 
 def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=128, seed=0,
                reps=5, calls=20, step_only=False, state_dtype="bfloat16", unsorted=False,
-               topk_config=None, reduction="A1", spin_decode_config=None):
+               topk_config=None, reduction="A1", spin_decode_config=None,
+               explore="random"):
   """Full decode indexer step (fused scoring + top-K) vs the SPIN step, and SPIN's own
   predict + update cost, per (B, N, target sparsity). Random keys: speed does not depend on
   values; the block masks come from a warmed state. unsorted: both steps return their top-K
   as a set (sorted=False), as sparse attention needs. topk_config: both steps' TopkConfig.
   reduction: SPIN's block reduction (A2 updates only block states). spin_decode_config: the
-  SPIN step's DecodeConfig for its block-sparse scoring (None: the library default)."""
+  SPIN step's DecodeConfig for its block-sparse scoring (None: the library default).
+  explore: SpinConfig.explore ("query" keeps every block's mean key in the state)."""
   srt = not unsorted
   from jaxsparse import spin
   rows = []
@@ -385,8 +387,8 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
                      kernels_us=full_kernels))
     for rho in sparsities:
       cfg = spin.SpinConfig(block_size=64, topk=k, sparsity=rho, state_dtype=state_dtype,
-                            reduction=reduction)
-      st = spin.init_state(n, cfg, (bsz,))
+                            reduction=reduction, explore=explore)
+      st = spin.init_state(n, cfg, (bsz,), head_dim=head_dim if explore == "query" else None)
       key = jax.random.PRNGKey(0)
       _, _, st, _ = spin.decode_step(st, q, kc, table, lens, w, cfg, key)  # warm: dense step
       _, _, st, info = spin.decode_step(st, q, kc, table, lens, w, cfg, key)
@@ -401,8 +403,10 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
       # update's new state is threaded through the calls: otherwise XLA computes only the one
       # element of the elementwise update that the timing loop reads)
       stages = {
-          "select": (lambda st, l, cfg=cfg: spin.select_compact_batched(
-              st, l - 1, l, cfg, key, width, kernel=on_gpu), (st, lens), None),
+          "select": (lambda st, l, q, w, cfg=cfg: spin.select_compact_batched(
+              st, l - 1, l, cfg, key, width, kernel=on_gpu,
+              priorities=None if explore != "query" else jax.vmap(spin.query_priorities)(
+                  q, w, st["KM"])), (st, lens, q, w), None),
           "update": (_spin_update(cfg, group, on_gpu), (st, zsel, sel, lens), (0, None)),
           "sparse_scores": (lambda q, kc, t, l, w, s, c: spin.serving._sparse_scores(
               q[:, None], kc, t, l, w[:, None], s, c, None, "pallas", None, 64)[0],
@@ -444,7 +448,7 @@ def bench_spin(batches, slots_list, sparsities, *, k=2048, heads=64, head_dim=12
         _emit(rows, dict(op="spin", B=bsz, N=n, sparsity=rho, impl=name, state_dtype=state_dtype,
                          spin_decode_config=str(spin_decode_config or "default"),
                          sorted=srt, topk_config=_cfg_str(topk_config), reduction=reduction,
-                         error=err or err_u or err2, us=sec * 1e6, time_vs_full=sec / full_s,
+                         explore=explore, error=err or err_u or err2, us=sec * 1e6, time_vs_full=sec / full_s,
                          us_undonated=sec_u * 1e6, undonated_time_vs_full=sec_u / full_s,
                          kernel_us=kus, kernel_time_vs_full=kus / full_kus, kernels_us=step_kernels,
                          **{f"{s}_us": v for s, v in stage_us.items()},
