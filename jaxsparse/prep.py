@@ -77,12 +77,15 @@ def hadamard_rotate(x):
   """Orthonormal Hadamard rotation of the last axis, x @ H / sqrt(D); q.k is preserved.
 
   DeepSeek-V3.2 rotates both indexer q and k before fp8 quantisation, which spreads outliers.
-  x: [..., D] with D a power of two. Returns the same shape and dtype (computed in float32).
+  x: [..., D] with D a power of two. Returns the same shape, in x's dtype when it is a float
+  type, else float32 (an integer rotated is not an integer); computed in float32.
   """
   _checks.check_real_dtype("x", x)
+  x = jnp.asarray(x)
   d = x.shape[-1]
   h = jnp.asarray(hadamard_matrix(d) / math.sqrt(d))
-  return jnp.matmul(x.astype(jnp.float32), h, precision=jax.lax.Precision.HIGHEST).astype(x.dtype)
+  out = jnp.float32 if not jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+  return jnp.matmul(x.astype(jnp.float32), h, precision=jax.lax.Precision.HIGHEST).astype(out)
 
 
 SCALE_FLOOR = 2.0 ** -126  # quantize_fp8's smallest scale: the smallest normal float32
@@ -97,12 +100,29 @@ def quantize_fp8(x):
   scale never underflows to 0 (README "Input rules": subnormals count as zero).
   """
   _checks.check_real_dtype("x", x)
+  x = jnp.asarray(x)
+  if x.ndim == 0 or x.shape[-1] == 0:
+    raise ValueError(f"x.shape={tuple(x.shape)} needs a non-empty last axis (the row to scale)")
   xf = x.astype(jnp.float32)
   amax = jnp.max(jnp.abs(xf), axis=-1)
   safe = jnp.where(amax > 0, amax, FP8_MAX)
-  scale = jnp.maximum(jnp.exp2(jnp.ceil(jnp.log2(safe / FP8_MAX))), SCALE_FLOOR)
+  scale = pow2_ceil(safe / FP8_MAX)
   q = (xf / scale[..., None]).astype(jnp.float8_e4m3fn)
-  return q, scale.astype(jnp.float32)
+  return q, scale
+
+
+def pow2_ceil(y):
+  """2**ceil(log2(y)) as an exact float32 power of two, floored at SCALE_FLOOR (2**-126).
+
+  y: float32 array, > 0. Built from the exponent bits (frexp), not exp2 / log2, whose float
+  results are off by an ulp for large or small y on some backends. inf and NaN pass through.
+  """
+  y = jnp.asarray(y, jnp.float32)
+  mant, exp = jnp.frexp(y)  # y = mant * 2**exp, mant in [0.5, 1)
+  e = jnp.clip(jnp.where(mant == 0.5, exp - 1, exp), -126, 127)
+  p = jax.lax.bitcast_convert_type(((e + 127) << 23).astype(jnp.int32), jnp.float32)
+  # y below the floor (or flushed to 0 by the hardware) takes the floor
+  return jnp.where(jnp.isfinite(y), jnp.where(y < SCALE_FLOOR, SCALE_FLOOR, p), y)
 
 
 def indexer_weights(proj, *, head_dim: int, q_scale=None):

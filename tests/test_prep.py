@@ -61,6 +61,32 @@ def test_fp8_quantisation_power_of_two_scale():
   assert s[5] == 1.0 and (back[5] == 0).all()
 
 
+def test_fp8_scale_exact_over_the_float32_range():
+  """Every amax from 2^-140 to 2^127 (powers of two and 3 x them): the scale is exactly
+  2^ceil(log2(amax / 448)) (float64 reference), floored at 2^-126, 1 for a zero (or flushed
+  subnormal) row; eagerly and under jit, in quantize_fp8 and the sharded prefill's copy."""
+  import jax
+  from jaxsparse.distributed import quantize_keys_fp8
+  amax = np.array([m * 2.0 ** e for m in (1, 3) for e in range(-140, 128)]) * 448
+  amax = amax[amax < np.finfo(np.float32).max].astype(np.float32)
+  x = np.zeros((amax.size, 8), np.float32)
+  x[:, 3] = -amax
+  a = np.abs(x).max(-1).astype(np.float64)
+  ref = np.where(a < 2.0 ** -126, 1.0, np.maximum(2.0 ** np.ceil(np.log2(a / 448)), 2.0 ** -126))
+  for f in (prep.quantize_fp8, jax.jit(prep.quantize_fp8), quantize_keys_fp8):
+    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))[1]), ref)
+  with pytest.raises(ValueError, match="x.shape"):
+    prep.quantize_fp8(jnp.zeros((3, 0)))
+
+
+def test_hadamard_of_integers_is_float():
+  x = np.arange(8, dtype=np.int32)
+  r = prep.hadamard_rotate(jnp.asarray(x))
+  assert r.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(r), x @ prep.hadamard_matrix(8) / np.sqrt(8),
+                             rtol=1e-6, atol=1e-5)
+
+
 def test_weights_scaling():
   proj = jnp.ones((3, 64), jnp.float32)
   w = prep.indexer_weights(proj, head_dim=128)

@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxsparse.prep import quantize_fp8
 from jaxsparse.selection import keyed_topk_xla, merge_topk
 from pallas_kernels._util import masked_relu
 
@@ -42,10 +43,9 @@ def balanced_order(n_padded: int, shards: int) -> np.ndarray:
 
 
 def quantize_keys_fp8(k):
-  """Per-token power-of-two scales and float8_e4m3fn keys: k ~ k8 * scale. -> (k8, scale)."""
-  amax = jnp.max(jnp.abs(k.astype(jnp.float32)), axis=-1)
-  scale = jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(amax, 1e-30) / 448.0)))
-  return (k / scale[:, None]).astype(jnp.float8_e4m3fn), scale.astype(jnp.float32)
+  """Per-token power-of-two scales and float8_e4m3fn keys: k [N, D] -> (k8 [N, D], scale [N]
+  float32), k ~ k8 * scale: `jaxsparse.prep.quantize_fp8` per key."""
+  return quantize_fp8(k)
 
 
 def _scores(q, w, k, qpos, kpos, block, scale=None):
