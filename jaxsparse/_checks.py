@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels._util import clip_positions  # noqa: F401  (shared with the kernels)
+from pallas_kernels._util import clip_positions, widen_int  # noqa: F401  (shared with the kernels)
 
 KEY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
 QUERY_DTYPES = (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn)
@@ -122,7 +122,11 @@ def clip_lengths(lengths, n: int):
   would wrap to a small or negative length. Concrete lengths are clipped in numpy (int64 stays
   exact), traced ones in their own dtype."""
   if isinstance(lengths, jax.core.Tracer):
+    lengths = widen_int(lengths)
     if jnp.issubdtype(lengths.dtype, jnp.unsignedinteger):
       return jnp.minimum(lengths, jnp.asarray(n, lengths.dtype)).astype(jnp.int32)
     return jnp.clip(lengths, 0, n).astype(jnp.int32)
-  return jnp.asarray(np.clip(np.asarray(lengths), 0, n).astype(np.int32))
+  v = np.asarray(lengths)
+  if v.dtype.kind in "iub" and v.dtype != np.uint64:
+    v = v.astype(np.int64)  # widened first: int8 lengths clipped to n = 1000 must not wrap
+  return jnp.asarray(np.clip(v, 0, n).astype(np.int32))

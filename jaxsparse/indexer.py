@@ -9,8 +9,8 @@ import numpy as np
 
 from jaxsparse import _checks
 from jaxsparse import backend
+from pallas_kernels import _util as _kutil
 from pallas_kernels._util import masked_relu
-from pallas_kernels._util import row_lengths  # noqa: F401  (public: jaxsparse.row_lengths)
 
 __all__ = [
     "PAGE_SIZE", "indexer_scores_xla", "paged_indexer_scores_xla", "indexer_scores",
@@ -24,6 +24,18 @@ PAGE_SIZE = 64  # slots per paged-cache block, as in DeepGEMM / vLLM's DSA index
 # --------------------------------------------------------------------------------------
 # References (plain jnp). They materialise [T, H, N]; they are the definition, not the fast path.
 # --------------------------------------------------------------------------------------
+
+
+def row_lengths(lengths, num_rows: int):
+  """Visible slots of each verifier row: row r of R sees `lengths - (R - 1 - r)` slots, at
+  least 0. lengths [B] int (any integer dtype; clamped, never wrapped) -> [B, R] int32."""
+  _checks.check_int("num_rows", num_rows, 1)
+  if not hasattr(lengths, "dtype"):
+    lengths = np.asarray(lengths)
+  if not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f"lengths.dtype={lengths.dtype} must be an integer type")
+  _checks.check_ndim("lengths", lengths, (1,), "[B]")
+  return _kutil.row_lengths(_checks.clip_lengths(lengths, np.iinfo(np.int32).max), num_rows)
 
 
 def indexer_scores_xla(q, k, w, k_scale=None, query_positions=None):
@@ -184,6 +196,7 @@ def sanitize_paged(block_table, lengths, num_blocks: int, page: int = PAGE_SIZE,
   from jax.experimental import checkify
   max_blocks = block_table.shape[1]
   cap = max_blocks * page
+  lengths = _checks.widen_int(jnp.asarray(lengths))
   # clamped in the lengths' own dtype before the int32 cast: a uint32 / int64 length past 2^31
   # clamps to the capacity instead of wrapping
   if jnp.issubdtype(lengths.dtype, jnp.unsignedinteger):

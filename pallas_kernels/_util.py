@@ -33,11 +33,20 @@ def flush_zero(x):
   return jnp.where(jnp.abs(x) < TINY, 0.0, x)
 
 
+def widen_int(x):
+  """Integers narrower than 32 bits (int8/16, uint8/16) -> int32, exactly; anything else
+  unchanged. Clipping to a bound the dtype cannot hold (a length of 1000 in int8) would wrap
+  or overflow, so positions and lengths widen before they clip."""
+  if jnp.issubdtype(x.dtype, jnp.integer) and jnp.dtype(x.dtype).itemsize < 4:
+    return x.astype(jnp.int32)
+  return x
+
+
 def clip_positions(positions, n: int):
   """Query positions -> int32 in [-1, n - 1], clipped before the cast so that a traced uint32
   or int64 position past 2^31 never wraps to a negative one (it sees every key, as any
   position >= n - 1 does; README "Input rules")."""
-  p = positions
+  p = widen_int(jnp.asarray(positions))
   if jnp.issubdtype(p.dtype, jnp.unsignedinteger):
     return jnp.minimum(p, jnp.asarray(n - 1, p.dtype)).astype(jnp.int32)
   return jnp.clip(p, -1, n - 1).astype(jnp.int32)
@@ -91,4 +100,11 @@ def counter_hash(seed, idx):
 def row_lengths(lengths, num_rows: int):
   """Visible slots per verifier row: row r of R sees `lengths - (R - 1 - r)` slots. -> [B, R] int32."""
   offs = jnp.arange(num_rows, dtype=jnp.int32) - (num_rows - 1)
-  return jnp.maximum(lengths.astype(jnp.int32)[:, None] + offs[None, :], 0)
+  lengths = widen_int(jnp.asarray(lengths))
+  if jnp.issubdtype(lengths.dtype, jnp.unsignedinteger):  # past 2^31: clamp, never wrap
+    lengths = jnp.minimum(lengths, jnp.asarray(np.iinfo(np.int32).max, lengths.dtype))
+  elif jnp.dtype(lengths.dtype).itemsize > 4:
+    lengths = jnp.clip(lengths, np.iinfo(np.int32).min, np.iinfo(np.int32).max)
+  # >= 0 before the (non-positive) offsets: a length near -2^31 must not wrap
+  lengths = jnp.maximum(lengths.astype(jnp.int32), 0)
+  return jnp.maximum(lengths[:, None] + offs[None, :], 0)

@@ -435,3 +435,40 @@ def test_lengths_past_2_31_clamp_instead_of_wrapping(impl):
   tb = jnp.zeros((1, 1), jnp.int32)
   got = jax.jit(lambda l: jaxsparse.indexer_topk(q, kc, tb, l, w, 2, implementation=impl))(big)
   np.testing.assert_array_equal(got[1], [[63, 62]])  # every slot of the one page visible
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16])
+def test_narrow_integer_lengths_and_positions_widen_before_clipping(dtype):
+  """int8/int16/uint8/uint16 lengths and positions against bounds their dtype cannot hold
+  (300 keys, 320 cache slots): widened first, never wrapped, on every path, eagerly and
+  under jit."""
+  rng = np.random.default_rng(4)
+  n = 300
+  x = rng.standard_normal((3, n)).astype(np.float32)
+  lens = np.array([100, 127, 5], dtype)
+  want = np_topk(np.where(np.arange(n) < lens[:, None].astype(np.int64), x, -np.inf)
+                 .astype(np.float32), 4)
+  q = rng.integers(-2, 3, (3, 2, 8)).astype(np.float32)  # exact float32 sums
+  k = rng.integers(-2, 3, (n, 8)).astype(np.float32)
+  w = np.ones((3, 2), np.float32)
+  pos = np.array([100, 127, 3], dtype)
+  want_z = rule_scores(q, k, w, pos.astype(np.int64))
+  kc = rng.integers(-2, 3, (5, 64, 8)).astype(np.float32)
+  table = np.tile(np.arange(5, dtype=np.int32), (3, 1))
+  want_p = np_topk(np.where(np.arange(320) < lens[:, None].astype(np.int64),
+                            np.stack([rule_scores(q[b:b + 1], kc.reshape(-1, 8),
+                                                                w[b:b + 1])[0] for b in range(3)]),
+                            -np.inf).astype(np.float32), 4)
+  for impl in ("xla", "pallas"):
+    for jit in (False, True):
+      wrap = jax.jit if jit else (lambda f: f)
+      _same_topk(wrap(lambda l: jaxsparse.topk(jnp.asarray(x), 4, lengths=l,
+                                               implementation=impl))(jnp.asarray(lens)), want)
+      _scores_equal(wrap(lambda p: jaxsparse.indexer_scores(
+          jnp.asarray(q), jnp.asarray(k), jnp.asarray(w), query_positions=p,
+          implementation=impl))(jnp.asarray(pos)), want_z)
+      _same_topk(wrap(lambda l: jaxsparse.indexer_topk(
+          jnp.asarray(q), jnp.asarray(kc), jnp.asarray(table), l, jnp.asarray(w), 4,
+          implementation=impl))(jnp.asarray(lens)), want_p)
+  np.testing.assert_array_equal(jaxsparse.row_lengths(jnp.asarray(lens), 2),
+                                np.maximum(lens[:, None].astype(np.int64) + [-1, 0], 0))
