@@ -50,7 +50,6 @@ def trained(data, tmp_path_factory):
 
 
 def _params(out):
-  C.load.cache_clear()
   m = C.load(os.path.join(out, "correctors.npz"))[4]
   return [np.asarray(v) for v in __import__("jax").tree.leaves(nnx.state(m, nnx.Param))]
 
@@ -92,7 +91,6 @@ def test_training_lowers_the_listwise_loss_and_exports(trained, data):
   tr = traces.load(data[0])
   q, w, k = (np.asarray(a) for a in (tr.q[0], tr.w[0], tr.k[0]))
   snaps = tc.build_snapshots(q, k, w, cfg.ivf_config())
-  C.load.cache_clear()
   trained_m = C.load(os.path.join(out, "correctors.npz"))[4]
   fresh = C.Corrector(trained_m.cfg, rngs=nnx.Rngs(0))
 
@@ -156,6 +154,22 @@ def test_killed_run_resumes_to_identical_parameters(trained, data, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_corrector_files_reread_when_rewritten_and_nan_parameters_refused(tmp_path):
+  path = str(tmp_path / "c.npz")
+  m = C.Corrector(C.CorrectorConfig(dim=16), rngs=nnx.Rngs(3))
+  C.save(path, {4: m})
+  assert sorted(C.load(path)) == [4]
+  C.save(path, {4: m, 7: m})  # rewritten in place: read again, never a stale copy
+  assert sorted(C.load(path)) == [4, 7]
+  with np.load(path, allow_pickle=False) as z:
+    arrays = dict(z)
+  name = next(k for k in arrays if k.startswith("7/"))
+  arrays[name] = np.full_like(arrays[name], np.nan)
+  np.savez(path, **arrays)
+  with pytest.raises(C.CorrectorFileError, match="finite real floats"):
+    C.load(path)
+
+
 def test_damaged_checkpoints_are_an_error_not_a_restart(trained, tmp_path):
   import shutil
   ref_out, cfg, _ = trained
@@ -201,7 +215,6 @@ def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(dat
   assert r["kept"] is False and r["val_recall_corrected"] <= r["val_recall_plain"]
   assert r["recall_shipped"] == r["recall_plain"]
   path = os.path.join(out, "correctors.npz")
-  C.load.cache_clear()
   assert C.file_meta(path)["plain_layers"] == [4] and 4 not in C.load(path)
   ev = traces.load(data[1])
   pos = np.arange(100, 500, 37)
@@ -214,7 +227,6 @@ def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(dat
 def test_the_shipped_correctors_load_and_cover_every_layer():
   """SmolLM2's shipped file: every model layer is either a network or marked plain, with the
   IVF settings it was trained for."""
-  C.load.cache_clear()
   models = C.load(C.SHIPPED)
   meta = C.file_meta(C.SHIPPED)
   assert sorted(set(models) | set(meta["plain_layers"])) == list(range(30))

@@ -204,6 +204,16 @@ def test_metric_files_round_trip_and_bad_files_are_named(tmp_path):
   with pytest.raises(ValueError, match="symmetric"):
     metric.save(str(tmp_path / "x.npz"), {0: np.triu(np.ones((4, 4)))})
   assert not (tmp_path / "x.npz").exists()
+  metric.save(path, {2: 3 * a})  # rewritten in place: read again, never a stale copy
+  np.testing.assert_array_equal(metric.load(path)[2], 3 * a)
+  assert sorted(metric.load(path)) == [2] and metric.file_meta(path) == {}
+  cplx = str(tmp_path / "complex.npz")
+  np.savez(cplx, format=np.int64(1), config=np.str_(json.dumps({"layers": [0]})),
+           layer_0=np.eye(4, dtype=np.complex64))
+  with pytest.raises(metric.MetricFileError, match="real type"):
+    metric.load(cplx)
+  with pytest.raises(ValueError, match="metric.dtype=complex128 must be a real type"):
+    metric.check(np.eye(4) + 0j)
 
 
 def test_shipped_metric_covers_every_smollm2_layer():

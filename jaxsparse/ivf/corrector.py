@@ -101,11 +101,18 @@ def save(path: str, models: dict[int, Corrector], meta: dict | None = None) -> N
   save_npz_atomic(path, arrays)
 
 
-@functools.lru_cache(maxsize=8)
 def load(path: str) -> dict[int, Corrector]:
-  """{layer: Corrector} from a file written by `save` (validated)."""
+  """{layer: Corrector} from a file written by `save` (validated). Cached by the file's path,
+  modification time and size: a file rewritten in place is read again."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"corrector file {path!r} does not exist")
+  st = os.stat(path)
+  return dict(_load(os.path.abspath(path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int, size: int) -> dict[int, Corrector]:
+  del mtime_ns, size  # cache keys only
   from jaxsparse._io import open_npz
   with open_npz(path, CorrectorFileError, "corrector file") as z:
     if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
@@ -123,6 +130,9 @@ def load(path: str) -> dict[int, Corrector]:
         a = z[key]
         if a.shape != leaf.shape:
           raise CorrectorFileError(f"{path!r}: {key}.shape={a.shape}, expected {leaf.shape}")
+        if a.dtype.kind != "f" or not np.isfinite(a).all():
+          raise CorrectorFileError(f"{path!r}: {key} must hold finite real floats "
+                                   f"(dtype {a.dtype.name})")
         flat.append((name, jnp.asarray(a)))
       nnx.update(m, nnx.from_flat_state(flat))
       out[int(layer)] = m

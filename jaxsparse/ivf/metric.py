@@ -133,6 +133,8 @@ def fit_traces(traces, *, eps: float = 0.01, queries: int = 256, keys: int = 256
 def check(a, dim: int | None = None, name: str = "metric") -> np.ndarray:
   """a as a [D, D] float32 symmetric positive definite matrix, else ValueError naming `name`."""
   a = np.asarray(a)
+  if a.dtype.kind not in "fiu":
+    raise ValueError(f"{name}.dtype={a.dtype.name} must be a real type")
   if a.ndim != 2 or a.shape[0] != a.shape[1] or (dim is not None and a.shape[0] != dim):
     want = f"[{dim}, {dim}]" if dim is not None else "[D, D]"
     raise ValueError(f"{name} must be a {want} matrix; got shape {a.shape}")
@@ -159,10 +161,17 @@ def save(path: str, metrics: dict[int, np.ndarray], meta: dict | None = None) ->
   save_npz_atomic(path, arrays)
 
 
-@functools.lru_cache(maxsize=8)
-def _load(path: str):
+def _load_fresh(path: str):
+  """_load keyed by the file's modification time and size: a rewritten file is read again."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"metric file {path!r} does not exist")
+  st = os.stat(path)
+  return _load(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int, size: int):
+  del mtime_ns, size  # cache keys only
   from jaxsparse._io import open_npz
   try:
     with open_npz(path, MetricFileError, "metric file") as z:
@@ -187,12 +196,12 @@ def _load(path: str):
 
 def load(path: str) -> dict[int, np.ndarray]:
   """{layer: A [D, D] float32} from a file written by `save` (validated)."""
-  return dict(_load(os.path.abspath(path))[0])
+  return dict(_load_fresh(path)[0])
 
 
 def file_meta(path: str) -> dict:
   """The metadata a metric file was saved with (traces, eps)."""
-  return dict(_load(os.path.abspath(path))[1])
+  return dict(_load_fresh(path)[1])
 
 
 def resolve(metric, layer: int | None, dim: int) -> np.ndarray | None:
