@@ -140,15 +140,17 @@ def test_flipped_bits_in_the_newest_step_fall_back_to_the_intact_one(tmp_path, t
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("stray", ["empty_dir", "file", "nonempty_dir"])
+@pytest.mark.parametrize("stray", ["empty_dir", "file", "nonempty_dir", "padded_name"])
 def test_stray_step_names_never_discard_intact_steps(tmp_path, trained, corpus, stray):
   """A stray entry named like a newer step (an empty folder, a file, a folder of other files,
   no Orbax checkpoint) is moved aside with a warning: the run resumes from step 6."""
   ref_out, _, _ = trained
   out = str(tmp_path / stray)
   shutil.copytree(ref_out, out)
-  path = os.path.join(out, "checkpoints", "9")
-  if stray == "file":
+  path = os.path.join(out, "checkpoints", "0009" if stray == "padded_name" else "9")
+  if stray == "padded_name":  # a copy of a real step under a name Orbax never writes
+    shutil.copytree(os.path.join(out, "checkpoints", "6"), path)
+  elif stray == "file":
     with open(path, "w") as fh:
       fh.write("x")
   else:
@@ -162,7 +164,26 @@ def test_stray_step_names_never_discard_intact_steps(tmp_path, trained, corpus, 
   assert rep["steps_run"] == 0  # step 6 restored: nothing left to run
   assert sorted(d for d in os.listdir(os.path.join(out, "checkpoints")) if d.isdigit()) == \
       ["4", "6"]
-  assert os.listdir(os.path.join(out, "checkpoints.bad")) == ["9"]
+  assert os.listdir(os.path.join(out, "checkpoints.bad")) == [os.path.basename(path)]
+
+
+def test_restore_into_other_shapes_is_an_error(tmp_path):
+  """An intact step saved by a run of other shapes or dtypes never restores silently."""
+  d = str(tmp_path / "c")
+  m = checkpoints.Manager(d, save_every=1)
+  m.save(1, {"a": np.zeros(3, np.float32), "b": np.int32(2)})
+  m.close()
+  for target, what in (({"a": np.zeros(4, np.float32), "b": np.int32(0)}, r"float32\[3\]"),
+                       ({"a": np.zeros(3, np.int32), "b": np.int32(0)}, r"float32\[3\]"),
+                       ({"a": np.zeros(3, np.float32)}, "")):
+    m = checkpoints.Manager(d, save_every=1)
+    with pytest.raises(checkpoints.CheckpointError, match="(does not fit|does not restore into) this run.*" + what):
+      m.restore_latest(target)
+    m.close()
+  assert os.listdir(d) == ["1"]  # intact: never moved aside
+  m = checkpoints.Manager(d, save_every=1)
+  step, tree = m.restore_latest({"a": np.ones(3, np.float32), "b": np.int32(0)})
+  assert step == 1 and (np.asarray(tree["a"]) == 0).all()
 
 
 @pytest.mark.parametrize("kw, match", [

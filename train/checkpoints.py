@@ -86,7 +86,8 @@ def _is_step(directory, name) -> bool:
   step files, or a checksum this module wrote for it. An empty directory, or one of other
   files, is no step."""
   path = os.path.join(directory, name)
-  if not (name.isdigit() and os.path.isdir(path)):
+  # canonical step numbers only: Orbax names step 7 "7", so "0007" is not one of its steps
+  if not (name.isdigit() and name == str(int(name)) and os.path.isdir(path)):
     return False
   if os.path.isfile(os.path.join(directory + ".sums", f"{name}.sha256")):
     return True
@@ -165,6 +166,10 @@ class Manager:
         errors.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         self._quarantine(step)
         continue
+      mismatch = self._mismatch(step, abstract)
+      if mismatch:  # intact, but saved by a run of other shapes: never moved aside
+        raise CheckpointError(f"step {step} under {self.directory} does not fit this run: "
+                              f"{mismatch}")
       if errors:
         warnings.warn(f"skipped damaged checkpoint(s) ({'; '.join(errors)}); resuming from "
                       f"step {step}", stacklevel=2)
@@ -172,6 +177,26 @@ class Manager:
     raise CheckpointError(f"no checkpoint under {self.directory} can be restored "
                           f"({'; '.join(errors)}); the damaged steps were moved to "
                           f"{self.directory}.bad")
+
+  def _mismatch(self, step, target) -> str:
+    """'' when the saved arrays of `step` (Orbax's metadata) are the target's in shape and
+    dtype, else what differs (StandardRestore would silently pad, cut or cast them)."""
+    try:
+      md = self._mgr.item_metadata(step)
+    except Exception:  # noqa: BLE001 -- no metadata to compare: the restore itself decides
+      return ""
+    saved = [(tuple(m.shape), np.dtype(m.dtype)) for m in jax.tree.leaves(getattr(md, "tree", md))
+             if hasattr(m, "shape") and hasattr(m, "dtype")]
+    want = [(tuple(np.shape(a)), np.asarray(a).dtype) for a in jax.tree.leaves(target)]
+    if len(saved) != len(want):
+      return f"it holds {len(saved)} arrays, this run {len(want)}"
+    key = lambda sd: (str(sd[1]), sd[0])  # noqa: E731
+    for a, b in zip(sorted(saved, key=key), sorted(want, key=key)):
+      if a != b:
+        extra = sorted(set(saved) - set(want), key=key)[:1] or [a]
+        return (f"it holds {extra[0][1]}{list(extra[0][0])}, which this run's arrays "
+                f"({', '.join(f'{d}{list(s)}' for s, d in sorted(set(want) - set(saved), key=key)[:3]) or 'none'}) do not match")
+    return ""
 
   def _sum_path(self, step) -> str:
     return os.path.join(self.sums, f"{step}.sha256")
