@@ -1,6 +1,9 @@
 """Input validation shared by the public entry points (ValueError names the argument)."""
 from __future__ import annotations
 
+import functools
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +30,49 @@ def check_real(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be a real number")
   if not np.isfinite(value):
     raise ValueError(f"{name}={value!r} must be finite")
+
+
+def as_array(name: str, x):
+  """`x` as an array: jax and numpy arrays (and tracers) pass unchanged; lists, tuples and
+  numbers become numpy arrays; None, strings, objects and ragged lists raise ValueError naming
+  `name`."""
+  if isinstance(x, (jax.Array, np.ndarray, jax.core.Tracer)):
+    return x
+  if x is None or isinstance(x, (str, bytes, dict)):
+    raise ValueError(f"{name} must be an array; got {type(x).__name__}")
+  try:
+    a = np.asarray(x)
+  except (ValueError, TypeError):
+    raise ValueError(f"{name} must be an array; got a ragged or mixed {type(x).__name__}") \
+        from None
+  if a.dtype == object or a.dtype.kind in "SUV":
+    raise ValueError(f"{name} must be a numeric array; got {type(x).__name__} of "
+                     f"{a.dtype.name}")
+  return a
+
+
+def array_args(*names: str, optional: tuple = ()):
+  """Decorator for public functions: the arguments `names` (and `optional` ones unless None)
+  go through `as_array` first, so a list is taken as an array and None, a string or a ragged
+  list is a ValueError naming the argument, not an AttributeError deep inside."""
+  def wrap(fn):
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+      bound = sig.bind_partial(*args, **kwargs)
+      for name in names + tuple(optional):
+        if name in bound.arguments and not (name in optional and bound.arguments[name] is None):
+          bound.arguments[name] = as_array(name, bound.arguments[name])
+      return fn(*bound.args, **bound.kwargs)
+    return checked
+  return wrap
+
+
+def check_instance(name: str, value, cls) -> None:
+  """`value` is a `cls` (a config object, a Mesh), else ValueError naming `name`."""
+  if not isinstance(value, cls):
+    raise ValueError(f"{name} must be a {cls.__name__}; got {type(value).__name__}")
 
 
 def check_real_dtype(name: str, x) -> None:

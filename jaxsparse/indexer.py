@@ -26,6 +26,7 @@ PAGE_SIZE = 64  # slots per paged-cache block, as in DeepGEMM / vLLM's DSA index
 # --------------------------------------------------------------------------------------
 
 
+@_checks.array_args("lengths")
 def row_lengths(lengths, num_rows: int):
   """Visible slots of each verifier row: row r of R sees `lengths - (R - 1 - r)` slots, at
   least 0. lengths [B] int (any integer dtype; clamped, never wrapped) -> [B, R] int32."""
@@ -98,6 +99,7 @@ def _validate_dense(q, k, w, k_scale, query_positions):
     _checks.check_positions("query_positions", query_positions)
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale", "query_positions"))
 def indexer_scores(q, k, w, *, k_scale=None, query_positions=None, implementation=None,
                    config=None):
   """DSA lightning-indexer scores `z[t, i] = sum_h w[t, h] * relu(q[t, h] . k[i]) (* k_scale[i])`.
@@ -218,6 +220,7 @@ def sanitize_paged(block_table, lengths, num_blocks: int, page: int = PAGE_SIZE,
   return jnp.where(bad.any(1), 0, clamped)
 
 
+@_checks.array_args("q", "k_cache", "block_table", "lengths", "w", optional=("k_scale",))
 def paged_indexer_scores(q, k_cache, block_table, lengths, w, *, k_scale=None,
                          implementation=None, config=None, checked=False):
   """Decode-time indexer scores over a paged key cache.

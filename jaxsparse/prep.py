@@ -18,6 +18,7 @@ __all__ = [
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+@_checks.array_args("x", "positions")
 def apply_rope(x, positions, *, rope_dims: int = 64, base: float = 10000.0,
                interleaved: bool = False):
   """Rotary embedding on the first `rope_dims` dims of the last axis (the rest pass through).
@@ -73,6 +74,7 @@ def hadamard_matrix(d: int) -> np.ndarray:
   return h
 
 
+@_checks.array_args("x")
 def hadamard_rotate(x):
   """Orthonormal Hadamard rotation of the last axis, x @ H / sqrt(D); q.k is preserved.
 
@@ -91,6 +93,7 @@ def hadamard_rotate(x):
 SCALE_FLOOR = 2.0 ** -126  # quantize_fp8's smallest scale: the smallest normal float32
 
 
+@_checks.array_args("x")
 def quantize_fp8(x):
   """Per-row float8_e4m3fn quantisation with a power-of-two scale (DeepSeek-V3.2 style).
 
@@ -125,6 +128,7 @@ def pow2_ceil(y):
   return jnp.where(jnp.isfinite(y), jnp.where(y < SCALE_FLOOR, SCALE_FLOOR, p), y)
 
 
+@_checks.array_args("proj", optional=("q_scale",))
 def indexer_weights(proj, *, head_dim: int, q_scale=None):
   """Head weights as DeepSeek-V3.2 computes them: proj * H^-0.5 * D^-0.5 (* q_scale).
 
@@ -142,6 +146,7 @@ def indexer_weights(proj, *, head_dim: int, q_scale=None):
   return w
 
 
+@_checks.array_args("q", "k", "proj", "positions_q", "positions_k")
 def prepare_indexer_inputs(q, k, proj, positions_q, positions_k, *, rope_dims: int | None = 64,
                            rope_base: float = 10000.0, interleaved: bool = False,
                            hadamard: bool = True, fp8_keys: bool = True,
@@ -192,6 +197,7 @@ def unpack_fp8_paged_cache(packed, head_dim: int = 128):
   return k, s
 
 
+@_checks.array_args("k_cache", "k_scale")
 def pack_fp8_paged_cache(k_cache, k_scale):
   """Inverse of `unpack_fp8_paged_cache` (for tests and for exporting to DeepGEMM layout).
 

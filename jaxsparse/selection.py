@@ -5,6 +5,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxsparse import _checks
@@ -65,12 +66,23 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
   the lower index, -inf / -1 where fewer than k entries exist, exactly what `topk` gives on
   the concatenated rows. The building block of sharded top-K (per-shard results merged).
   """
+  values_a, values_b = (_checks.as_array(n, x) for n, x in (("values_a", values_a),
+                                                             ("values_b", values_b)))
+  indices_a, indices_b = (_checks.as_array(n, x) for n, x in (("indices_a", indices_a),
+                                                              ("indices_b", indices_b)))
   for name, x in (("values_a", values_a), ("values_b", values_b)):
     _checks.check_real_dtype(name, x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      raise ValueError(f"{name}.dtype={jnp.dtype(x.dtype).name} must be a float type "
+                       "(scores: -inf pads a short result)")
   for name, x in (("indices_a", indices_a), ("indices_b", indices_b)):
-    dt = jnp.dtype(x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype)
+    dt = jnp.dtype(x.dtype)
     if not jnp.issubdtype(dt, jnp.integer):
       raise ValueError(f"{name}.dtype={dt.name} must be an integer type")
+    v = _checks.concrete_values(x)
+    if v is not None and v.size and (v.min() < -1 or v.max() > np.iinfo(np.int32).max):
+      raise ValueError(f"{name} must lie in [-1, 2^31 - 1] (int32 key ids, -1 padding); got "
+                       f"min={v.min()} max={v.max()}")
   k = values_a.shape[-1] if k is None else k
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
     raise ValueError(f"k={k!r} must be a positive int")
@@ -82,7 +94,7 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
     raise ValueError(f"k={k} exceeds the {values_a.shape[-1] + values_b.shape[-1]} entries")
   v, i = keyed_topk_xla(jnp.concatenate([values_a, values_b], -1),
                         jnp.concatenate([indices_a, indices_b], -1), k)
-  return v.astype(values_a.dtype), i
+  return v.astype(jax.dtypes.canonicalize_dtype(values_a.dtype)), i
 
 
 def _validate(scores, k, lengths):
@@ -100,6 +112,7 @@ def _validate(scores, k, lengths):
       raise ValueError(f"lengths.dtype={lengths.dtype} must be an integer type")
 
 
+@_checks.array_args("scores", optional=("lengths",))
 def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sorted=True):  # noqa: A002
   """Exact top-k of each row of `scores`.
 
@@ -154,6 +167,7 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sort
 _topk_xla_jit = jax.jit(topk_xla, static_argnums=(1,))
 
 
+@_checks.array_args("q", "k_cache", "block_table", "lengths", "w", optional=("k_scale",))
 def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
                  implementation=None, decode_config=None, topk_config=None,
                  fuse_group_max: bool = False, sorted: bool = True):  # noqa: A002
@@ -225,6 +239,7 @@ def _fused(q, k_cache, block_table, lengths, w, k_scale, k, decode_config, topk_
   return (v[:, 0], i[:, 0]) if single else (v, i)
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale", "query_positions"))
 def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=True,  # noqa: A002
                  implementation=None, block: int = 1024, query_chunk: int | None = None,
                  prefill_config=None, topk_config=None):
@@ -294,6 +309,7 @@ def causal_segments(n: int, segments: int, align: int = 256) -> list[tuple[int, 
   return out
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale",))
 def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
                         segments: int = 8, key_align: int = 1, sorted=True,  # noqa: A002
                         implementation=None, **options):

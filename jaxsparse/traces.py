@@ -92,6 +92,7 @@ def validate(tr) -> None:
   for name in ("q", "w", "k"):
     a = getattr(tr, name)
     _need(a.dtype == np.float32, f"{name}.dtype={a.dtype} must be float32")
+    _need(a.ndim >= 1, f"{name} must be an array with a layer axis; got a 0-d value")
     _need(a.shape[0] == nl, f"{name}.shape[0]={a.shape[0]} must equal len(layers)={nl}")
     _need(np.isfinite(a).all(), f"{name} holds non-finite values")
   if tr.kind == "decode":
@@ -165,7 +166,10 @@ def load(path: str):
     common = dict(layers=z["layers"], meta=meta, **qwk)
     tr = (DecodeTrace(lengths=z["lengths"], accepted=z["accepted"], **common)
           if kind == "decode" else PrefillTrace(**common))
-  validate(tr)
+  try:
+    validate(tr)
+  except TraceError as e:  # the file's name beside the field's
+    raise TraceError(f"{path!r}: {e}") from None
   return tr
 
 

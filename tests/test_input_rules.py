@@ -396,13 +396,19 @@ def test_spin_commit_checks_accepted():
       spin.commit(state, pending, bad, cfg)
 
 
-@pytest.mark.parametrize("damage", ["flip", "text", "truncate"])
+@pytest.mark.parametrize("damage", ["flip", "text", "truncate", "scalar_q", "scalar_meta"])
 def test_damaged_trace_files_raise_trace_error_naming_the_file(tmp_path, damage, capsys):
   from jaxsparse import traces
   src = open(traces.default_trace_path(), "rb").read()
   path = str(tmp_path / "t.npz")
   data = bytearray(src)
-  if damage == "flip":
+  if damage.startswith("scalar"):  # a well-formed archive whose member is a 0-d value
+    with np.load(traces.default_trace_path(), allow_pickle=False) as z:
+      arrays = dict(z)
+    arrays[damage[7:]] = np.float32(1.0)
+    np.savez(path, **arrays)
+    data = bytearray(open(path, "rb").read())
+  elif damage == "flip":
     for off in (len(data) // 3, len(data) // 2):
       data[off] ^= 0xFF
   elif damage == "text":
@@ -472,3 +478,52 @@ def test_narrow_integer_lengths_and_positions_widen_before_clipping(dtype):
           implementation=impl))(jnp.asarray(lens)), want_p)
   np.testing.assert_array_equal(jaxsparse.row_lengths(jnp.asarray(lens), 2),
                                 np.maximum(lens[:, None].astype(np.int64) + [-1, 0], 0))
+
+
+_Q, _K, _W = np.ones((8, 2, 16), np.float32), np.ones((8, 16), np.float32), np.ones((8, 2))
+_IVF = ivf.IVFConfig(topk=4, budget=32, seal_window=16, cluster_size=4, refit_interval=32,
+                     sink=1)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: jaxsparse.indexer_scores(None, _K, _W), "q must be an array; got NoneType"),
+    (lambda: jaxsparse.indexer_scores(_Q, "k", _W), "k must be an array; got str"),
+    (lambda: jaxsparse.paged_indexer_scores(_Q, _K[None], None, [1] * 8, _W[:, :2]),
+     "block_table must be an array"),
+    (lambda: jaxsparse.topk(jnp.ones((2, 8)), 2, lengths=[[1], [2, 3]]), "lengths must be an array"),
+    (lambda: jaxsparse.prefill_topk(_Q, None, _W, 2, query_positions=np.arange(8)),
+     "k must be an array"),
+    (lambda: jaxsparse.merge_topk(None, _I, _V, _I), "values_a must be an array"),
+    (lambda: jaxsparse.merge_topk(_I, _I, _V, _I), "values_a.dtype=int32 must be a float type"),
+    (lambda: jaxsparse.merge_topk(_V, np.full((2, 3), 2 ** 33), _V, _I), r"indices_a must lie in"),
+    (lambda: jaxsparse.prep.apply_rope(None, np.arange(4), rope_dims=4), "x must be an array"),
+    (lambda: jaxsparse.row_lengths(None, 2), "lengths must be an array"),
+    (lambda: ivf.prefill_topk(_Q, _K, _W[:, :2].astype(np.float32), None),
+     "config must be a IVFConfig; got NoneType"),
+    (lambda: ivf.evaluate(_Q, _K, _W.astype(np.float32), "cfg", query_positions=[3]),
+     "config must be a IVFConfig; got str"),
+    (lambda: jaxsparse.distributed.sharded_prefill_topk(_Q, _K, _W.astype(np.float32), 2,
+                                                        mesh="x"), "mesh must be a Mesh"),
+    (lambda: jaxsparse.distributed.sharded_prefill_topk(_Q[:0], _K[:0], _W[:0].astype(np.float32),
+                                                        2), "k is empty"),
+])
+def test_wrong_kinds_of_argument_refused_with_their_name(make, match):
+  """None, strings, ragged lists, a config or mesh of another type, an empty sequence: one
+  ValueError naming the argument, never an AttributeError from inside."""
+  import jaxsparse.distributed  # noqa: F401
+  with pytest.raises(ValueError, match=match):
+    make()
+
+
+@pytest.mark.parametrize("method", ["ivf", "hisa"])
+def test_ivf_shorter_than_a_seal_window_on_the_kernel_path(method):
+  """Fewer keys than one seal window: nothing seals, every query's top-K is the exact one, on
+  the XLA and the kernel path alike."""
+  rng = np.random.default_rng(9)
+  q = rng.integers(-2, 3, (8, 2, 16)).astype(np.float32)
+  k = rng.integers(-2, 3, (8, 16)).astype(np.float32)
+  w = np.ones((8, 2), np.float32)
+  want = np_topk(rule_scores(q, k, w, np.arange(8)).astype(np.float32), 4)[1]
+  for impl in ("xla", "pallas"):
+    idx, _ = ivf.prefill_topk(q, k, w, _IVF, method=method, implementation=impl)
+    np.testing.assert_array_equal(np.asarray(idx), want)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse import _checks
 from jaxsparse.ivf import candidates, index
 from jaxsparse.ivf.prefill import (chunk_topk, exact_before_first_seal, map_queries,
                                    prefill_inputs)
@@ -47,6 +48,7 @@ def _sizes_last(assign, g: int):
   return sizes, jnp.maximum(last, -1).astype(jnp.int32)
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale",))
 def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corrector=None,
                              layer=None, implementation=None, k_scale=None):
   """Every query's AttentionIndex top-K with the index sharded over `devices`.
@@ -62,7 +64,9 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
   Returns (indices [N, topk] int32, -1 where fewer keys are visible; num_candidates [N]
   int32), as `jaxsparse.ivf.prefill_topk`.
   """
-  from jaxsparse import _checks, backend
+  from jaxsparse.ivf import IVFConfig
+  _checks.check_instance("config", config, IVFConfig)
+  from jaxsparse import backend
   x = prefill_inputs(q, k, w, k_scale=k_scale, metric=metric, layer=layer, corrector=corrector,
                      host=True)
   devices = list(jax.devices() if devices is None else devices)

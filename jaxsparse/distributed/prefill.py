@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxsparse import _checks
 from jaxsparse.prep import quantize_fp8
 from jaxsparse.selection import keyed_topk_xla, merge_topk
 from pallas_kernels._util import masked_relu
@@ -91,6 +92,7 @@ def _chunked(fn, q, w, qpos, block):
   return v.reshape(t, -1), i.reshape(t, -1)
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale",))
 def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: str = "x",
                          strategy: str = "allgather", fp8_keys: bool = False, k_scale=None,
                          block: int = 64, implementation=None):
@@ -122,7 +124,7 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
   process: jax arrays replicated on the mesh's devices; several processes: numpy arrays in
   every process.
   """
-  from jaxsparse import _checks, backend
+  from jaxsparse import backend
   _checks.check_implementation(implementation)
   kernels = backend.resolve(implementation) == "pallas"
   if strategy not in STRATEGIES:
@@ -147,7 +149,10 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
     k_scale = jnp.asarray(k_scale)
   _checks.check_key_scale(k, k_scale, (n,))
   _checks.check_fp8_pairing(q, k, "k")
-  mesh = mesh or jax.make_mesh((len(jax.devices()),), (axis,))
+  if n == 0:
+    raise ValueError("k is empty: the sequence needs at least one token")
+  mesh = jax.make_mesh((len(jax.devices()),), (axis,)) if mesh is None else mesh
+  _checks.check_instance("mesh", mesh, Mesh)
   if axis not in mesh.axis_names:
     raise ValueError(f"axis={axis!r} is not an axis of the mesh {mesh.axis_names}")
   _checks.check_int("block", block, 1)

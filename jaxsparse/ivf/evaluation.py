@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse import _checks
 from jaxsparse.ivf import candidates, index
 from jaxsparse.ivf._shared import block_means, hisa_structure
 from jaxsparse.ivf.prefill import exact_scores, map_queries, prefill_inputs
@@ -18,7 +19,7 @@ METHODS = ("ivf", "hisa", "full")
 
 
 def _check(q, k, w, config, method, positions):
-  from jaxsparse import _checks
+
   for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
   if not np.issubdtype(np.asarray(positions).dtype, np.integer):
@@ -91,6 +92,7 @@ def _recall(sel, ref):
   return np.where(want > 0, hit.any(1).sum(1) / np.maximum(want, 1), 1.0)
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale", "query_positions"))
 def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: bool = False,
              corrector=None, layer: int | None = None, metric=None, k_scale=None) -> dict:
   """Recall of the causal full top-K by AttentionIndex ("ivf"), HiSA ("hisa") or full DSA.
@@ -112,6 +114,8 @@ def evaluate(q, k, w, config, *, method: str = "ivf", query_positions, oracle: b
   Returns {"recall" [Q] float, "topk_indices" [Q, topk] int32 (-1 padded), "num_candidates"
   [Q] int32, "refit_compared" (keys each refit compared with every center, and its prefix)}.
   """
+  from jaxsparse.ivf import IVFConfig
+  _checks.check_instance("config", config, IVFConfig)
   positions = np.asarray(query_positions)
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   _check(q, k, w, config, method, positions)

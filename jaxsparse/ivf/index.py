@@ -44,6 +44,8 @@ index holds the sequence's sinks only if it holds its start (`jaxsparse.distribu
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,8 +199,13 @@ def cluster_windows(keys, config, platform=None, sink=None):
   `seal(..., clusters=)`: on a GPU, one launch per Lloyd step for all windows instead of per
   window. Returns a pytree of [N // seal_window, ...] arrays."""
   sink = config.sink if sink is None else sink
-  return _cluster_windows(keys, config=config, sink=sink, platform=platform,
-                          num_windows=keys.shape[0] // config.seal_window)
+  num = keys.shape[0] // config.seal_window
+  if num == 0:  # shorter than one window: nothing seals (no kernel runs on an empty batch)
+    one = jax.eval_shape(functools.partial(_window_clusters, config=config, sink=sink,
+                                           platform=platform, num_windows=1),
+                         jax.ShapeDtypeStruct((config.seal_window, keys.shape[1]), keys.dtype))
+    return jax.tree.map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), one)
+  return _cluster_windows(keys, config=config, sink=sink, platform=platform, num_windows=num)
 
 
 _cluster_windows = jax.jit(_window_clusters, static_argnames=("config", "sink", "platform",

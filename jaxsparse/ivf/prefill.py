@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse import _checks
 from jaxsparse.ivf import candidates, index
 from jaxsparse.ivf._shared import (block_means, hisa_structure, metric_inputs,
                                    resolve_corrector)
@@ -70,7 +71,7 @@ def prefill_inputs(q, k, w, *, k_scale=None, metric=None, layer=None, corrector=
   and the dequantised keys numpy arrays (for a driver that places them on devices itself);
   else jax arrays. ValueError names the argument. Returns a `PrefillInputs`.
   """
-  from jaxsparse import _checks
+
   for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
   xp = np if host else jnp
@@ -415,6 +416,7 @@ def exact_before_first_seal(q, k, w, config, *, k_scale=None):
   return tuple(np.array(a) for a in head)
 
 
+@_checks.array_args("q", "k", "w", optional=("k_scale",))
 def prefill_topk(q, k, w, config, *, method: str | None = None, corrector=None, layer=None,
                  implementation=None, metric=None, k_scale=None, plan=None):
   """Every query's AttentionIndex (or HiSA) top-K over one sequence (query n at position n).
@@ -450,6 +452,8 @@ def prefill_topk(q, k, w, config, *, method: str | None = None, corrector=None, 
   used (they shape content groups). The plan must have been calibrated at config's topk,
   budget, seal_window and cluster_size (ValueError naming the field otherwise).
   """
+  from jaxsparse.ivf import IVFConfig
+  _checks.check_instance("config", config, IVFConfig)
   if plan is not None:
     from jaxsparse.ivf import plan as plan_mod
     if method is not None:
@@ -469,7 +473,7 @@ def prefill_topk(q, k, w, config, *, method: str | None = None, corrector=None, 
     raise ValueError("corrector applies to method='ivf' only")
   if method == "hisa" and metric is not None:
     raise ValueError("metric applies to method='ivf' only")
-  from jaxsparse import _checks, backend
+  from jaxsparse import backend
   _checks.check_implementation(implementation)
   x = prefill_inputs(q, k, w, k_scale=k_scale, metric=metric, layer=layer, corrector=corrector)
   q, k, w, ks = x.q, x.k, x.w, x.k_scale
