@@ -127,11 +127,20 @@ def _group_stats(assign, keys, g):
   valid = assign >= 0
   seg = jnp.where(valid, assign, g)
   sizes = jax.ops.segment_sum(valid.astype(jnp.int32), seg, num_segments=g + 1)[:g]
-  sums = jax.ops.segment_sum(jnp.where(valid[:, None], keys.astype(jnp.float32), 0.0), seg,
-                             num_segments=g + 1)[:g]
+  sums = jax.ops.segment_sum(jnp.where(valid[:, None], _finite_rows(keys.astype(jnp.float32)),
+                                       0.0), seg, num_segments=g + 1)[:g]
   last = jax.ops.segment_max(jnp.where(valid, jnp.arange(assign.shape[0]), -1), seg,
                              num_segments=g + 1)[:g]
   return sizes, sums, jnp.maximum(last, -1)
+
+
+def _finite_rows(x):
+  """Keys [M, D] float32 with every row holding a NaN or +-inf set to 0. The index groups such
+  a key as the zero vector (k-means assignment in seals and refits, and the member means that
+  become the centers and representatives), so XLA and the kernels build the same groups and
+  every representative is finite; the key's own exact score (IEEE) still decides whether it
+  is chosen as a candidate."""
+  return jnp.where(jnp.isfinite(x).all(-1, keepdims=True), x, 0.0)
 
 
 def _nearest(x, centers, used, platform):
@@ -155,6 +164,7 @@ def _cluster_window(win, start, config, sink, platform):
   the nearest other)."""
   w, cs = config.seal_window, config.cluster_size
   gw = w // cs
+  win = _finite_rows(win)
   pos = start + jnp.arange(w)
   valid = pos >= sink
   # init: gw keys evenly spaced over the window's valid part
@@ -217,7 +227,7 @@ def _seal(state, keys, p, config, sink=None, platform=None, clusters=None):
   sink = config.sink if sink is None else sink
   gw = w // cs
   start = p - w
-  win = jax.lax.dynamic_slice_in_dim(keys, start, w).astype(jnp.float32)  # [W, D]
+  win = _finite_rows(jax.lax.dynamic_slice_in_dim(keys, start, w).astype(jnp.float32))
   pos = start + jnp.arange(w)
   valid = pos >= sink
   if clusters is None:
@@ -256,7 +266,7 @@ def _refit(state, keys, p, config, sink=None, platform=None):
   sink = config.sink if sink is None else sink
   n = keys.shape[0]
   g = state["sizes"].shape[0]
-  kf = keys.astype(jnp.float32)
+  kf = _finite_rows(keys.astype(jnp.float32))
   pos = jnp.arange(n)
   grouped = (pos >= sink) & (pos < p)
   used = jnp.arange(g) < state["groups"]
@@ -294,7 +304,8 @@ def _refit(state, keys, p, config, sink=None, platform=None):
     ok = idx < n
     safe = jnp.minimum(idx, n - 1)
     # against every used center, as stored (bf16 keys and centers: exact products)
-    a, d1, d2 = _nearest(keys[safe], state["centers"], used, platform)
+    a, d1, d2 = _nearest(_finite_rows(keys[safe].astype(jnp.float32)).astype(keys.dtype),
+                         state["centers"], used, platform)
     tgt = jnp.where(ok, idx, n)
     assign = assign.at[tgt].set(a, mode="drop")
     upper = upper.at[tgt].set(jnp.sqrt(d1), mode="drop")
@@ -326,8 +337,9 @@ refit = jax.jit(_refit, static_argnames=("config", "platform"))
 
 
 def member_means(assign, keys, num_groups: int):
-  """[G, D] float32 mean of each group's member keys (0 for empty groups): assign [N] int
-  (-1: ungrouped), keys [N, D]."""
+  """[G, D] float32 mean of each group's member keys (0 for empty groups; a key holding NaN
+  or +-inf counts as the zero vector, as the index groups it): assign [N] int (-1:
+  ungrouped), keys [N, D]."""
   sizes, sums, _ = _group_stats(assign, keys, num_groups)
   return jnp.where(sizes[:, None] > 0, sums / jnp.maximum(sizes, 1)[:, None], 0.0)
 
