@@ -1,0 +1,133 @@
+"""SPIN under the input rules: non-finite and tied EMA states and priorities rank the same
+blocks on every path (XLA, the GPU and TPU selection kernels in interpret mode, the float64
+reference) with the budget always filled; replay's miss of an empty top-K; what a mixed
+warm / cold step reports; argument checks (PRNG keys, complex trace arrays)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsparse import spin
+from tests.reference import np_request_seed, np_spin_budget, np_spin_select, np_spin_state
+
+NB, B = 23, 16
+# request lengths: full, ragged, one block, mid-block, and a cold request
+LENGTHS = np.array([NB * B, 300, 201, 12, 250, 333], np.int32)
+WARM = [True, True, True, True, False, True]
+
+
+def _adversarial_state(cfg, seed):
+  """Per request a different mix of block kinds: tied grid values (-0.0 among them), a NaN
+  slot, all -inf, a +inf slot, partly -inf; D mostly -inf with a few grid / NaN / +-inf / -0.0
+  offsets; request 0 NaN-heavy (NaN blocks must fill its budget), request 2 all NaN, request 3
+  (one block) and request 5 all -inf."""
+  rng = np.random.default_rng(seed)
+  bsz, cap = len(LENGTHS), NB * B
+  grid = lambda *s: np.round(rng.standard_normal(s) * 2) / 2
+  v = grid(bsz, NB, B)
+  v[v == 0] = -0.0
+  kinds = rng.choice(5, (bsz, NB), p=[0.4, 0.15, 0.15, 0.1, 0.2])
+  kinds[0] = rng.choice([0, 1], NB, p=[0.3, 0.7])
+  for b in range(bsz):
+    for j in range(NB):
+      k, lane = kinds[b, j], rng.integers(B)
+      if k == 1:
+        v[b, j, lane] = np.nan
+      elif k == 2:
+        v[b, j] = -np.inf
+      elif k == 3:
+        v[b, j, lane] = np.inf
+      elif k == 4:
+        v[b, j, rng.random(B) < 0.5] = -np.inf
+  v[2] = np.nan
+  v[5] = -np.inf
+  d = np.full((bsz, cap), -np.inf)
+  for b in (0, 1, 4):
+    at = rng.choice(cap, 12, replace=False)
+    d[b, at] = np.concatenate([grid(8), [np.nan, np.inf, -0.0, -np.inf]])
+  vb = grid(bsz, NB)
+  vb[rng.random(vb.shape) < 0.3] = np.nan
+  vb[rng.random(vb.shape) < 0.2] = -np.inf
+  vb[rng.random(vb.shape) < 0.05] = np.inf
+  vb[vb == 0] = -0.0
+  vb[5] = -np.inf
+  db = np.full((bsz, NB), -np.inf)
+  db[1, :5] = [np.nan, 0.5, -0.0, np.inf, 0.5]
+  dt = jnp.dtype(cfg.state_dtype)
+  st = spin.init_state(cap, cfg, (bsz,))
+  vj = jnp.asarray(v.reshape(bsz, cap), dt)
+  age = (np.full((bsz, NB), 7) if cfg.explore == "staleness"  # float32 / float64 order alike
+         else rng.integers(0, 10, (bsz, NB)))
+  return {**st, "V": vj, "D": jnp.asarray(d, dt), "VM": vj.reshape(bsz, NB, B).max(-1),
+          "VB": jnp.asarray(vb, dt), "DB": jnp.asarray(db, dt),
+          "age": jnp.asarray(age, jnp.uint32), "step": jnp.full((bsz,), 10, jnp.int32),
+          "warm": jnp.asarray(WARM)}
+
+
+def _priorities(seed):
+  """explore="query" priorities with NaN, +-inf, -0.0 and ties."""
+  rng = np.random.default_rng(seed)
+  p = np.round(rng.standard_normal((len(LENGTHS), NB)) * 2) / 2
+  p[p == 0] = -0.0
+  p[rng.random(p.shape) < 0.25] = np.nan
+  p[rng.random(p.shape) < 0.2] = -np.inf
+  p[rng.random(p.shape) < 0.05] = np.inf
+  p[0, ::2] = np.nan  # most of request 0's blocks NaN or -inf
+  p[0, 1::4] = -np.inf
+  return jnp.asarray(p, jnp.float32)
+
+
+@pytest.mark.parametrize("reduction,pooling,state_dtype", [
+    ("A1", "max", "bfloat16"), ("A1", "mean", "float32"), ("A1", "top4", "float32"),
+    ("A2", "max", "bfloat16")])
+@pytest.mark.parametrize("explore", ["random", "block-age", "staleness", "query", "none"])
+def test_nonfinite_states_select_the_same_blocks_everywhere(reduction, pooling, state_dtype,
+                                                            explore):
+  """NaN, +-inf, -0.0 and ties in the EMA states (and in query priorities): XLA, the GPU and
+  TPU selection kernels (interpret mode) and the float64 reference pick identical masks; a
+  warm request's mask holds exactly its budget m_t (NaN and -inf blocks rank last but fill
+  it), a cold one every visible block."""
+  cfg = spin.SpinConfig(block_size=B, topk=40, sparsity=0.5, explore_fraction=0.2,
+                        explore=explore, pooling=pooling, reduction=reduction,
+                        state_dtype=state_dtype)
+  st = _adversarial_state(cfg, seed=11)
+  prio = _priorities(12) if explore == "query" else None
+  key = jax.random.PRNGKey(9)
+  want = np.stack([
+      np_spin_select(np_spin_state(st, i), int(l) - 1, int(l), cfg, np_request_seed(key, i),
+                     None if prio is None else np.asarray(prio[i]))
+      for i, l in enumerate(LENGTHS)])
+  for i, l in enumerate(LENGTHS):
+    n_blocks = -(-int(l) // B)
+    assert want[i].sum() == (np_spin_budget(n_blocks, cfg)[0] if WARM[i] else n_blocks), i
+  pos, lens = jnp.asarray(LENGTHS - 1), jnp.asarray(LENGTHS)
+  got = {"xla": spin.select_blocks_batched(st, pos, lens, cfg, key, prio)}
+  if pooling != "top4":  # the kernels take XLA's top-4 pooled scores as they take the mean's
+    for kind in ("gpu", "tpu"):
+      got[kind] = spin.select_compact_batched(st, pos, lens, cfg, key, NB, kernel=True,
+                                              kind=kind, interpret=True, priorities=prio)[0]
+  for name, masks in got.items():
+    np.testing.assert_array_equal(np.asarray(masks), want, err_msg=name)
+
+
+def test_rank_rule_on_one_row():
+  """The ranking itself: +inf first, -0.0 / 0 / subnormals tie at 0 (lower index first), NaN
+  and -inf last in index order, and n entries taken for every n up to the eligible count."""
+  x = jnp.asarray([1.0, np.nan, -np.inf, 3.0, -0.0, 0.0, np.nan, np.inf, 1e-40, -np.inf, 2.0],
+                  jnp.float32)
+  elig = jnp.asarray([1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1], bool)
+  rank = np.asarray(spin.algorithm._rank_desc(x, elig))
+  np.testing.assert_array_equal(rank, [2, 6, 7, 11, 3, 4, 8, 0, 5, 11, 1])
+  for n in range(int(elig.sum()) + 1):
+    assert int(spin.top_mask(x, elig, n).sum()) == n
+
+
+def test_query_priorities_rank_nan_last():
+  """query_priorities of a NaN key mean are -inf: that block ranks last and still counts."""
+  q = jnp.ones((2, 4), jnp.float32)
+  km = jnp.asarray(np.eye(4)[[0, 1, 2, 3, 0]], jnp.float32).at[4, 0].set(jnp.nan)
+  p = spin.query_priorities(q, jnp.ones(2), km)
+  np.testing.assert_array_equal(np.asarray(p), [2, 2, 2, 2, -np.inf])
+  assert int(spin.top_mask(p, jnp.ones(5, bool), 5).sum()) == 5
