@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from jaxsparse import spin
-from tests.reference import np_request_seed, np_spin_budget, np_spin_select, np_spin_state
+from tests.reference import (np_indexer, np_request_seed, np_spin_budget, np_spin_select,
+                             np_spin_state, np_topk)
 
 NB, B = 23, 16
 # request lengths: full, ragged, one block, mid-block, and a cold request
@@ -131,3 +132,48 @@ def test_query_priorities_rank_nan_last():
   p = spin.query_priorities(q, jnp.ones(2), km)
   np.testing.assert_array_equal(np.asarray(p), [2, 2, 2, 2, -np.inf])
   assert int(spin.top_mask(p, jnp.ones(5, bool), 5).sum()) == 5
+
+
+def test_replay_counts_only_steps_with_a_top_k():
+  """A step whose exact top-K is empty (an all-NaN query, or zero head weights on a -inf
+  shifted score) has nothing to miss: miss 0, not counted, and left out of mean_miss /
+  p99_miss, which equal the float64 reference's over the counted steps."""
+  rng = np.random.default_rng(4)
+  s, n = 8, 200
+  q = rng.standard_normal((s, 2, 8)).astype(np.float32)
+  w = np.abs(rng.standard_normal((s, 2))).astype(np.float32)
+  k = rng.standard_normal((n, 8)).astype(np.float32)
+  q[3] = np.nan  # step 3: every score NaN
+  lengths = np.arange(n - s + 1, n + 1)
+  cfg = spin.SpinConfig(block_size=16, topk=24, sparsity=0.5, explore="none")
+  scores = np_indexer.dense(jnp.asarray(q), jnp.asarray(k), jnp.asarray(w), None, lengths - 1)
+  scores[5] = -np.inf  # step 5: every score -inf
+  r = spin.replay(q, k, w, lengths, cfg, scores=scores.astype(np.float32))
+  miss, counted = [], []
+  for t in range(s):
+    _, idx = np_topk(scores[t].astype(np.float32)[None], 24, [lengths[t]])
+    idx = idx[0][idx[0] >= 0]
+    counted.append(len(idx) > 0)
+    kept = np.repeat(r["block_masks"][t], 16)[idx]
+    miss.append(1 - kept.mean() if len(idx) else 0.0)
+  np.testing.assert_array_equal(r["counted"][:, 0], counted)
+  np.testing.assert_allclose(r["miss_rate"][:, 0], miss, atol=1e-6)
+  assert not counted[3] and not counted[5] and r["n_counted"] == s - 3
+  tail = np.asarray(miss)[1:][np.asarray(counted)[1:]]
+  assert abs(r["mean_miss"] - tail.mean()) < 1e-6
+  assert abs(r["p99_miss"] - np.percentile(tail, 99)) < 1e-6
+  none = spin.replay(q[:2], k, w[:2], lengths[:2], cfg,
+                     scores=np.full((2, n), -np.inf, np.float32))
+  assert none["n_counted"] == 0 and none["mean_miss"] == 0.0 and not none["counted"].any()
+
+
+@pytest.mark.parametrize("arg", ["q", "k", "w", "scores"])
+def test_replay_refuses_complex_arrays(arg):
+  rng = np.random.default_rng(0)
+  args = {"q": rng.standard_normal((3, 2, 8)).astype(np.float32),
+          "k": rng.standard_normal((64, 8)).astype(np.float32),
+          "w": np.ones((3, 2), np.float32), "scores": np.zeros((3, 64), np.float32)}
+  args[arg] = args[arg] * (1 + 1j)
+  with pytest.raises(ValueError, match=rf"^{arg}\.dtype=complex"):
+    spin.replay(args["q"], args["k"], args["w"], np.array([62, 63, 64]),
+                spin.SpinConfig(block_size=16, topk=8), scores=args["scores"])
