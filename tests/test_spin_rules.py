@@ -11,7 +11,7 @@ import pytest
 
 from jaxsparse import spin
 from tests.reference import (np_indexer, np_request_seed, np_spin_budget, np_spin_select,
-                             np_spin_state, np_topk)
+                             np_spin_state, np_topk, random_paged)
 
 NB, B = 23, 16
 # request lengths: full, ragged, one block, mid-block, and a cold request
@@ -177,3 +177,65 @@ def test_replay_refuses_complex_arrays(arg):
   with pytest.raises(ValueError, match=rf"^{arg}\.dtype=complex"):
     spin.replay(args["q"], args["k"], args["w"], np.array([62, 63, 64]),
                 spin.SpinConfig(block_size=16, topk=8), scores=args["scores"])
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_mixed_warm_and_cold_batch_reports_the_dense_step(implementation):
+  """A batch with one request just reset scores every request densely that step: info shows
+  all visible blocks and realized sparsity 0 for every request, the top-K is the reference's
+  over all scores; the next (all warm) step reports its sparse masks."""
+  rng = np.random.default_rng(6)
+  q, kc, _, _, w, _ = random_paged(rng, 3, 1, 8, 32, 1000, 40)
+  q, w = q[:, 0], w[:, 0]
+  table = jnp.asarray(np.stack([rng.permutation(40)[:16] for _ in range(3)]), jnp.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.5)
+  lens = np.array([1000, 640, 1])
+  st = spin.init_state(16 * 64, cfg, (3,))
+  key = jax.random.PRNGKey(1)
+  step = lambda s, l: spin.decode_step(s, q, kc, table, jnp.asarray(l, jnp.int32), w, cfg, key,
+                                       implementation=implementation)
+  _, _, st, _ = step(st, lens)  # all cold: dense, now warm
+  st = {k: v.at[1].set(jnp.zeros_like(v[1])) for k, v in st.items()}  # request 1 reset
+  _, idx, st, info = step(st, lens + 1)
+  n_blocks = -(-(lens + 1) // 64)
+  np.testing.assert_array_equal(np.asarray(info["block_masks"]),
+                                np.arange(16)[None] < n_blocks[:, None])
+  np.testing.assert_array_equal(np.asarray(info["realized_sparsity"]), 0.0)
+  z = np_indexer.paged(q[:, None], kc, table, lens + 1, w[:, None])[:, 0]
+  np.testing.assert_array_equal(np.asarray(idx),
+                                np_topk(z.astype(np.float32), 32, lens + 1)[1])
+  _, _, _, info = step(st, lens + 2)  # all warm: sparse masks of m_t blocks each
+  m = [np_spin_budget(int(nb), cfg)[0] for nb in -(-(lens + 2) // 64)]
+  np.testing.assert_array_equal(np.asarray(info["block_masks"]).sum(1), m)
+  np.testing.assert_allclose(np.asarray(info["realized_sparsity"]),
+                             1 - np.asarray(m) / -(-(lens + 2) // 64), rtol=1e-6)
+
+
+def test_rows_step_scores_a_cold_request_on_every_block():
+  """decode_step_rows with a cold request whose blocks outnumber the compacted width: it is
+  scored on every block (the info's shared mask), its top-K is the reference's over all
+  scores, and the warm request keeps its sparse mask; warm=True with a concrete cold state
+  raises."""
+  rng = np.random.default_rng(3)
+  r, nb = 2, 40
+  q, kc, _, _, w, _ = random_paged(rng, 2, r, 4, 32, nb * 64, 48)
+  table = jnp.asarray(np.stack([rng.permutation(48)[:nb] for _ in range(2)]), jnp.int32)
+  cfg = spin.SpinConfig(block_size=64, topk=32, sparsity=0.6)
+  width = spin.serving._aligned_width(spin.max_selected_blocks(nb, cfg) * r, nb)
+  assert width < nb
+  st = spin.init_state(nb * 64, cfg, (2,))
+  st = {**st, "warm": jnp.asarray([False, True]), "step": jnp.asarray([0, 3], jnp.int32)}
+  lens = np.array([nb * 64 - 5, 1500])
+  key = jax.random.PRNGKey(2)
+  vals, slots, pending, info = spin.decode_step_rows(st, q, kc, table, jnp.asarray(lens), w,
+                                                     cfg, key, implementation="xla")
+  masks = np.asarray(info["block_masks"])
+  assert masks[0].all() and float(info["realized_sparsity"][0]) == 0.0
+  assert masks[1].sum() <= width and float(info["realized_sparsity"][1]) > 0.3
+  z = np_indexer.paged(q, kc, table, lens, w)  # [B, R, cap]
+  lrows = lens[:, None] - (r - 1) + np.arange(r)
+  obs = np.repeat(masks, 64, axis=1)[:, None]
+  _, ri = np_topk(np.where(obs, z, -np.inf).astype(np.float32), 32, lrows)
+  np.testing.assert_array_equal(np.asarray(slots), ri)
+  with pytest.raises(ValueError, match="warm=True"):
+    spin.decode_step_rows(st, q, kc, table, jnp.asarray(lens), w, cfg, key, warm=True)
