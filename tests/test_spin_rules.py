@@ -239,3 +239,31 @@ def test_rows_step_scores_a_cold_request_on_every_block():
   np.testing.assert_array_equal(np.asarray(slots), ri)
   with pytest.raises(ValueError, match="warm=True"):
     spin.decode_step_rows(st, q, kc, table, jnp.asarray(lens), w, cfg, key, warm=True)
+
+
+def test_keys_are_checked_and_both_kinds_agree():
+  """key=0 (or any non-key) raises ValueError naming `key` in every SPIN entry point; a typed
+  key and the raw uint32 key of the same seed select the same blocks."""
+  cfg = spin.SpinConfig(block_size=16, topk=16, sparsity=0.5)
+  st = _adversarial_state(cfg, seed=1)
+  pos, lens = jnp.asarray(LENGTHS - 1), jnp.asarray(LENGTHS)
+  one = jax.tree.map(lambda x: x[1], st)
+  for bad in (0, 1.5, np.zeros(2, np.int32), jax.random.split(jax.random.key(0), 2)):
+    for call in (lambda k: spin.select_blocks(one, 299, 300, cfg, k),
+                 lambda k: spin.select_blocks_batched(st, pos, lens, cfg, k),
+                 lambda k: spin.select_rows(one, jnp.asarray([299, 300]), cfg, k),
+                 lambda k: spin.request_seeds(k, 3),
+                 lambda k: spin.select_compact_batched(st, pos, lens, cfg, k, NB)):
+      with pytest.raises(ValueError, match="^key must be one PRNG key"):
+        call(bad)
+  rng = np.random.default_rng(0)
+  q, kc, table, plens, w, _ = random_paged(rng, 2, 1, 4, 32, 256, 8)
+  cfg64 = spin.SpinConfig(block_size=64, topk=16)
+  st2 = spin.init_state(4 * 64, cfg64, (2,))
+  with pytest.raises(ValueError, match="^key must be one PRNG key"):
+    spin.decode_step(st2, q[:, 0], kc, table, plens, w[:, 0], cfg64, 0)
+  with pytest.raises(ValueError, match="^key must be one PRNG key"):
+    spin.decode_step_rows(st2, q, kc, table, plens, w, cfg64, 0)
+  np.testing.assert_array_equal(
+      np.asarray(spin.select_blocks_batched(st, pos, lens, cfg, jax.random.key(7))),
+      np.asarray(spin.select_blocks_batched(st, pos, lens, cfg, jax.random.PRNGKey(7))))

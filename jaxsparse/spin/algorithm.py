@@ -16,7 +16,7 @@ from pallas_kernels._util import counter_hash, flush_zero, words_seed
 STALENESS_CAP = 255
 
 __all__ = [
-    "STALENESS_CAP", "init_state", "reset", "num_blocks_budget",
+    "STALENESS_CAP", "check_key", "init_state", "reset", "num_blocks_budget",
     "predicted_slot_scores", "block_scores", "by_offset", "rank_key", "top_mask", "request_seeds",
     "random_keys16", "query_priorities",
     "select_blocks", "select_blocks_batched", "update_dense", "update", "update_blocks", "update_block_states",
@@ -204,8 +204,26 @@ def key_seed(key):
   return words_seed(lambda i: words[i], words.shape[0])
 
 
+def check_key(key, name: str = "key") -> None:
+  """Refuse anything but one PRNG key: a typed key (`jax.random.key`, shape ()) or a raw
+  uint32 key (`jax.random.PRNGKey`, shape [2] for the default implementation)."""
+  dt = getattr(key, "dtype", None)
+  shape = tuple(getattr(key, "shape", ()))
+  if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key):
+    if shape == ():
+      return
+  elif dt is not None and np.dtype(dt) == np.uint32 and len(shape) == 1:
+    want = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+    if shape == tuple(want):
+      return
+  raise ValueError(f"{name} must be one PRNG key (jax.random.key(seed) or "
+                   f"jax.random.PRNGKey(seed)); got {type(key).__name__}"
+                   + (f" of dtype {dt} and shape {shape}" if dt is not None else f" {key!r}"))
+
+
 def key_words(key):
   """A PRNG key's data as a flat uint32 array (no computation for a raw uint32 key)."""
+  check_key(key)
   return jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
 
 

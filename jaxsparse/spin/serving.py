@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.indexer import sanitize_paged
-from jaxsparse.spin.algorithm import (compact_blocks, query_priorities,
+from jaxsparse.spin.algorithm import (check_key, compact_blocks, query_priorities,
                                       realized_sparsity, select_rows, update_block_states,
                                       update_blocks)
 from jaxsparse.spin.config import NEG_INF, SpinConfig
@@ -92,6 +92,7 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   place. Without donation XLA copies the [B, N] V / D states every step.
   """
   _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
+  check_key(key)
   lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], config.block_size,
                            checked=checked)
   if warm not in (None, True, False):
@@ -288,6 +289,7 @@ def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinCon
     raise ValueError(f"q.shape={tuple(q.shape)} / w.shape={tuple(w.shape)} must be "
                      "[B, R, H, D] / [B, R, H]")
   _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
+  check_key(key)
   if warm not in (None, True, False):
     raise ValueError(f"warm={warm!r} must be None, True or False")
   known = None if isinstance(state["warm"], jax.core.Tracer) else bool(
