@@ -216,10 +216,21 @@ def np_spin_state(state, i=None):
   return out
 
 
+def np_rank_value(x):
+  """SPIN's ranking value (README "Input rules"): NaN as -inf, -0.0 and subnormal float32
+  values as 0."""
+  x = np.asarray(x, np.float64)
+  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, 0.0, x)
+  return np.where(np.isnan(x), -np.inf, x)
+
+
 def _best(score, eligible, n):
-  """Mask of the n highest eligible scores, ties to the lower index."""
+  """Mask of the n highest eligible scores, ties to the lower index; NaN and -inf rank after
+  every other value (in index order) and still count, so min(n, eligible) entries are taken."""
   idx = np.nonzero(eligible)[0]
-  order = idx[np.lexsort((idx, -score[idx]))][:max(int(n), 0)]
+  v = np_rank_value(score)[idx]
+  low = v == -np.inf
+  order = idx[np.lexsort((idx, -np.where(low, 0.0, v), low))][:max(int(n), 0)]
   m = np.zeros(len(score), bool)
   m[order] = True
   return m
@@ -230,26 +241,32 @@ def np_spin_slot_predictions(st, pos, length):
   cap = len(st["V"])
   z = np.full(cap, -np.inf)
   for i in range(min(length, cap)):
-    z[i] = max(st["V"][i], st["D"][pos - i])
+    z[i] = np.maximum(st["V"][i], st["D"][pos - i])  # NaN propagates
   return z
 
 
 def np_spin_block_scores(st, pos, length, cfg):
   """Predicted block scores: A2 max(VB[j], DB[pos // b - j]); else the pooling of the slot
-  predictions over the block's visible slots (max, mean of the top 4, or mean); -inf for
-  blocks past the context."""
+  predictions over the block's visible slots (max, mean of the top 4, or mean; -inf
+  predictions left out, none left: -inf); NaN where a prediction is NaN; -inf for blocks past
+  the context."""
   b = cfg.block_size
   nb = len(st["VB"])
   n_blocks = -(-length // b)
   out = np.full(nb, -np.inf)
   if cfg.reduction == "A2":
     for j in range(n_blocks):
-      out[j] = max(st["VB"][j], st["DB"][pos // b - j])
+      out[j] = np.maximum(st["VB"][j], st["DB"][pos // b - j])
     return out
   z = np_spin_slot_predictions(st, pos, length)
   for j in range(n_blocks):
     x = z[j * b:(j + 1) * b]
+    if np.isnan(x).any():
+      out[j] = np.nan
+      continue
     x = x[x > -np.inf]
+    if not len(x):
+      continue
     if cfg.pooling == "max":
       out[j] = x.max()
     elif cfg.pooling == "mean":
@@ -306,8 +323,9 @@ def np_spin_select(st, pos, length, cfg, seed, prio=None):
     import dataclasses
     s = np_spin_block_scores(st, pos, length, dataclasses.replace(cfg, reduction="A1")
                              if cfg.reduction == "A0" else cfg)
-    lo = s[valid].min()
-    prio = stale * (np.where(valid, s, lo) - lo + 1e-6)
+    ok = valid & (np_rank_value(s) > -np.inf)  # NaN / -inf scores count as the lowest valid
+    lo = s[ok].min() if ok.any() else 0.0
+    prio = stale * (np.where(ok, s, lo) - lo + 1e-6)
   else:
     prio = np.zeros(nb)
   return forced | exploit | _best(prio, rest, n_explore)

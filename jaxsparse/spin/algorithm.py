@@ -9,15 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.spin.config import NEG_INF, SpinConfig
-from pallas_kernels._util import counter_hash, words_seed
+from pallas_kernels._util import counter_hash, flush_zero, words_seed
 
 # block-age exploration ranks staleness up to this many steps; staler blocks tie, and their
 # random keys order them (staleness * 2**16 + key stays below 2**24: exact in float32)
 STALENESS_CAP = 255
 
 __all__ = [
-    "STALENESS_CAP", "init_state", "reset", "num_blocks_budget", "predicted_slot_scores",
-    "block_scores", "by_offset", "top_mask", "request_seeds", "random_keys16", "query_priorities",
+    "STALENESS_CAP", "check_key", "init_state", "reset", "num_blocks_budget",
+    "predicted_slot_scores", "block_scores", "by_offset", "rank_key", "top_mask", "request_seeds",
+    "random_keys16", "query_priorities",
     "select_blocks", "select_blocks_batched", "update_dense", "update", "update_blocks", "update_block_states",
     "realized_sparsity", "slot_mask", "compact_blocks", "select_rows", "update_rows"
 ]
@@ -75,17 +76,19 @@ def num_blocks_budget(n_blocks, config: SpinConfig):
 
 
 def _pool(x, config):
-  """x [nb, b] predicted slot scores (-inf outside the context) -> [nb] block scores."""
+  """x [nb, b] predicted slot scores (-inf outside the context) -> [nb] block scores. A NaN
+  prediction makes its block's score NaN under every pooling (as max propagates it); -inf
+  predictions are left out of the top-4 and mean poolings (a block of them scores -inf)."""
   if config.pooling == "max":
     return x.max(-1)
+  nan = jnp.isnan(x).any(-1)
+  x = jnp.where(jnp.isnan(x), NEG_INF, x)
+  if config.pooling == "top4":
+    x = jax.lax.top_k(x, min(4, x.shape[-1]))[0]
   valid = x > NEG_INF
-  if config.pooling == "mean":
-    cnt = valid.sum(-1)
-    return jnp.where(cnt > 0, jnp.where(valid, x, 0.0).sum(-1) / jnp.maximum(cnt, 1), NEG_INF)
-  top = jax.lax.top_k(x, min(4, x.shape[-1]))[0]
-  tv = top > NEG_INF
-  cnt = tv.sum(-1)
-  return jnp.where(cnt > 0, jnp.where(tv, top, 0.0).sum(-1) / jnp.maximum(cnt, 1), NEG_INF)
+  cnt = valid.sum(-1)
+  pooled = jnp.where(cnt > 0, jnp.where(valid, x, 0.0).sum(-1) / jnp.maximum(cnt, 1), NEG_INF)
+  return jnp.where(nan, jnp.nan, pooled)
 
 
 def by_offset(x, pos, fill=0):
@@ -144,24 +147,32 @@ def _max_pooled_block_scores(state, pos, length, b: int):
   return jnp.maximum(v, window)
 
 
-def _rank_desc(score, eligible):
-  """Rank (0 = best) of each eligible entry by score, ties to the lower index; others n.
+def rank_key(score):
+  """Block scores or priorities as SPIN ranks them (README "Input rules"): float32 with NaN as
+  -inf, and -0.0 and subnormals as 0 (as the top-K ranks scores). NaN and -inf are the lowest
+  values: they rank after every other one, in block order among themselves, and still fill a
+  budget (how many blocks a ranking takes never depends on the values)."""
+  x = flush_zero(jnp.asarray(score, jnp.float32))
+  return jnp.where(jnp.isnan(x), NEG_INF, x)
 
-  Callers only take ranks below the number of eligible entries, and eligible scores are
-  finite, so pushing ineligible entries to -inf in a stable sort is enough.
-  """
+
+def _rank_desc(score, eligible):
+  """Rank (0 = best) of each eligible entry by `rank_key(score)`, ties (NaN and -inf among
+  them) to the lower index; ineligible entries get n. One stable lexicographic sort on
+  (ineligible, -key, index)."""
   n = score.shape[-1]
-  key = jnp.where(eligible, score, NEG_INF)
-  order = jnp.argsort(-key, stable=True)
-  rank = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32),
-                                                 unique_indices=True)
+  neg = 0.0 - jnp.where(eligible, rank_key(score), NEG_INF)  # 0 - x: no -0.0
+  idx = jnp.arange(n, dtype=jnp.int32)
+  *_, order = jax.lax.sort(((~eligible).astype(jnp.int32), neg, idx), num_keys=3)
+  rank = jnp.zeros(n, jnp.int32).at[order].set(idx, unique_indices=True)
   return jnp.where(eligible, rank, n)
 
 
 def top_mask(score, eligible, n):
   """Mask of the n best eligible entries of `score` [L], ties to the lower index (n <= the
-  eligible count). On a GPU this is one Pallas kernel per row (an exact bitwise search for the
-  n-th largest key, no sort); elsewhere a stable argsort."""
+  eligible count), ranked by `rank_key`: NaN and -inf last but counted, so exactly n entries
+  are taken. On a GPU this is one Pallas kernel per row (an exact bitwise search for the n-th
+  largest key, no sort); elsewhere a sort."""
   from jaxsparse import backend
   plat = backend.kernel_platform()
   if plat.kind == "gpu" and not plat.interpret:
@@ -169,7 +180,7 @@ def top_mask(score, eligible, n):
     from pallas_kernels.topk import gpu as kg
     length = score.shape[-1]
     lp = next_pow2(max(length, 16))
-    m = kg.select_mask(pad_axis(score[None].astype(jnp.float32), 1, lp),
+    m = kg.select_mask(pad_axis(rank_key(score)[None], 1, lp),
                        pad_axis(eligible[None], 1, lp, value=False),
                        jnp.reshape(n, (1,)).astype(jnp.int32))
     return m[0, :length]
@@ -193,8 +204,26 @@ def key_seed(key):
   return words_seed(lambda i: words[i], words.shape[0])
 
 
+def check_key(key, name: str = "key") -> None:
+  """Refuse anything but one PRNG key: a typed key (`jax.random.key`, shape ()) or a raw
+  uint32 key (`jax.random.PRNGKey`, shape [2] for the default implementation)."""
+  dt = getattr(key, "dtype", None)
+  shape = tuple(getattr(key, "shape", ()))
+  if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key):
+    if shape == ():
+      return
+  elif dt is not None and np.dtype(dt) == np.uint32 and len(shape) == 1:
+    want = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+    if shape == tuple(want):
+      return
+  raise ValueError(f"{name} must be one PRNG key (jax.random.key(seed) or "
+                   f"jax.random.PRNGKey(seed)); got {type(key).__name__}"
+                   + (f" of dtype {dt} and shape {shape}" if dt is not None else f" {key!r}"))
+
+
 def key_words(key):
   """A PRNG key's data as a flat uint32 array (no computation for a raw uint32 key)."""
+  check_key(key)
   return jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
 
 
@@ -235,10 +264,12 @@ def _priorities(state, pos, length, config: SpinConfig, seed):
   if config.explore == "staleness":
     s = block_scores(state, pos, length, dataclasses.replace(config, reduction="A1")
                      if config.reduction == "A0" else config)
-    valid = jnp.arange(nb) < -(-length // config.block_size)
+    # scores above the lowest valid one; NaN and -inf block scores count as that lowest one
+    ok = (jnp.arange(nb) < -(-length // config.block_size)) & (rank_key(s) > NEG_INF)
     stale = _staleness(state)
-    lo = jnp.min(jnp.where(valid, s, jnp.inf))
-    return stale * (jnp.where(valid, s, lo) - lo + 1e-6)
+    lo = jnp.min(jnp.where(ok, s, jnp.inf))
+    lo = jnp.where(ok.any(), lo, 0.0)
+    return stale * (jnp.where(ok, s, lo) - lo + 1e-6)
   return jnp.zeros((nb,))
 
 

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.indexer import sanitize_paged
-from jaxsparse.spin.algorithm import (compact_blocks, query_priorities, realized_sparsity,
-                                      select_rows, update_block_states, update_blocks)
+from jaxsparse.spin.algorithm import (check_key, compact_blocks, query_priorities,
+                                      realized_sparsity, select_rows, update_block_states,
+                                      update_blocks)
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from jaxsparse.spin.kernels import select_compact_batched, update_batched, update_batched_tpu
 
@@ -68,8 +69,9 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   state: `init_state(capacity, config, (B,))`; q [B, H, D]; k_cache [num_blocks, 64, D];
   block_table [B, max_blocks]; lengths [B] (the query sits at slot lengths - 1); w [B, H].
   Returns (values [B, K], slot indices [B, K] (-1 tail), new state, info) where info has the
-  block masks [B, num_blocks] and realized sparsity [B]. Cold requests (first step after a
-  reset) make the whole batch score densely that step (sec. 3.2).
+  block masks [B, num_blocks] and realized sparsity [B] of the blocks actually scored. Cold
+  requests (first step after a reset) make the whole batch score densely that step (sec.
+  3.2): every request's info then shows all its blocks and realized sparsity 0.
 
   warm: None decides dense vs sparse on the device from `state["warm"]` (a `lax.cond`; on GPU
   XLA reads its predicate on the host, a sync of the step). A serving loop knows when it reset a
@@ -90,6 +92,7 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   place. Without donation XLA copies the [B, N] V / D states every step.
   """
   _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
+  check_key(key)
   lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], config.block_size,
                            checked=checked)
   if warm not in (None, True, False):
@@ -221,7 +224,7 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
                           counts_w, k_scale, impl, decode_config, b,
                           tuple(pages) if pages else None)
     vals, top, new = finish(z[:, 0], sel_w)
-    return vals, top, new if km is None else {**new, "KM": km}
+    return vals, top, new if km is None else {**new, "KM": km}, masks, picked
 
   def dense(_):  # the first step after a reset scores every block
     if impl == "pallas":
@@ -231,17 +234,21 @@ def _decode_step_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
       z = paged_indexer_scores_xla(q[:, None], k_cache, block_table, lengths, w[:, None],
                                    k_scale)[:, 0]
     vals, top, new = finish(z, jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (bsz, nb)))
-    if km is None:
-      return vals, top, new
-    return vals, top, {**new, "KM": _all_key_means(k_cache, block_table, lengths, k_scale, b)}
+    if km is not None:
+      new = {**new, "KM": _all_key_means(k_cache, block_table, lengths, k_scale, b)}
+    # every request, warm or not, was scored on all its blocks: that is what info reports
+    return vals, top, new, jnp.arange(nb)[None, :] < n_blocks[:, None], n_blocks
 
+  n_blocks = -(-lengths // b)
   if warm is None:
-    vals, top_slots, new_state = jax.lax.cond(jnp.all(state["warm"]), sparse, dense, None)
+    vals, top_slots, new_state, scored, count = jax.lax.cond(jnp.all(state["warm"]), sparse,
+                                                             dense, None)
   else:
-    vals, top_slots, new_state = (sparse if warm else dense)(None)
-  n_blocks = -(-lengths // b)  # realized sparsity from the selection's own count of blocks
-  info = {"block_masks": masks,
-          "realized_sparsity": 1.0 - picked / jnp.maximum(n_blocks, 1)}
+    vals, top_slots, new_state, scored, count = (sparse if warm else dense)(None)
+  # the blocks actually scored (a dense step: all of each request's), and realized sparsity
+  # from their count
+  info = {"block_masks": scored,
+          "realized_sparsity": 1.0 - count / jnp.maximum(n_blocks, 1)}
   return vals, top_slots, new_state, info
 
 
@@ -260,7 +267,7 @@ _decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12, 13))
 
 def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
                      k_scale=None, implementation=None, decode_config=None, topk_config=None,
-                     checked=False):
+                     warm=None, checked=False):
   """One SPIN verification step for B requests with R verifier rows (sec. 3.2.2).
 
   q [B, R, H, D], w [B, R, H]; lengths [B] counts the slots the last row sees (row r sits at
@@ -268,20 +275,37 @@ def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinCon
   (config.mask_policy="union") or row 0's ("row0", plus every row's newest block). All rows are
   scored on the shared mask. The state is NOT updated: pass the returned `pending` to
   `commit(state, pending, accepted, config)` once the number of accepted drafts is known.
-  Returns (values [B, R, K], slots [B, R, K], pending, info). Inputs as in `decode_step`.
+  Returns (values [B, R, K], slots [B, R, K], pending, info); info's block masks are the
+  blocks scored (the shared masks). Inputs as in `decode_step`.
+
+  A cold request (first step after a reset) selects every block and is scored on all of them
+  (the others keep their sparse masks): the scored width is then every block. warm: None
+  decides from `state["warm"]` on the host when it is concrete, and takes the full width when
+  it is traced (under an outer jit); True (no request cold: the compacted width) or False
+  (the full width) fixes it statically. warm=True with a cold request in the batch raises
+  ValueError when `state["warm"]` is concrete.
   """
   if q.ndim != 4 or w.shape != q.shape[:3]:
     raise ValueError(f"q.shape={tuple(q.shape)} / w.shape={tuple(w.shape)} must be "
                      "[B, R, H, D] / [B, R, H]")
   _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
+  check_key(key)
+  if warm not in (None, True, False):
+    raise ValueError(f"warm={warm!r} must be None, True or False")
+  known = None if isinstance(state["warm"], jax.core.Tracer) else bool(
+      np.asarray(state["warm"]).all())
+  if warm is True and known is False:
+    raise ValueError("warm=True but state['warm'] has a cold request (first step after a "
+                     "reset): pass warm=None or False")
+  full_width = not (warm if warm is not None else bool(known))
   lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], config.block_size,
                            checked=checked)
   return _decode_rows(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
-                      implementation, decode_config, topk_config)
+                      implementation, decode_config, topk_config, full_width)
 
 
 def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
-                      implementation, decode_config, topk_config):
+                      implementation, decode_config, topk_config, full_width=False):
   from jaxsparse import backend, selection
   from jaxsparse.indexer import row_lengths
   bsz, r = q.shape[:2]
@@ -305,7 +329,8 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
                                                                         keys)
   per_row = max_selected_blocks(nb, config)
   width = _aligned_width(per_row * r if config.mask_policy == "union" else per_row + r, nb)
-  sel, counts = compact_blocks(shared, width)
+  # a cold request selects every block: scored on all of them (the full width)
+  sel, counts = compact_blocks(shared, nb if full_width else width)
   z, slots = _sparse_scores(q, k_cache, block_table, lengths, w, sel, counts, k_scale,
                             backend.resolve(implementation), decode_config, b)
   vals, idx = selection.topk(z, config.topk, implementation=implementation, config=topk_config)
@@ -320,7 +345,7 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
   return vals, top, pending, info
 
 
-_decode_rows = jax.jit(_decode_rows_impl, static_argnums=(8, 9, 10, 11))
+_decode_rows = jax.jit(_decode_rows_impl, static_argnums=(8, 9, 10, 11, 12))
 
 
 def commit(state, pending, accepted, config: SpinConfig):

@@ -41,12 +41,20 @@ def replay(q, k, w, lengths, config: SpinConfig, *, seed: int = 0, accepted=None
     scores: optional precomputed full scores [S, (R,) N] (else computed with the reference).
 
   Returns a dict of numpy arrays: block_masks [S, num_blocks] bool (the shared mask),
-  miss_rate [S, R] (fraction of the full top-K outside the scored slots), realized_sparsity
-  [S], row_masks [S, R, num_blocks], and floats mean_miss, p99_miss, mean_sparsity (over steps
-  after the first, which scores everything by design).
+  miss_rate [S, R] (fraction of the full top-K outside the scored slots), counted [S, R] bool
+  (the full top-K is not empty), realized_sparsity [S], row_masks [S, R, num_blocks], and
+  mean_miss, p99_miss, mean_sparsity (floats, over steps after the first, which scores
+  everything by design) with n_counted (int, the (step, row) entries mean_miss and p99_miss
+  average). A step whose full top-K is empty (an all-NaN query, every score -inf) has nothing
+  to miss: its miss_rate is 0 and it is not counted; with none counted both are 0.
+
+  q, k, w (and scores) must be real: complex arrays raise ValueError naming the argument.
   """
-  q, w = jnp.asarray(q), jnp.asarray(w)
   from jaxsparse import _checks
+  for name, x in (("q", q), ("k", k), ("w", w)) + ((("scores", scores),) if scores is not None
+                                                   else ()):
+    _checks.check_real_dtype(name, x)
+  q, w = jnp.asarray(q), jnp.asarray(w)
   _checks.check_kw_order(q, jnp.asarray(k), w)
   if q.ndim == 3:
     q, w = q[:, None], w[:, None]
@@ -79,11 +87,14 @@ def replay(q, k, w, lengths, config: SpinConfig, *, seed: int = 0, accepted=None
     km = kp.reshape(cap // b, b, -1).mean(1)
     prio = jax.vmap(jax.vmap(lambda qq, ww: query_priorities(qq, ww, km)))(q, w)
   out = _replay_scan(z, lrows, acc, config, seed, prio)
-  masks, rows, miss, spars = [np.asarray(x) for x in out]
-  tail_miss = miss[1:].reshape(-1) if s > 1 else miss.reshape(-1)
-  return {"block_masks": masks, "row_masks": rows, "miss_rate": miss,
+  masks, rows, miss, counted, spars = [np.asarray(x) for x in out]
+  tail = slice(1, None) if s > 1 else slice(None)
+  tail_miss = miss[tail][counted[tail]]
+  return {"block_masks": masks, "row_masks": rows, "miss_rate": miss, "counted": counted,
           "realized_sparsity": spars,
-          "mean_miss": float(tail_miss.mean()), "p99_miss": float(np.percentile(tail_miss, 99)),
+          "mean_miss": float(tail_miss.mean()) if tail_miss.size else 0.0,
+          "p99_miss": float(np.percentile(tail_miss, 99)) if tail_miss.size else 0.0,
+          "n_counted": int(tail_miss.size),
           "mean_sparsity": float(spars[1:].mean() if s > 1 else spars.mean())}
 
 
@@ -102,8 +113,10 @@ def _replay_scan_impl(z, lrows, acc, config, seed, prio=None):
     observed = jnp.where(slots[None, :], zs, NEG_INF)
     st = update_rows(st, observed, mask, ls, a, config)
     kept = (tr & slots[None, :]).sum(-1)
-    miss = 1.0 - kept / jnp.maximum(tr.sum(-1), 1)
-    return (st, key), (mask, rows, miss, realized_sparsity(mask, ls[-1], config.block_size))
+    total = tr.sum(-1)
+    miss = jnp.where(total > 0, 1.0 - kept / jnp.maximum(total, 1), 0.0)  # empty: nothing missed
+    return (st, key), (mask, rows, miss, total > 0,
+                       realized_sparsity(mask, ls[-1], config.block_size))
 
   _, out = jax.lax.scan(step, (state, jax.random.PRNGKey(seed)), (z, lrows, acc, truth, prio))
   return out

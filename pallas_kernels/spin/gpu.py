@@ -245,12 +245,19 @@ def update_states_gpu(state, z, sel, pos, lengths, *, decay: float, page: int,
 # ------------------------------------------------------------------ selection and compaction
 
 
+def _rank_value(x):
+  """NaN as -inf: with the ranking's ordered keys (-0.0 and subnormals as 0), the values as
+  `jaxsparse.spin.algorithm.rank_key` ranks them. NaN and -inf then rank after every other
+  value, in block order, and still fill the budget."""
+  return jnp.where(x == x, x, NEG_INF)
+
+
 def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bits: int,
                    random: bool, budget, block: int, num_pages: int, advance: bool):
   """One request of `length` slots (n_blocks = ceil(length / block)): its budget
   (n_exploit, n_explore) = budget(n_blocks); forced blocks (first and newest), the n_exploit
   best other blocks by score, the n_explore best of the rest by priority (ties to the lower
-  block), or every valid block when cold; then their ids in ascending order at the front of
+  block; NaN and -inf last, `_rank_value`), or every valid block when cold; then their ids in ascending order at the front of
   the sel row (cumulative-sum positions), -1 after, and the number selected in t. random: p_ref
   holds the PRNG key's uint32 words, the request's seed is `jaxsparse.spin.request_seeds` of
   them and the priorities its 16-bit counter hashes (`random_keys16`), all made here in
@@ -264,7 +271,7 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
   m_ref, sel_ref, t_ref, *pg_ref = refs
   # every load first: the ranking loops are long, and a load issued after them (the block
   # table, warm) would add a memory round trip at the end
-  s = s_ref[...]
+  s = _rank_value(s_ref[...])
   lane = lax.broadcasted_iota(jnp.int32, s.shape, 0)
   length = len_ref[0]
   warm = warm_ref[0]
@@ -276,7 +283,7 @@ def _select_kernel(s_ref, p_ref, len_ref, warm_ref, *refs, width: int, score_bit
     seed = counter_hash(words_seed(lambda i: p_ref[i], p_ref.shape[0]),
                         pl.program_id(0).astype(jnp.uint32))
   else:
-    prio = p_ref[...]
+    prio = _rank_value(p_ref[...])
   if advance:
     step_out[...] = step_in[...] + 1
   n_blocks = (length + block - 1) // block

@@ -50,8 +50,11 @@ def _prefix_2d(ci, lane, row):
 
 
 def best_mask(x, eligible, n, lane, row):
-  """Mask of the n best eligible entries of x [R, 128] float32 (no NaN), ties to the lower
-  flat index; n a traced int32 (<= 0: none; more than eligible: all eligible)."""
+  """Mask of the n best eligible entries of x [R, 128] float32, ties to the lower flat index;
+  n a traced int32 (<= 0: none; more than eligible: all eligible). Ranked as
+  `jaxsparse.spin.algorithm.rank_key` ranks: NaN as -inf, -0.0 and subnormals as 0, so NaN and
+  -inf come after every other value (in index order) and still count towards n."""
+  x = jnp.where(x == x, x, NEG_INF)
   s = jnp.where(eligible, ordered_key(x), _INT_MIN)
   int_min = jnp.int32(_INT_MIN)
 
