@@ -64,6 +64,9 @@ def array_args(*names: str, optional: tuple = ()):
       for name in names + tuple(optional):
         if name in bound.arguments and not (name in optional and bound.arguments[name] is None):
           bound.arguments[name] = as_array(name, bound.arguments[name])
+      if jax.config.jax_enable_x64:  # the library computes in 32 bits (its kernels index
+        with jax.enable_x64(False):  # with int32); 64-bit inputs clip or cast as documented
+          return fn(*bound.args, **bound.kwargs)
       return fn(*bound.args, **bound.kwargs)
     return checked
   return wrap

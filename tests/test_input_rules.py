@@ -545,3 +545,25 @@ def test_ivf_groups_keys_with_inf_alike_on_every_path():
          for impl in ("xla", "pallas")}
   for a, b in zip(got["xla"], got["pallas"]):
     np.testing.assert_array_equal(a, b)
+
+
+def test_kernel_paths_under_jax_enable_x64():
+  """With jax_enable_x64 on, the public functions still compute in 32 bits: the kernels and
+  XLA paths run and agree, int64 positions and lengths clip as documented."""
+  rng = np.random.default_rng(3)
+  q = rng.integers(-2, 3, (8, 2, 16)).astype(np.float32)
+  k = rng.integers(-2, 3, (64, 16)).astype(np.float32)
+  w = np.ones((8, 2), np.float32)
+  kc, table = k.reshape(1, 64, 16), np.zeros((8, 1), np.int32)
+  want = rule_scores(q, k, w, np.arange(40, 48))
+  with jax.enable_x64(True):
+    pos, lens = jnp.arange(40, 48, dtype=jnp.int64), jnp.full((8,), 30, jnp.int64)
+    assert pos.dtype == jnp.int64
+    for impl in ("xla", "pallas"):
+      _scores_equal(jaxsparse.indexer_scores(q, k, w, query_positions=pos,
+                                             implementation=impl), want)
+      f = jax.jit(lambda p, impl=impl: jaxsparse.prefill_topk(q, k, w, 3, query_positions=p,
+                                                              implementation=impl))
+      _same_topk(f(pos), np_topk(want.astype(np.float32), 3))
+      got = jaxsparse.indexer_topk(q, kc, table, lens, w, 3, implementation=impl)
+      np.testing.assert_array_equal(got[1], np_topk(rule_scores(q, k[:30], w), 3)[1])
