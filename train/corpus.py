@@ -3,18 +3,21 @@
   python -m train.corpus --out train_tokens.npy --tokens 4200000
 
 Standard-library modules first, then the Linux Documentation/*.rst files (needs
-`apt-get install linux-source-6.1`, or --linux pointing at an extracted tree), each followed by
-<|endoftext|>, cut to --tokens. `python -m train.indexer --corpus` reads the file; pre-tokenising
-lets a machine without the Linux sources (a GPU box) train on the same ids.
+`apt-get install linux-source-6.1`, or --linux pointing at an extracted tree or the .tar.xz),
+each followed by <|endoftext|>, cut to --tokens. --out must end in .npy and is written exactly
+there. `python -m train.indexer --corpus` reads the file; pre-tokenising lets a machine without
+the Linux sources (a GPU box) train on the same ids.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 
 import numpy as np
 
-__all__ = ["build", "main"]
+__all__ = ["build", "check_linux", "main"]
+
+XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def build(tokens: int, linux: str | None = None) -> np.ndarray:
@@ -31,21 +34,49 @@ def build(tokens: int, linux: str | None = None) -> np.ndarray:
   return np.asarray(ids[:tokens], np.uint16)
 
 
+def check_linux(path: str) -> None:
+  """--linux: an extracted Linux tree (a folder) or an xz-compressed tarball; ValueError
+  naming the option for anything else."""
+  if os.path.isdir(path):
+    return
+  if not os.path.isfile(path):
+    raise ValueError(f"--linux={path!r} does not exist (an extracted Linux tree or the "
+                     f".tar.xz of linux-source-6.1)")
+  try:
+    with open(path, "rb") as f:
+      magic = f.read(len(XZ_MAGIC))
+  except OSError as e:
+    raise ValueError(f"--linux={path!r} cannot be read: {e.strerror}") from None
+  if magic != XZ_MAGIC:
+    raise ValueError(f"--linux={path!r} is not an xz-compressed tarball (the .tar.xz of "
+                     f"linux-source-6.1) nor a folder")
+
+
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m train.corpus", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", required=True, help=".npy of uint16 token ids to write")
-  p.add_argument("--tokens", type=int, default=4_200_000,
+  from jaxsparse.cli._common import CliError, Parser, check_out, integer
+  p = Parser(prog="python -m train.corpus", description=__doc__)
+  p.add_argument("--out", required=True, help=".npy of uint16 token ids to write (the name "
+                 "must end in .npy)")
+  p.add_argument("--tokens", type=integer("--tokens"), default=4_200_000,
                  help="token ids to write (default 4200000: needs the Linux documentation)")
-  p.add_argument("--linux", default=None, help="extracted Linux tree or tarball (default "
-                 "/usr/src/linux-source-6.1.tar.xz, from `apt-get install linux-source-6.1`)")
+  p.add_argument("--linux", default=None, help="extracted Linux tree or .tar.xz tarball "
+                 "(default /usr/src/linux-source-6.1.tar.xz, from `apt-get install "
+                 "linux-source-6.1`)")
   a = p.parse_args(argv)
-  if a.tokens < 1:
-    p.error(f"--tokens={a.tokens} must be positive")
-  ids = build(a.tokens, a.linux)
+  try:
+    check_out("--out", a.out, (".npy",))
+    if a.linux is not None:
+      check_linux(a.linux)
+  except (CliError, ValueError) as e:
+    p.error(str(e))
+  from jaxsparse.model.fetch import FetchError
+  try:
+    ids = build(a.tokens, a.linux)
+  except FetchError as e:
+    p.error(str(e))
   if len(ids) < a.tokens:
-    p.exit(2, f"{p.prog}: error: the documents hold only {len(ids):,} tokens (< --tokens="
-              f"{a.tokens}): install linux-source-6.1, pass --linux, or lower --tokens\n")
+    p.error(f"the documents hold only {len(ids):,} tokens (< --tokens={a.tokens}): install "
+            f"linux-source-6.1, pass --linux, or lower --tokens")
   np.save(a.out, ids)
   print(f"wrote {len(ids)} token ids to {a.out}")
   return 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -78,20 +79,34 @@ class CorrectorTrainConfig:
         raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)} must be positive")
     if self.steps < 2:
       raise ConfigError(f"--steps={self.steps}: training needs at least 2 steps")
-    if not self.lr > 0:
-      raise ConfigError(f"--lr={self.lr} must be positive")
-    if not self.target_power > 0:
-      raise ConfigError(f"--target-power={self.target_power} must be positive")
+    for name in ("lr", "scale", "target_power"):
+      v = getattr(self, name)
+      if not (v > 0 and math.isfinite(v)):
+        raise ConfigError(f"--{name.replace('_', '-')}={v} must be a positive finite number")
+    if not (self.max_seconds >= 0 and math.isfinite(self.max_seconds)):
+      raise ConfigError(f"--max-seconds={self.max_seconds} must be a finite number >= 0 "
+                        f"(0: no limit)")
+    if self.seed < 0:
+      raise ConfigError(f"--seed={self.seed} must be >= 0")
     if not self.out:
       raise ConfigError("--out must name a directory")
-    for name in ("train_trace", "eval_trace", "val_trace"):
-      for path in (getattr(self, name).split(",") if getattr(self, name) else []):
-        if not os.path.isfile(path):
-          raise ConfigError(f"--{name.replace('_', '-')}: {path!r} does not exist")
+    from jaxsparse.cli._common import comma_ints, comma_paths, option_names
     try:
+      if self.layers:
+        comma_ints("--layers", self.layers, low=0)
+      for name in ("train_trace", "eval_trace", "val_trace"):
+        option = f"--{name.replace('_', '-')}"
+        paths = comma_paths(option, getattr(self, name)) if getattr(self, name) else []
+        if len(paths) > 1 and name != "train_trace":
+          raise ConfigError(f"{option} takes one trace, got {len(paths)}")
+        for path in paths:
+          if not os.path.isfile(path):
+            raise ConfigError(f"{option}: {path!r} does not exist")
       self.ivf_config()
+    except ConfigError:
+      raise
     except ValueError as e:
-      raise ConfigError(str(e)) from None
+      raise ConfigError(option_names(str(e), IVF_OPTIONS)) from None
 
   def ivf_config(self):
     from jaxsparse import ivf
@@ -103,6 +118,11 @@ class CorrectorTrainConfig:
                                           "cluster_size", "refit_interval", "member_features",
                                           "hidden", "scale", "lr", "queries", "seed",
                                           "target_power")}
+
+
+IVF_OPTIONS = {name: f"--{name.replace('_', '-')}" for name in
+               ("topk", "budget", "seal_window", "cluster_size", "refit_interval")}
+"""The option that sets each `ivf.IVFConfig` field (the same names)."""
 
 
 OPTION_HELP = {
@@ -326,10 +346,7 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
     raise ConfigError("every --train-trace must hold the same number of tokens")
   held = tr.layers.tolist()
   from jaxsparse.cli._common import comma_ints
-  try:
-    ids = comma_ints("--layers", cfg.layers, low=0) if cfg.layers else held
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  ids = comma_ints("--layers", cfg.layers, low=0) if cfg.layers else held
   bad = [v for v in ids if v not in held]
   if bad:
     raise ConfigError(f"--layers {bad} are not in the traces, which hold model layers {held}")
@@ -388,8 +405,8 @@ def plot(report: dict, path: str) -> None:
 
 
 def build_parser(prog: str = "python -m train.corrector") -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog=prog, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  from jaxsparse.cli._common import Parser
+  p = Parser(prog=prog, description=__doc__)
   for f in dataclasses.fields(CorrectorTrainConfig):
     typ = {"int": int, "float": float, "str": str}[f.type]
     req = f.default is dataclasses.MISSING

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -84,11 +85,16 @@ class TrainConfig:
         raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)} must be positive")
     if self.steps < 2:
       raise ConfigError(f"the schedule has {self.steps} step(s); training needs at least 2")
-    if not self.lr > 0:
-      raise ConfigError(f"--lr={self.lr} must be positive")
+    if not (self.lr > 0 and math.isfinite(self.lr)):
+      raise ConfigError(f"--lr={self.lr} must be a positive finite number")
     if not 0 <= self.leak < 1:
       raise ConfigError(f"--leak={self.leak} must lie in [0, 1)")
-    from jaxsparse.cli._common import MODEL_LAYERS
+    if not (self.max_seconds >= 0 and math.isfinite(self.max_seconds)):
+      raise ConfigError(f"--max-seconds={self.max_seconds} must be a finite number >= 0 "
+                        f"(0: no limit)")
+    if self.seed < 0:
+      raise ConfigError(f"--seed={self.seed} must be >= 0")
+    from jaxsparse.cli._common import MODEL_CONTEXT, MODEL_LAYERS
     if not 0 <= self.num_layers <= MODEL_LAYERS:
       raise ConfigError(f"--num-layers={self.num_layers} must lie in [0, {MODEL_LAYERS}] (the "
                         f"model's layers; 0: all)")
@@ -97,9 +103,12 @@ class TrainConfig:
     if self.eval_tokens <= self.recall_k:
       raise ConfigError(f"--eval-tokens={self.eval_tokens} must exceed --recall-k="
                         f"{self.recall_k}")
-    if max(w for w, _ in stages) > 8192:
-      raise ConfigError(f"--schedule={self.schedule!r}: windows past the model's 8,192-token "
-                        f"context are not training data")
+    if self.eval_tokens > MODEL_CONTEXT:
+      raise ConfigError(f"--eval-tokens={self.eval_tokens} exceeds the model's "
+                        f"{MODEL_CONTEXT:,}-token context")
+    if max(w for w, _ in stages) > MODEL_CONTEXT:
+      raise ConfigError(f"--schedule={self.schedule!r}: windows past the model's "
+                        f"{MODEL_CONTEXT:,}-token context are not training data")
     if not self.out:
       raise ConfigError("--out must name a directory for checkpoints and the report")
 
@@ -143,7 +152,8 @@ OPTION_HELP = {
 def read_ids(path: str) -> np.ndarray:
   """The token ids of a --corpus file: one .npy integer array (never unpickled); ConfigError
   naming --corpus for anything else (another format, an npz archive, pickled objects, floats,
-  negative ids)."""
+  ids outside the model's vocabulary)."""
+  from jaxsparse.cli._common import MODEL_VOCAB
   with open(path, "rb") as f:
     magic = f.read(6)
   if magic != b"\x93NUMPY" and magic[:4] != b"PK\x03\x04":
@@ -160,6 +170,9 @@ def read_ids(path: str) -> np.ndarray:
     raise ConfigError(f"--corpus={path!r} holds {ids.dtype} values; token ids are integers")
   if ids.size and ids.min() < 0:
     raise ConfigError(f"--corpus={path!r} holds negative token ids ({ids.min()})")
+  if ids.size and ids.max() >= MODEL_VOCAB:
+    raise ConfigError(f"--corpus={path!r} holds token id {ids.max()}, past the model's "
+                      f"vocabulary of {MODEL_VOCAB:,} (ids 0..{MODEL_VOCAB - 1})")
   return ids
 
 
@@ -338,9 +351,9 @@ def _write_json(path, obj):
 
 
 def build_parser(prog: str = "python -m train.indexer") -> argparse.ArgumentParser:
+  from jaxsparse.cli._common import Parser
   from jaxsparse.cli.train import shipped_provenance
-  p = argparse.ArgumentParser(prog=prog, description=__doc__ + "\n" + shipped_provenance(),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = Parser(prog=prog, description=__doc__ + "\n" + shipped_provenance())
   p.add_argument("--out", required=True, help="directory for checkpoints, report, indexers.npz "
                  "(required)")
   p.add_argument("--schedule", default=None,

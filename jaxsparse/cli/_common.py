@@ -2,32 +2,94 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
+import sys
 
-__all__ = ["MODEL_LAYERS", "MODEL_CONTEXT", "FORMATTER", "CliError", "positive", "int_list",
-           "float_list", "str_list", "path_list", "comma_list", "comma_ints", "reject_given",
-           "fill_defaults", "check_writable", "check_text", "check_power_of_two", "load_trace",
-           "indexers_path", "load_indexers"]
+__all__ = ["MODEL_LAYERS", "MODEL_CONTEXT", "MODEL_VOCAB", "FORMATTER", "PLOT_FORMATS",
+           "CliError", "Parser", "fail", "positive", "integer", "number", "int_list",
+           "float_list", "str_list", "path_list", "comma_list", "comma_ints", "comma_paths",
+           "option_names", "reject_given", "fill_defaults", "check_writable", "check_out",
+           "check_plot", "check_text", "check_power_of_two", "load_trace", "indexers_path",
+           "load_indexers"]
 
 MODEL_LAYERS = 30  # SmolLM2-135M (checked against the GGUF when the model loads)
 MODEL_CONTEXT = 8192
+MODEL_VOCAB = 49152  # token ids 0..49151
 FORMATTER = argparse.RawDescriptionHelpFormatter
+PLOT_FORMATS = (".png", ".pdf", ".svg")  # what every --plot writes (matplotlib's savefig)
 
 
 class CliError(Exception):
   """A wrong invocation: printed as one error line, exit status 2."""
 
 
-def positive(name):
+class Parser(argparse.ArgumentParser):
+  """Every command's parser: options are spelled out in full (`--k` is never taken for
+  `--keys`), and its subcommands' parsers are of this class too."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("allow_abbrev", False)
+    kwargs.setdefault("formatter_class", FORMATTER)
+    super().__init__(*args, **kwargs)
+
+
+def fail(parser: argparse.ArgumentParser, message) -> int:
+  """A wrong invocation found after parsing, printed as argparse prints its own: the command's
+  usage, then one `PROG: error: MESSAGE` line. Returns exit status 2."""
+  parser.print_usage(sys.stderr)
+  print(f"{parser.prog}: error: {message}", file=sys.stderr)
+  return 2
+
+
+def integer(name, low: int = 1):
+  """An argparse type: an integer >= low."""
   def parse(v):
     try:
       x = int(v)
     except ValueError:
       raise argparse.ArgumentTypeError(f"{name} must be an integer, got {v!r}") from None
-    if x < 1:
-      raise argparse.ArgumentTypeError(f"{name}={x} must be positive")
+    if x < low:
+      raise argparse.ArgumentTypeError(f"{name}={x} must be positive" if low == 1 else
+                                       f"{name}={x} must be >= {low}")
     return x
   return parse
+
+
+def positive(name):
+  """An argparse type: an integer >= 1."""
+  return integer(name, 1)
+
+
+def number(name, low: float | None = None, above: float | None = None,
+           below: float | None = None):
+  """An argparse type: a finite number, >= low, > above and < below where given."""
+  def parse(v):
+    try:
+      x = float(v)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{name} must be a number, got {v!r}") from None
+    if not math.isfinite(x):
+      raise argparse.ArgumentTypeError(f"{name}={v} must be a finite number")
+    if low is not None and x < low:
+      raise argparse.ArgumentTypeError(f"{name}={v} must be >= {low:g}")
+    if above is not None and not x > above:
+      raise argparse.ArgumentTypeError(f"{name}={v} must be " +
+                                       ("positive" if above == 0 else f"> {above:g}"))
+    if below is not None and not x < below:
+      raise argparse.ArgumentTypeError(f"{name}={v} must be < {below:g}")
+    return x
+  return parse
+
+
+def option_names(message: str, options: dict) -> str:
+  """A settings class's ValueError text with each field it names (`block_size=64`,
+  `seal_window = 272`) written as the command-line option that sets it (`--block-size=64`).
+  options: {field: option}."""
+  for field, option in options.items():
+    message = re.sub(rf"(?<![\w-]){re.escape(field)}(?=\s*=)", option, message)
+  return message
 
 
 def comma_list(option: str, value: str, convert, what: str) -> list:
@@ -83,19 +145,24 @@ def str_list(name):
   return parse
 
 
+def comma_paths(option: str, value: str) -> list[str]:
+  """`comma_list` of distinct file paths: ValueError naming `option` also for two spellings of
+  one file (`a.npz,./a.npz`)."""
+  xs = comma_list(option, value, str, "path")
+  real = [os.path.realpath(x) for x in xs]
+  dup = sorted({x for x, r in zip(xs, real) if real.count(r) > 1})
+  if dup:
+    raise ValueError(f"{option}={value!r} names the same file twice: {', '.join(dup)}")
+  return xs
+
+
 def path_list(name):
   """A comma list of distinct file paths (`--trace a.npz,b.npz`)."""
   def parse(v):
     try:
-      xs = comma_list(name, v, str, "path")
+      return comma_paths(name, v)
     except ValueError as e:
       raise argparse.ArgumentTypeError(str(e)) from None
-    real = [os.path.realpath(x) for x in xs]
-    dup = sorted({x for x, r in zip(xs, real) if real.count(r) > 1})
-    if dup:
-      raise argparse.ArgumentTypeError(f"{name}={v!r} names the same file twice: "
-                                       f"{', '.join(dup)}")
-    return xs
   return parse
 
 
@@ -128,6 +195,21 @@ def check_writable(option: str, path: str) -> None:
       pass
   except OSError:
     raise CliError(f"{option}={path!r}: folder {d!r} is not writable") from None
+
+
+def check_out(option: str, path: str, formats: tuple) -> None:
+  """An output file the command writes in one of `formats` (".json", ...): its name must end
+  in one of them (nothing else is written there) and its folder must be writable."""
+  check_writable(option, path)
+  if path and os.path.splitext(path)[1].lower() not in formats:
+    what = formats[0] if len(formats) == 1 else f"one of {', '.join(formats)}"
+    raise CliError(f"{option}={path!r}: the file name must end in {what} (the format "
+                   f"written)")
+
+
+def check_plot(option: str, path: str) -> None:
+  """A figure file: .png, .pdf or .svg, in a writable folder."""
+  check_out(option, path, PLOT_FORMATS)
 
 
 def check_text(option: str, path: str) -> str:

@@ -1,7 +1,7 @@
 """AttentionIndex settings and prefill-trace checks shared by `eval`, `plan` and `fit-metric`."""
 from __future__ import annotations
 
-from ._common import CliError, load_trace, positive
+from ._common import CliError, integer, load_trace, option_names, positive
 
 __all__ = ["DEFAULTS", "index_options", "ivf_config", "prefill_traces", "check_metric"]
 
@@ -22,9 +22,15 @@ def index_options(p, note: str = "", given_only: bool = False) -> None:
                  help=f"{note}keys per seal (default {DEFAULTS['seal_window']})")
   p.add_argument("--cluster-size", type=positive("--cluster-size"), default=d["cluster_size"],
                  help=f"{note}keys per group on average (default {DEFAULTS['cluster_size']})")
-  p.add_argument("--refit-interval", type=int, default=d["refit_interval"],
+  p.add_argument("--refit-interval", type=integer("--refit-interval", low=0),
+                 default=d["refit_interval"],
                  help=f"{note}tokens between refits, 0 = seal only (default "
                  f"{DEFAULTS['refit_interval']})")
+
+
+IVF_OPTIONS = {"topk": "--k", "budget": "--budget", "seal_window": "--seal-window",
+               "cluster_size": "--cluster-size", "refit_interval": "--refit-interval"}
+"""The option that sets each `ivf.IVFConfig` field."""
 
 
 def ivf_config(args):
@@ -33,10 +39,7 @@ def ivf_config(args):
     return ivf.IVFConfig(topk=args.k, budget=args.budget, seal_window=args.seal_window,
                          cluster_size=args.cluster_size, refit_interval=args.refit_interval)
   except ValueError as e:
-    msg = str(e)
-    for name in ("budget", "seal_window", "cluster_size", "refit_interval"):
-      msg = msg.replace(f"{name}=", f"--{name.replace('_', '-')}=")
-    raise CliError(msg.replace("topk=", "--k=")) from None
+    raise CliError(option_names(str(e), IVF_OPTIONS)) from None
 
 
 def prefill_traces(paths, what: str) -> list:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
-from ._common import (FORMATTER, CliError, check_power_of_two, check_writable, fill_defaults,
-                      int_list, positive, reject_given, str_list)
+from ._common import (FORMATTER, PLOT_FORMATS, CliError, check_out, check_plot,
+                      check_power_of_two, fill_defaults, int_list, positive, reject_given,
+                      str_list)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -18,11 +19,12 @@ examples:
   jaxsparse bench
   jaxsparse bench --slots 65536 --k 2048 --out bench.json      (on a GPU)
   jaxsparse bench prefill --devices 8 --tokens 65536,262144 --out prefill.json
+      (also draws prefill.png: tokens / s against devices; --plot names another file)
 """
 
 KERNELS = {"slots": 8192, "chunk": 256, "implementation": "pallas"}
 PREFILL = {"devices": 1, "tokens": [4096, 8192], "strategies": ["allgather", "ring"], "reps": 2,
-           "dtype": "bfloat16"}
+           "dtype": "bfloat16", "plot": ""}
 
 
 def add_parser(sub) -> None:
@@ -54,7 +56,10 @@ def add_parser(sub) -> None:
   b.add_argument("--k", type=positive("--k"), default=256, help="top-K size (default 256)")
   b.add_argument("--implementation", choices=("auto", "pallas", "xla"), default=None,
                  help="kernels: kernel path to time against plain jnp (default pallas)")
-  b.add_argument("--out", default="", help="also write the rows as JSON here (default none)")
+  b.add_argument("--out", default="", help="also write the rows as JSON here, a .json file "
+                 "(default none)")
+  b.add_argument("--plot", default=None, help="prefill: draw tokens / s against devices here "
+                 f"({', '.join(PLOT_FORMATS)}; default: with --out, its name with .png)")
   b.set_defaults(func=run)
 
 
@@ -62,7 +67,11 @@ def run(args) -> int:
   mine, other = (PREFILL, KERNELS) if args.what == "prefill" else (KERNELS, PREFILL)
   reject_given(args, other, f"to `bench {args.what}`")
   fill_defaults(args, mine)
+  check_out("--out", args.out, (".json",))
   if args.what == "prefill":
+    if args.out and not args.plot:
+      args.plot = os.path.splitext(args.out)[0] + ".png"
+    check_plot("--plot", args.plot)
     return _run_prefill(args)
   check_power_of_two("--head-dim", args.head_dim, 16, 256)
   check_power_of_two("--heads", args.heads, 1, 128)
@@ -73,7 +82,6 @@ def run(args) -> int:
   if args.chunk > args.slots // 4:
     raise CliError(f"--chunk={args.chunk} must not exceed the prefill's --slots / 4 = "
                    f"{args.slots // 4} keys")
-  check_writable("--out", args.out)
   from jaxsparse._bench import cases as bench
   from jaxsparse._bench.timing import environment, print_table, write_json
   impl = None if args.implementation == "auto" else args.implementation
@@ -106,18 +114,17 @@ def run(args) -> int:
 
 
 def _run_prefill(args) -> int:
-  import jax
-  avail = len(jax.devices())
-  if args.devices > avail:
-    raise CliError(f"--devices={args.devices} but {avail} device(s) are visible (on a CPU, "
-                   f"emulate more with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
   if args.k > min(args.tokens):
     raise CliError(f"--k={args.k} must not exceed the smallest --tokens")
   from jaxsparse.distributed import STRATEGIES
   bad = [s for s in args.strategies if s not in STRATEGIES]
   if bad or not args.strategies:
     raise CliError(f"--strategies {bad or args.strategies} must be taken from {STRATEGIES}")
-  check_writable("--out", args.out)
+  import jax
+  avail = len(jax.devices())
+  if args.devices > avail:
+    raise CliError(f"--devices={args.devices} but {avail} device(s) are visible (on a CPU, "
+                   f"emulate more with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
   import time
 
   import numpy as np
@@ -177,6 +184,8 @@ def _run_prefill(args) -> int:
   if args.out:
     write_json(args.out, dict(environment=environment(), rows=rows, k=args.k,
                               heads=args.heads, head_dim=args.head_dim, dtype=args.dtype))
+    print(f"wrote {args.out}")
+  if args.plot:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -192,7 +201,6 @@ def _run_prefill(args) -> int:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    png = os.path.splitext(args.out)[0] + ".png"
-    fig.savefig(png, dpi=120)
-    print(f"wrote {args.out} and {png}")
+    fig.savefig(args.plot, dpi=120)
+    print(f"wrote {args.plot}")
   return 0

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from ._common import (FORMATTER, CliError, check_writable, fill_defaults, float_list, load_trace,
-                      positive, reject_given)
+from ._common import (FORMATTER, PLOT_FORMATS, CliError, check_out, check_plot, fill_defaults,
+                      float_list, load_trace, option_names, positive, reject_given)
 from ._index import DEFAULTS, check_metric, index_options, ivf_config
 
 __all__ = ["HELP", "LEGEND", "DECODE_DEFAULTS", "PREFILL_DEFAULTS", "add_parser", "run"]
@@ -27,7 +27,9 @@ DSA instead: recall of the causal full top-K at a candidate budget.
 DECODE_DEFAULTS = {"k": 256, "block_size": 64, "sparsities": [0.2, 0.4], "explore": "random",
                    "reduction": "A1", "pooling": "max", "implementation": "auto", "plot": ""}
 PREFILL_DEFAULTS = {**DEFAULTS, "queries": 128, "plan": "", "metric": ""}
-PLOT_FORMATS = (".png", ".pdf", ".svg")
+SPIN_OPTIONS = {"block_size": "--block-size", "topk": "--k", "sparsity": "--sparsities",
+                "explore": "--explore", "reduction": "--reduction", "pooling": "--pooling"}
+"""The option that sets each `spin.SpinConfig` field."""
 
 LEGEND = """\
 recall     share of exact DSA's top-K (every visible key scored) that the method's selection
@@ -70,7 +72,7 @@ def add_parser(sub) -> None:
                  "metric of this file (`jaxsparse fit-metric`; default none)")
   e.add_argument("--out", default="", help="also write the table as JSON here (default none)")
   e.add_argument("--plot", default=None, help="decode traces: also draw recall vs skipped and "
-                 "miss per step here (.png, .pdf or .svg; default none)")
+                 f"miss per step here ({', '.join(PLOT_FORMATS)}; default none)")
   e.set_defaults(func=run)
 
 
@@ -84,9 +86,6 @@ def run(args) -> int:
     return _run_prefill(args, path, tr)
   reject_given(args, [n for n in PREFILL_DEFAULTS if n != "k"], "to a decode trace")
   fill_defaults(args, DECODE_DEFAULTS)
-  if args.plot and os.path.splitext(args.plot)[1].lower() not in PLOT_FORMATS:
-    raise CliError(f"--plot={args.plot!r}: the file name must end in one of "
-                   f"{', '.join(PLOT_FORMATS)}")
   ctx = int(tr.lengths[0]) - tr.rows + 1
   if args.k >= ctx:
     raise CliError(f"--k={args.k} must be below the trace's smallest context ({ctx} slots): "
@@ -97,8 +96,8 @@ def run(args) -> int:
   if args.block_size * 2 > ctx:
     raise CliError(f"--block-size={args.block_size} leaves fewer than 2 blocks in the "
                    f"{ctx}-slot context")
-  check_writable("--out", args.out)
-  check_writable("--plot", args.plot)
+  check_out("--out", args.out, (".json",))
+  check_plot("--plot", args.plot)
   from jaxsparse import evaluate, spin
   from jaxsparse._bench.timing import print_table, write_json
   impl = None if args.implementation == "auto" else args.implementation
@@ -108,7 +107,7 @@ def run(args) -> int:
                               explore=args.explore, reduction=args.reduction,
                               pooling=args.pooling)) for rho in args.sparsities]
   except ValueError as e:
-    raise CliError(str(e)) from None
+    raise CliError(option_names(str(e), SPIN_OPTIONS)) from None
   src = tr.meta.get("source", "")
   print(f"trace    {path}\n         {tr.meta.get('model', 'model unknown')}; text: {src}")
   print(f"         layers {','.join(map(str, tr.layers.tolist()))}; {tr.q.shape[1]} decode "
@@ -153,7 +152,7 @@ def _run_prefill(args, path, tr) -> int:
     raise CliError(f"--k={args.k} must be below the trace's {n} tokens")
   if n <= args.seal_window:
     raise CliError(f"--seal-window={args.seal_window} must be below the trace's {n} tokens")
-  check_writable("--out", args.out)
+  check_out("--out", args.out, (".json",))
   pos = np.unique(np.linspace(args.seal_window, n - 1, args.queries).astype(np.int64))
   print(f"trace    {path}\n         prefill, {n:,} tokens, layers "
         f"{','.join(map(str, tr.layers.tolist()))}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ._common import FORMATTER, CliError, check_writable, path_list, positive
+from ._common import FORMATTER, CliError, check_out, number, path_list, positive
 from ._index import prefill_traces
 
 __all__ = ["HELP", "add_parser", "run"]
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
   fm.add_argument("--trace", required=True, type=path_list("--trace"),
                   help="prefill trace(s) .npz, comma list (queries pooled per layer)")
   fm.add_argument("--out", required=True, help="metric .npz to write")
-  fm.add_argument("--eps", type=float, default=0.01,
+  fm.add_argument("--eps", type=number("--eps", above=0), default=0.01,
                   help="ridge added to the normalised second moment (default 0.01)")
   fm.add_argument("--queries", type=positive("--queries"), default=256,
                   help="query positions per trace (default 256)")
@@ -37,14 +37,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
   from jaxsparse.ivf import metric as ivf_metric
-  if not args.eps > 0:
-    raise CliError(f"--eps={args.eps} must be positive")
+  check_out("--out", args.out, (".npz",))
   trs = prefill_traces(args.trace, "a metric")
   for path, tr in zip(args.trace, trs):
     if tr.layers.tolist() != trs[0].layers.tolist():
       raise CliError(f"--trace={path!r} holds layers {tr.layers.tolist()}, the first trace "
                      f"{trs[0].layers.tolist()}: every trace must hold the same layers")
-  check_writable("--out", args.out)
   metrics = ivf_metric.fit_traces(trs, eps=args.eps, queries=args.queries, keys=args.keys)
   ivf_metric.save(args.out, metrics, meta={"traces": [os.path.basename(t) for t in args.trace],
                                            "eps": args.eps, "queries": args.queries,

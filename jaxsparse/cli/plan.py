@@ -1,7 +1,7 @@
 """`jaxsparse plan`: choose each layer's partition (AttentionIndex groups or HiSA blocks)."""
 from __future__ import annotations
 
-from ._common import FORMATTER, CliError, check_writable, path_list, positive
+from ._common import FORMATTER, CliError, check_out, number, path_list, positive
 from ._index import DEFAULTS, check_metric, index_options, ivf_config, prefill_traces
 
 __all__ = ["HELP", "add_parser", "run"]
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
   index_options(pl)
   pl.add_argument("--queries", type=positive("--queries"), default=256,
                   help="queries evaluated per layer and trace (default 256)")
-  pl.add_argument("--z", type=float, default=2.0, help="standard errors the other partition "
+  pl.add_argument("--z", type=number("--z", low=0), default=2.0, help="standard errors the other partition "
                   "must win by (default 2)")
   pl.add_argument("--prefer", choices=("hisa", "ivf"), default="hisa",
                   help="the partition a layer keeps on a tie (default hisa: no index)")
@@ -42,17 +42,15 @@ def add_parser(sub) -> None:
 def run(args) -> int:
   from jaxsparse.ivf import plan as ivf_plan
   cfg = ivf_config(args)
-  if not args.z >= 0:
-    raise CliError(f"--z={args.z} must be >= 0")
   if args.queries < 2:
     raise CliError(f"--queries={args.queries} must be at least 2")
+  check_out("--out", args.out, (".json",))
   trs = prefill_traces(args.trace, "a plan")
   for path, tr in zip(args.trace, trs):
     n = tr.k.shape[1]
     if args.k >= n or n <= args.seal_window:
       raise CliError(f"--trace={path!r} has {n} tokens: need more than --k={args.k} and "
                      f"--seal-window={args.seal_window}")
-  check_writable("--out", args.out)
   if args.metric:
     for tr in trs:
       check_metric(args, tr)

@@ -2,8 +2,11 @@
 every selection method in the model's loop (perplexity, recall, skipped keys, copy, passkey)."""
 from __future__ import annotations
 
-from ._common import (FORMATTER, MODEL_CONTEXT, CliError, check_text, check_writable,
-                      indexers_path, int_list, load_indexers, positive)
+import re
+
+from ._common import (FORMATTER, MODEL_CONTEXT, PLOT_FORMATS, CliError, check_out, check_plot,
+                      check_text, indexers_path, int_list, integer, load_indexers,
+                      option_names, positive)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -33,6 +36,16 @@ examples:
 """
 
 TASK_NAMES = ("ppl", "copy", "passkey")
+BUDGET_KINDS = ("ivf", "ivf-metric", "hisa")  # the methods that take --budget
+LOOP_OPTIONS = {"topk": "--k", "k": "--k", "budget": "--budget", "decode_from": "--decode-from",
+                "tokens": "--tokens"}
+"""The option that sets each `inloop.LoopSettings` / `ivf.IVFConfig` field it names."""
+
+
+def _method_list() -> str:
+  """Every method --methods takes (`inloop.METHOD_KINDS`), spin with its arguments."""
+  from jaxsparse.inloop import METHOD_KINDS
+  return ", ".join("spin:S[:EXPLORE[:GAMMA]]" if m == "spin" else m for m in METHOD_KINDS)
 
 
 def add_parser(sub) -> None:
@@ -52,19 +65,21 @@ def add_parser(sub) -> None:
                  help="queries per chunk (memory ~ chunk x tokens; default 512)")
   q.add_argument("--oracle", action="store_true", help="also run attention restricted to its "
                  "own true top-K per layer (the ceiling of any K-key selection)")
-  q.add_argument("--methods", default="", help="methods in the loop, comma list of dense, dsa, "
-                 "spin:S, ivf, hisa, recent (default without --methods: the dense vs DSA report)")
+  q.add_argument("--methods", default="", help=f"methods in the loop, comma list of "
+                 f"{_method_list()} (default without --methods: the dense vs DSA report; with "
+                 "--task only: dense,dsa)")
   q.add_argument("--task", default="", help="with methods: comma list of ppl, copy, passkey "
                  "(default ppl)")
   q.add_argument("--decode-from", type=positive("--decode-from"), default=None,
-                 help="spin: first decode position (default half of each window)")
+                 help="spin methods: first decode position (default half of each window)")
   q.add_argument("--budget", type=positive("--budget"), default=None,
-                 help="ivf / hisa: candidate slots per query (default 1/8 of each window)")
-  q.add_argument("--seed", type=int, default=0, help="SPIN exploration and task placement "
-                 "seed (default 0)")
-  q.add_argument("--plot", default="", help="with methods: a PNG of each figure against "
-                 "context length")
-  q.add_argument("--out", default="", help="also write the figures as JSON here")
+                 help=f"{' / '.join(BUDGET_KINDS)} methods: candidate slots per query (default "
+                 "1/8 of each window)")
+  q.add_argument("--seed", type=integer("--seed", low=0), default=0,
+                 help="SPIN exploration and task placement seed (default 0)")
+  q.add_argument("--plot", default="", help="with methods: each figure against context length "
+                 f"({', '.join(PLOT_FORMATS)})")
+  q.add_argument("--out", default="", help="also write the figures here (.json)")
   q.set_defaults(func=run)
 
 
@@ -79,47 +94,51 @@ def _inloop_plan(args):
   bad = [t for t in tasks if t not in TASK_NAMES]
   if bad or len(set(tasks)) != len(tasks):
     raise CliError(f"--task={args.task!r} must list distinct tasks of {', '.join(TASK_NAMES)}")
+  kinds = {m.kind for m in methods}
+  if args.budget is not None and not kinds & set(BUDGET_KINDS):
+    raise CliError(f"--budget applies to the {', '.join(BUDGET_KINDS)} methods, and --methods "
+                   f"lists none")
+  if args.decode_from is not None and "spin" not in kinds:
+    raise CliError("--decode-from applies to spin methods, and --methods lists none")
+  if args.oracle:
+    raise CliError("--oracle applies to the dense vs DSA report, not to --methods / --task")
   lengths = args.tokens
-  if len(set(lengths)) != len(lengths):
-    raise CliError(f"--tokens lists a length twice: {lengths}")
-  if len(set(args.k)) != len(args.k):
-    raise CliError(f"--k lists a size twice: {args.k}")
   for t in lengths:
     if t > MODEL_CONTEXT:
       raise CliError(f"--tokens={t} exceeds the model's {MODEL_CONTEXT}-token context")
     if args.decode_from is not None and args.decode_from >= t:
       raise CliError(f"--decode-from={args.decode_from} must lie inside the window "
                      f"(below --tokens={t})")
-    for kk in args.k:
-      if kk >= t:
-        raise CliError(f"--k={kk} must be below --tokens={t}")
-      s = inloop.LoopSettings.for_window(t, kk, decode_from=args.decode_from,
-                                         budget=args.budget)
-      if any(m.kind in ("ivf", "ivf-metric", "hisa") for m in methods):
-        try:
-          inloop.ivf_config(s)
-        except ValueError as e:
-          raise CliError(f"--budget: {e} (at --tokens={t}, --k={kk})") from None
     if "copy" in tasks and t // 4 < 64:
       raise CliError(f"--task copy needs --tokens of at least 256 (a 64-token span in the "
                      f"first quarter), got {t}")
     if "passkey" in tasks and t < 128:
       raise CliError(f"--task passkey needs --tokens of at least 128, got {t}")
-  if args.plot and not args.plot.lower().endswith(".png"):
-    raise CliError(f"--plot={args.plot!r} must name a .png file")
+    for kk in args.k:
+      if kk >= t:
+        raise CliError(f"--k={kk} must be below --tokens={t}")
+      s = inloop.LoopSettings.for_window(t, kk, decode_from=args.decode_from,
+                                         budget=args.budget)
+      try:  # what the measurement checks per window length and K, before the model loads
+        s.check(t)
+      except ValueError as e:
+        msg = option_names(str(e), LOOP_OPTIONS)
+        notes = []
+        if args.budget is None and "--budget" in msg:
+          notes.append("--budget defaults to 1/8 of --tokens")
+        if re.search(r"\b(seal_window|cluster_size|refit_interval)\b", msg):
+          notes.append("the index's seal window and groups scale with --tokens")
+        raise CliError(f"at --tokens={t}, --k={kk}: {msg}" +
+                       (f" ({'; '.join(notes)})" if notes else "")) from None
+  check_out("--out", args.out, (".json",))
+  check_plot("--plot", args.plot)
   return methods, [t for t in tasks if t != "ppl"], lengths
 
 
 def _run_inloop(args) -> int:
   methods, tasks, lengths = _inloop_plan(args)
-  if args.oracle:
-    raise CliError("--oracle applies to the dense vs DSA report, not to --methods / --task")
-  if args.chunk != 512 and args.chunk < 1:
-    raise CliError(f"--chunk={args.chunk} must be positive")
   s = check_text("--text", args.text)
   ipath = indexers_path("--indexers", args.indexers)
-  check_writable("--out", args.out)
-  check_writable("--plot", args.plot)
   idx = load_indexers("--indexers", ipath)
   from jaxsparse.model import gguf_weights
   tok = gguf_weights.tokenizer()
@@ -161,9 +180,16 @@ def _run_inloop(args) -> int:
 
 def _print_inloop(res, tasks):
   from jaxsparse._bench.timing import print_table
-  pct = lambda v, se=None: ("" if v is None else f"{v:+.2%}" + (f" ±{se:.2%}" if se else ""))
   for key, cell in res["cells"].items():
-    print(f"{cell['tokens']:,} tokens, K {cell['k']}, {len(next(iter(cell['methods'].values()))['window_nll'])} window(s)")
+    windows = len(next(iter(cell["methods"].values()))["window_nll"])
+    print(f"{cell['tokens']:,} tokens, K {cell['k']}, {windows} window(s)")
+
+    def se(v):  # a standard error over windows: none from a single window
+      return f" ±{v:.2%}" if windows > 1 and v is not None else ""
+
+    def pct(v, err=None):
+      return "" if v is None else f"{v:+.2%}" + se(err)
+
     rows = []
     for name, r in cell["summary"].items():
       row = {"method": name, "ppl": f"{r['perplexity']:.3f}",
@@ -176,13 +202,15 @@ def _print_inloop(res, tasks):
                                      else ""),
              "not scored": f"{r['unscored_mean']:.1%}" if "unscored_mean" in r else ""}
       for t in tasks:
-        row[t] = f"{r[f'{t}_accuracy']:.3f} ±{r[f'{t}_accuracy_se']:.3f}"
+        row[t] = f"{r[f'{t}_accuracy']:.3f}" + (f" ±{r[f'{t}_accuracy_se']:.3f}"
+                                                 if windows > 1 else "")
       rows.append(row)
     print_table(rows, ["method", "ppl", "vs DSA", "2nd half", "2nd vs DSA", "2nd vs dense",
                        "recall mean / worst", "not scored"] + list(tasks))
-  print("vs DSA: perplexity ratio - 1 against exact DSA with the same K (± s.e. over windows);"
-        " recall: share of exact DSA's top-K kept, mean over layers / worst layer; not scored: "
-        "share of visible keys the indexer never scored; tasks: accuracy ± s.e. over windows")
+  print("vs DSA: perplexity ratio - 1 against exact DSA with the same K (± s.e. over windows,"
+        " given 2 or more); recall: share of exact DSA's top-K kept, mean over layers / worst "
+        "layer; not scored: share of visible keys the indexer never scored; tasks: accuracy "
+        "(± s.e. over windows)")
 
 
 def run(args) -> int:
@@ -200,9 +228,9 @@ def run(args) -> int:
     raise CliError(f"--tokens={args.tokens} exceeds the model's {MODEL_CONTEXT}-token context")
   if max(args.k) >= args.tokens:
     raise CliError(f"--k={max(args.k)} must be below --tokens={args.tokens}")
+  check_out("--out", args.out, (".json",))
   s = check_text("--text", args.text)
   ipath = indexers_path("--indexers", args.indexers)
-  check_writable("--out", args.out)
   idx = load_indexers("--indexers", ipath)
   from jaxsparse.model import gguf_weights
   ids = gguf_weights.tokenizer().encode(s).ids

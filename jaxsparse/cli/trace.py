@@ -1,9 +1,9 @@
 """`jaxsparse trace`: record a decode or prefill indexer trace of a text with the real model."""
 from __future__ import annotations
 
-from ._common import (FORMATTER, MODEL_CONTEXT, MODEL_LAYERS, CliError, check_text,
-                      check_writable, fill_defaults, indexers_path, int_list, load_indexers,
-                      positive, reject_given)
+from ._common import (FORMATTER, MODEL_CONTEXT, MODEL_LAYERS, CliError, check_out, check_text,
+                      fill_defaults, indexers_path, int_list, load_indexers, positive,
+                      reject_given)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -52,15 +52,16 @@ def run(args) -> int:
     if bad:
       raise CliError(f"--layers: {bad} out of range; the model has layers 0..{MODEL_LAYERS - 1}")
     layers = args.layers
-  s = check_text("--text", args.text)
-  ipath = indexers_path("--indexers", args.indexers)
-  check_writable("--out", args.out)
-  idx = load_indexers("--indexers", ipath)
   need = (args.prompt_len + args.steps + args.rows - 1 if args.kind == "decode"
           else args.tokens)
   if need > MODEL_CONTEXT:
-    raise CliError(f"the trace needs {need:,} tokens, past the model's {MODEL_CONTEXT:,}-token "
-                   f"context")
+    given = (f"--prompt-len={args.prompt_len} + --steps={args.steps} + --rows={args.rows} - 1 "
+             f"= {need:,} tokens exceed" if args.kind == "decode" else f"--tokens={need} exceeds")
+    raise CliError(f"{given} the model's {MODEL_CONTEXT:,}-token context")
+  check_out("--out", args.out, (".npz",))
+  s = check_text("--text", args.text)
+  ipath = indexers_path("--indexers", args.indexers)
+  idx = load_indexers("--indexers", ipath)
   from jaxsparse.model import gguf_weights
   ids = gguf_weights.tokenizer().encode(s).ids
   if len(ids) < need:
