@@ -35,10 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["METHOD_KINDS", "Method", "parse_methods", "LoopSettings", "ivf_config", "run",
+__all__ = ["METHOD_KINDS", "INDEX_KINDS", "Method", "parse_methods", "LoopSettings", "ivf_config", "run",
            "measure", "compare", "study", "plot"]
 
 METHOD_KINDS = ("dense", "dsa", "spin", "ivf", "ivf-metric", "hisa", "recent")
+INDEX_KINDS = ("ivf", "ivf-metric", "hisa")  # the methods that build an index (take a budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +147,15 @@ class LoopSettings:
                cluster_size=kw.pop("cluster_size", max(w // 8, 1)),
                refit_interval=kw.pop("refit_interval", (tokens // 4) // w * w), **kw)
 
-  def check(self, tokens: int) -> None:
-    """ValueError naming the setting that does not fit a window of `tokens`."""
+  def check(self, tokens: int, index: bool = True) -> None:
+    """ValueError naming the setting that does not fit a window of `tokens` (index: also the
+    AttentionIndex / HiSA settings, which only the methods in INDEX_KINDS use)."""
     if not 1 <= self.k < tokens:
       raise ValueError(f"k={self.k} must lie in [1, tokens={tokens})")
     if not 1 <= self.decode_from < tokens:
       raise ValueError(f"decode_from={self.decode_from} must lie in [1, tokens={tokens})")
-    ivf_config(self)
+    if index:
+      ivf_config(self)
 
 
 def ivf_config(s: LoopSettings):
@@ -535,7 +538,7 @@ def study(model, indexers, ids, tokenizer, *, tokens, ks, methods, tasks=(), win
     for kk in ks:
       s = LoopSettings.for_window(t, kk, decode_from=decode_from, budget=budget, seed=seed,
                                   chunk=min(chunk, t))
-      s.check(t)
+      s.check(t, index=any(m.kind in INDEX_KINDS for m in methods))
       res = {}
       for m in methods:
         if m.kind == "dense" and dense is not None:

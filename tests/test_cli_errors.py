@@ -71,7 +71,7 @@ CASES = [
     (TC + ["--target-power", "inf"], "--target-power=inf"),
     (TC + ["--max-seconds", "-5"], "--max-seconds=-5.0 must be a finite number >= 0"),
     # settings that only the measurement checked, after the model loaded
-    (Q[:3] + ["--k", "256", "--tokens", "1024", "--methods", "dense,dsa"],
+    (Q[:3] + ["--k", "256", "--tokens", "1024", "--methods", "dense,hisa"],
      "at --tokens=1024, --k=256: --k=256 must not exceed --budget=128"),
     (Q + ["--tokens", "128", "--methods", "ivf"], "--budget=16 must exceed"),
     (Q + ["--tokens", "1024", "--methods", "hisa", "--budget", "20"], "--budget=20 must exceed"),
@@ -218,3 +218,11 @@ def test_quality_prints_standard_errors_only_over_several_windows(windows, capsy
   row = next(ln for ln in out.splitlines() if "spin:0.4" in ln)
   assert ("±" in row) == (windows > 1), row
   assert "±0.000" not in row
+
+
+def test_a_k_above_the_default_budget_runs_without_index_methods(d, no_work):
+  """The index's budget is checked only when an index method runs: dense and exact DSA at K
+  256 on 1,024-token windows (default budget 128) reach the measurement."""
+  with pytest.raises(_Work):
+    cli.main(["quality", "--text", f"{d}/book.txt", "--k", "256", "--tokens", "1024",
+              "--methods", "dense,dsa"])

@@ -281,10 +281,11 @@ def test_task_and_method_errors():
     (["--methods", "dense,foo"], "--methods: unknown method 'foo'"),
     (["--methods", "spin:1.5"], "--methods: 'spin:1.5'"),
     (["--methods", "spin:0.4", "--decode-from", "4096"], "--decode-from=4096 must lie inside"),
-    (["--methods", "ivf", "--budget", "100"], "--budget: budget=100 must exceed"),
+    (["--methods", "ivf", "--budget", "100"], "--k=64: --budget=100 must exceed"),
     (["--task", "copy", "--tokens", "200", "--k", "64"], "--task copy needs --tokens"),
     (["--task", "ppl,recall"], "--task='ppl,recall'"),
-    (["--methods", "dsa", "--plot", "q.pdf"], "--plot='q.pdf' must name a .png"),
+    (["--methods", "dsa", "--plot", "q.gif"], "--plot='q.gif': the file name must end in one "
+     "of .png, .pdf, .svg"),
     (["--budget", "512"], "--budget applies with --methods"),
 ])
 def test_cli_inloop_errors_name_the_option_before_loading(args, msg, capsys, tmp_path,
@@ -296,7 +297,9 @@ def test_cli_inloop_errors_name_the_option_before_loading(args, msg, capsys, tmp
   argv = ["quality", "--text", str(text), "--tokens", "4096", "--k", "64"] + args
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
-  assert "Traceback" not in err and msg in err and len(err.strip().splitlines()) == 1
+  lines = err.strip().splitlines()  # the command's usage, then one error line
+  assert "Traceback" not in err and lines[0].startswith("usage: jaxsparse quality")
+  assert [ln for ln in lines if "error:" in ln] == [lines[-1]] and msg in lines[-1]
 
 
 def test_replay_with_query_exploration_against_the_reference():

@@ -36,7 +36,7 @@ examples:
 """
 
 TASK_NAMES = ("ppl", "copy", "passkey")
-BUDGET_KINDS = ("ivf", "ivf-metric", "hisa")  # the methods that take --budget
+BUDGET_KINDS = ("ivf", "ivf-metric", "hisa")  # inloop.INDEX_KINDS: the methods that take --budget
 LOOP_OPTIONS = {"topk": "--k", "k": "--k", "budget": "--budget", "decode_from": "--decode-from",
                 "tokens": "--tokens"}
 """The option that sets each `inloop.LoopSettings` / `ivf.IVFConfig` field it names."""
@@ -120,7 +120,7 @@ def _inloop_plan(args):
       s = inloop.LoopSettings.for_window(t, kk, decode_from=args.decode_from,
                                          budget=args.budget)
       try:  # what the measurement checks per window length and K, before the model loads
-        s.check(t)
+        s.check(t, index=bool(kinds & set(BUDGET_KINDS)))
       except ValueError as e:
         msg = option_names(str(e), LOOP_OPTIONS)
         notes = []
