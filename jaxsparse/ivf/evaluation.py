@@ -19,7 +19,6 @@ METHODS = ("ivf", "hisa", "full")
 
 
 def _check(q, k, w, config, method, positions):
-
   for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
   if not np.issubdtype(np.asarray(positions).dtype, np.integer):

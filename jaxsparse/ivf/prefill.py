@@ -71,7 +71,6 @@ def prefill_inputs(q, k, w, *, k_scale=None, metric=None, layer=None, corrector=
   and the dequantised keys numpy arrays (for a driver that places them on devices itself);
   else jax arrays. ValueError names the argument. Returns a `PrefillInputs`.
   """
-
   for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
   xp = np if host else jnp
