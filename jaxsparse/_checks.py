@@ -61,15 +61,34 @@ def array_args(*names: str, optional: tuple = ()):
     @functools.wraps(fn)
     def checked(*args, **kwargs):
       bound = sig.bind_partial(*args, **kwargs)
+      x64 = jax.config.jax_enable_x64
       for name in names + tuple(optional):
         if name in bound.arguments and not (name in optional and bound.arguments[name] is None):
-          bound.arguments[name] = as_array(name, bound.arguments[name])
-      if jax.config.jax_enable_x64:  # the library computes in 32 bits (its kernels index
-        with jax.enable_x64(False):  # with int32); 64-bit inputs clip or cast as documented
+          x = as_array(name, bound.arguments[name])
+          if name in names and x.ndim == 0:
+            raise ValueError(f"{name} must be an array with at least one axis; got a 0-d "
+                             "value")
+          bound.arguments[name] = _to_int32_range(x) if x64 else x
+      if x64:  # the library computes in 32 bits (its kernels index with int32)
+        with jax.enable_x64(False):
           return fn(*bound.args, **bound.kwargs)
       return fn(*bound.args, **bound.kwargs)
     return checked
   return wrap
+
+
+def _to_int32_range(x):
+  """Under jax_enable_x64: a 64-bit integer array clipped to int32's range (in 64 bits, before
+  the library's 32-bit code sees it), so a position or length past 2^31 clips as documented
+  instead of wrapping; anything else unchanged."""
+  dt = np.dtype(x.dtype)
+  if dt.kind not in "iu" or dt.itemsize < 8:
+    return x
+  lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+  xp = np if isinstance(x, np.ndarray) else jnp
+  if dt.kind == "u":
+    return xp.minimum(x, xp.asarray(hi, dt)).astype(np.int32)
+  return xp.clip(x, lo, hi).astype(np.int32)
 
 
 def check_instance(name: str, value, cls) -> None:

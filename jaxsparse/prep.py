@@ -32,7 +32,8 @@ def apply_rope(x, positions, *, rope_dims: int = 64, base: float = 10000.0,
   Returns: array like x.
   """
   _checks.check_real_dtype("x", x)
-  _checks.check_real_dtype("positions", positions)
+  if not jnp.issubdtype(positions.dtype, jnp.integer):
+    raise ValueError(f"positions.dtype={positions.dtype} must be an integer type")
   _checks.check_int("rope_dims", rope_dims)
   _checks.check_real("base", base)
   if base <= 0:
@@ -98,8 +99,8 @@ def quantize_fp8(x):
   """Per-row float8_e4m3fn quantisation with a power-of-two scale (DeepSeek-V3.2 style).
 
   x: [..., D] float. Returns (x_fp8 [..., D] float8_e4m3fn, scale [...] float32) with
-  x ~= x_fp8 * scale and scale = max(2**ceil(log2(amax / 448)), 2**-126). All-zero rows get
-  scale 1. The floor (the smallest normal float32) keeps a tiny but non-zero row finite: its
+  x ~= x_fp8 * scale and scale = max(2**ceil(log2(amax / 448)), 2**-126), amax the row's
+  largest finite magnitude (NaN and +-inf entries become NaN). All-zero rows get scale 1. The floor (the smallest normal float32) keeps a tiny but non-zero row finite: its
   scale never underflows to 0 (README "Input rules": subnormals count as zero).
   """
   _checks.check_real_dtype("x", x)
@@ -107,7 +108,9 @@ def quantize_fp8(x):
   if x.ndim == 0 or x.shape[-1] == 0:
     raise ValueError(f"x.shape={tuple(x.shape)} needs a non-empty last axis (the row to scale)")
   xf = x.astype(jnp.float32)
-  amax = jnp.max(jnp.abs(xf), axis=-1)
+  # the row's largest finite magnitude sets the scale; NaN / +-inf entries quantise to NaN
+  # (float8_e4m3fn has no inf) and leave the finite ones exact
+  amax = jnp.max(jnp.where(jnp.isfinite(xf), jnp.abs(xf), 0.0), axis=-1)
   safe = jnp.where(amax > 0, amax, FP8_MAX)
   scale = pow2_ceil(safe / FP8_MAX)
   q = (xf / scale[..., None]).astype(jnp.float8_e4m3fn)
@@ -176,6 +179,7 @@ def prepare_indexer_inputs(q, k, proj, positions_q, positions_k, *, rope_dims: i
   return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), None, w
 
 
+@_checks.array_args("packed")
 def unpack_fp8_paged_cache(packed, head_dim: int = 128):
   """Map a DeepGEMM/vLLM packed fp8 indexer cache onto jaxsparse's paged layout.
 

@@ -70,6 +70,10 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
                                                              ("values_b", values_b)))
   indices_a, indices_b = (_checks.as_array(n, x) for n, x in (("indices_a", indices_a),
                                                               ("indices_b", indices_b)))
+  for name, x in (("values_a", values_a), ("indices_a", indices_a), ("values_b", values_b),
+                  ("indices_b", indices_b)):
+    if x.ndim == 0:
+      raise ValueError(f"{name} must be an array with at least one axis; got a 0-d value")
   for name, x in (("values_a", values_a), ("values_b", values_b)):
     _checks.check_real_dtype(name, x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -84,8 +88,8 @@ def merge_topk(values_a, indices_a, values_b, indices_b, k: int | None = None):
       raise ValueError(f"{name} must lie in [-1, 2^31 - 1] (int32 key ids, -1 padding); got "
                        f"min={v.min()} max={v.max()}")
   k = values_a.shape[-1] if k is None else k
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ValueError(f"k={k!r} must be a positive int")
+  _checks.check_int("k", k, 1)
+  k = int(k)
   if values_a.shape[:-1] != values_b.shape[:-1] or indices_a.shape != values_a.shape or \
       indices_b.shape != values_b.shape:
     raise ValueError(f"values/indices shapes {values_a.shape}, {indices_a.shape}, "
@@ -102,8 +106,7 @@ def _validate(scores, k, lengths):
     raise ValueError("scores must be an array of shape [..., N]")
   _checks.check_dtype("scores", scores, (jnp.float32, jnp.bfloat16))
   _checks.check_nonempty("scores", scores)
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ValueError(f"k={k!r} must be a positive int")
+  _checks.check_int("k", k, 1)
   if lengths is not None:
     if tuple(lengths.shape) != tuple(scores.shape[:-1]):
       raise ValueError(f"lengths.shape={tuple(lengths.shape)} must be scores.shape[:-1]="
@@ -134,6 +137,7 @@ def topk(scores, k: int, *, lengths=None, implementation=None, config=None, sort
   """
   _checks.check_implementation(implementation)
   _validate(scores, k, lengths)
+  k = int(k)
   if lengths is not None:  # clipped before the int32 cast: a length past 2^31 never wraps
     lengths = _checks.clip_lengths(lengths, scores.shape[-1])
   if not isinstance(sorted, bool):
@@ -183,8 +187,8 @@ def indexer_topk(q, k_cache, block_table, lengths, w, k: int, *, k_scale=None,
   """
   _checks.check_implementation(implementation)
   impl = backend.resolve(implementation)
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ValueError(f"k={k!r} must be a positive int")
+  _checks.check_int("k", k, 1)
+  k = int(k)
   if not isinstance(sorted, bool):
     raise ValueError(f"sorted={sorted!r} must be a bool")
   plat = backend.kernel_platform()
@@ -269,6 +273,7 @@ def prefill_topk(q, k, w, topk: int, *, k_scale=None, query_positions, sorted=Tr
     raise ValueError("query_positions is required (the prefill is causal)")
   _checks.check_int("topk", topk, 1)
   _checks.check_int("block", block, 1)
+  topk, block = int(topk), int(block)
   if not isinstance(sorted, bool):
     raise ValueError(f"sorted={sorted!r} must be a bool")
   if query_chunk is not None:
@@ -329,6 +334,10 @@ def causal_prefill_topk(q, k, w, topk: int, *, start: int = 0, k_scale=None,
   fewer than topk keys are visible). options: `prefill_topk`'s block, query_chunk,
   prefill_config, topk_config.
   """
+  _checks.check_dtype("q", q, _checks.QUERY_DTYPES)  # as prefill_topk: never a silent cast
+  _checks.check_dtype("k", k, _checks.KEY_DTYPES)
+  if k_scale is not None:
+    _checks.check_dtype("k_scale", k_scale, (jnp.float32,))
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   if not isinstance(start, int) or isinstance(start, bool) or start < 0:
     raise ValueError(f"start={start!r} must be a non-negative int")

@@ -86,8 +86,19 @@ def _need(cond, msg):
 
 def validate(tr) -> None:
   """Check shapes, dtypes, ranges and finiteness; raises TraceError naming the field."""
+  _need(isinstance(tr, (DecodeTrace, PrefillTrace)),
+        f"a trace must be a DecodeTrace or PrefillTrace; got {type(tr).__name__}")
+  fields = ("layers", "q", "w", "k") + (("lengths", "accepted") if tr.kind == "decode" else ())
+  for name in fields:
+    a = getattr(tr, name)
+    _need(isinstance(a, np.ndarray), f"{name} must be a numpy array; got {type(a).__name__}")
   _need(isinstance(tr.meta, dict), "meta must be a dict")
+  try:
+    json.dumps(tr.meta)
+  except (TypeError, ValueError) as e:
+    raise TraceError(f"meta must be JSON-serialisable: {e}") from None
   _need(tr.layers.ndim == 1 and tr.layers.dtype.kind == "i", "layers must be [L] int")
+  _need(len(set(tr.layers.tolist())) == tr.layers.shape[0], "layers must be distinct")
   nl = tr.layers.shape[0]
   for name in ("q", "w", "k"):
     a = getattr(tr, name)
@@ -139,6 +150,8 @@ def save(path: str, tr, *, half: bool = False) -> None:
 
 def load(path: str):
   """Read and validate a trace; never unpickles. Returns DecodeTrace or PrefillTrace."""
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"path={path!r} must be a file path")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"trace file {path!r} does not exist")
   from jaxsparse._io import open_npz

@@ -507,6 +507,31 @@ _IVF = ivf.IVFConfig(topk=4, budget=32, seal_window=16, cluster_size=4, refit_in
                                                         mesh="x"), "mesh must be a Mesh"),
     (lambda: jaxsparse.distributed.sharded_prefill_topk(_Q[:0], _K[:0], _W[:0].astype(np.float32),
                                                         2), "k is empty"),
+    (lambda: jaxsparse.indexer_scores(_Q[..., :12], _K[:, :12], _W.astype(np.float32),
+                                      implementation="pallas"), "power of two"),
+    (lambda: jaxsparse.merge_topk(np.float32(1), np.int32(0), _V, _I), "values_a must be an "
+     "array with at least one axis"),
+    (lambda: jaxsparse.prep.hadamard_rotate(np.float32(1)), "x must be an array with"),
+    (lambda: jaxsparse.prep.apply_rope(_Q, np.arange(8) + 0.5, rope_dims=4), "positions.dtype"),
+    (lambda: jaxsparse.prep.unpack_fp8_paged_cache(None), "packed must be an array"),
+    (lambda: jaxsparse.causal_prefill_topk(_Q.astype(np.float64), _K, _W, 2), "q.dtype=float64"),
+    (lambda: ivf.prefill_topk(_Q[:0], _K[:0], _W[:0].astype(np.float32), _IVF), "k is empty"),
+    (lambda: ivf.prefill_topk(_Q, _K, np.ones((8, 2), np.int32), _IVF), "w.dtype=int32"),
+    (lambda: ivf.prefill_topk(_Q, _K, _W.astype(np.float32), _IVF, corrector=3),
+     "corrector=3 must be"),
+    (lambda: ivf.metric.fit(_Q.astype(np.complex64), _K, _W), "q.dtype=complex64"),
+    (lambda: ivf.metric.fit(_Q, _K, _W, keys=2.0), "keys=2.0 must be an int"),
+    (lambda: ivf.metric.load(None), "path=None"),
+    (lambda: __import__("jaxsparse.traces").traces.load(None), "path=None"),
+    (lambda: jaxsparse.spin.init_state(128, None), "config must be a SpinConfig"),
+    (lambda: jaxsparse.spin.decode_step({}, _Q[:2, :, :], np.ones((1, 64, 16), np.float32),
+                                        np.zeros((2, 1), np.int32), np.ones(2, np.int32),
+                                        _W[:2].astype(np.float32),
+                                        jaxsparse.spin.SpinConfig(block_size=64),
+                                        jax.random.PRNGKey(0)), "state lacks V"),
+    (lambda: jaxsparse.spin.commit(jaxsparse.spin.init_state(64, jaxsparse.spin.SpinConfig(
+        block_size=64), (2,)), None, np.zeros(2, np.int32), jaxsparse.spin.SpinConfig(
+        block_size=64)), "pending must be"),
 ])
 def test_wrong_kinds_of_argument_refused_with_their_name(make, match):
   """None, strings, ragged lists, a config or mesh of another type, an empty sequence: one
@@ -568,3 +593,11 @@ def test_kernel_paths_under_jax_enable_x64():
       _same_topk(f(pos), np_topk(want.astype(np.float32), 3))
       got = jaxsparse.indexer_topk(q, kc, table, lens, w, 3, implementation=impl)
       np.testing.assert_array_equal(got[1], np_topk(rule_scores(q, k[:30], w), 3)[1])
+      # past 2^31 under jit: clipped in 64 bits, never wrapped
+      for big in (2 ** 40, 2 ** 63 - 1):
+        _same_topk(f(jnp.full((8,), big, jnp.int64)),
+                   np_topk(rule_scores(q, k, w, np.full(8, 63)).astype(np.float32), 3))
+        g = jax.jit(lambda l, impl=impl: jaxsparse.indexer_topk(q, kc, table, l, w, 3,
+                                                                implementation=impl))
+        np.testing.assert_array_equal(g(jnp.full((8,), big, jnp.int64))[1],
+                                      np_topk(rule_scores(q, k, w), 3)[1])

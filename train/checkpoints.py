@@ -129,6 +129,10 @@ class Manager:
       if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
           or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")
+    if not isinstance(directory, (str, os.PathLike)):
+      raise ValueError(f"directory={directory!r} must be a path")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+      raise ValueError(f"directory={os.fspath(directory)!r} exists and is not a folder")
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = os.path.abspath(directory)
@@ -237,11 +241,19 @@ class Manager:
     self._move_aside(str(step))
     self._mgr.reload()
 
+  @staticmethod
+  def _check_step(step) -> None:
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+      raise ValueError(f"step={step!r} must be an int >= 0")
+
   def maybe_save(self, step: int, tree) -> None:
+    self._check_step(step)
     if step % self.save_every == 0:
       self.save(step, tree)
 
   def save(self, step: int, tree) -> None:
+    self._check_step(step)
+    step = int(step)
     if step in (self._mgr.all_steps() or []):
       return
     self._mgr.save(step, args=self._ocp.args.StandardSave(tree), force=True)

@@ -131,8 +131,8 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
     raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
   for _name, _x in (("q", q), ("k", k), ("w", w)):
     _checks.check_real_dtype(_name, _x)
-  if not isinstance(topk, int) or isinstance(topk, bool):
-    raise ValueError(f"topk={topk!r} must be a positive int")
+  _checks.check_int("topk", topk, 1)
+  topk = int(topk)
   q, k, w = jnp.asarray(q), jnp.asarray(k), jnp.asarray(w)
   _checks.check_kw_order(q, k, w)
   n = k.shape[0]
@@ -145,7 +145,7 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
     raise ValueError("fp8_keys=True quantises bfloat16 / float32 keys here; keys already "
                      "quantised (float8_e4m3fn with k_scale) take fp8_keys=False")
   if k_scale is not None:
-    _checks.check_real_dtype("k_scale", k_scale)
+    _checks.check_dtype("k_scale", k_scale, (jnp.float32,))
     k_scale = jnp.asarray(k_scale)
   _checks.check_key_scale(k, k_scale, (n,))
   _checks.check_fp8_pairing(q, k, "k")

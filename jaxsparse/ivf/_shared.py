@@ -4,6 +4,8 @@ scores are `jaxsparse.ivf.prefill.exact_scores`; other packages reach these thro
 `jaxsparse.ivf.prefill.prefill_inputs`)."""
 from __future__ import annotations
 
+import os
+
 import functools
 
 import jax
@@ -38,6 +40,9 @@ def resolve_corrector(corrector, layer):
     return corrector
   if isinstance(corrector, corr_mod.Corrector):
     return corr_mod.as_ivf_corrector(corrector)
+  if not isinstance(corrector, (str, os.PathLike)):
+    raise ValueError(f"corrector={corrector!r} must be None, a Corrector, a callable or a "
+                     "corrector file's path")
   models = corr_mod.load(str(corrector))
   if layer is not None and layer in corr_mod.file_meta(str(corrector)).get("plain_layers", []):
     return None  # the file keeps plain means for this layer

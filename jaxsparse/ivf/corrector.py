@@ -104,6 +104,8 @@ def save(path: str, models: dict[int, Corrector], meta: dict | None = None) -> N
 def load(path: str) -> dict[int, Corrector]:
   """{layer: Corrector} from a file written by `save` (validated). Cached by the file's path,
   modification time and size: a file rewritten in place is read again."""
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"path={path!r} must be a file path")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"corrector file {path!r} does not exist")
   st = os.stat(path)
@@ -117,10 +119,18 @@ def _load(path: str, mtime_ns: int, size: int) -> dict[int, Corrector]:
   with open_npz(path, CorrectorFileError, "corrector file") as z:
     if "format" not in z.files or int(z["format"]) != FILE_FORMAT:
       raise CorrectorFileError(f"{path!r}: not a corrector file of format {FILE_FORMAT}")
-    info = json.loads(str(z["config"]))
+    try:
+      info = json.loads(str(z["config"]))
+      layers = info["layers"]
+      if not isinstance(layers, dict):
+        raise TypeError(f"layers is a {type(layers).__name__}, not a mapping")
+      cfgs = {int(layer): CorrectorConfig(**c) for layer, c in layers.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      raise CorrectorFileError(f"{path!r}: its config is not a corrector file's ({e})") \
+          from None
     out = {}
-    for layer, c in info["layers"].items():
-      m = Corrector(CorrectorConfig(**c), rngs=nnx.Rngs(0))
+    for (layer, c), cfg in zip(layers.items(), cfgs.values()):
+      m = Corrector(cfg, rngs=nnx.Rngs(0))
       st = nnx.state(m, nnx.Param)
       flat = []
       for name, leaf in nnx.to_flat_state(st):

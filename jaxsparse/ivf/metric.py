@@ -89,11 +89,12 @@ def _root(s, eps):
 
 
 def _check_fit(eps, queries, keys):
+  from jaxsparse import _checks
+  _checks.check_real("eps", eps)
   if not eps > 0:
     raise ValueError(f"eps={eps} must be positive")
   for name, v in (("queries", queries), ("keys", keys)):
-    if v < 1:
-      raise ValueError(f"{name}={v} must be positive")
+    _checks.check_int(name, v, 1)
 
 
 def fit(q, k, w, *, eps: float = 0.01, queries: int = 256, keys: int = 256,
@@ -106,6 +107,9 @@ def fit(q, k, w, *, eps: float = 0.01, queries: int = 256, keys: int = 256,
   """
   _check_fit(eps, queries, keys)
   from jaxsparse import _checks
+  q, k, w = (_checks.as_array(n, x) for n, x in (("q", q), ("k", k), ("w", w)))
+  for name, x in (("q", q), ("k", k), ("w", w)):
+    _checks.check_real_dtype(name, x)
   _checks.check_kw_order(np.asarray(q), np.asarray(k), np.asarray(w))
   return _root(_moment(q, w, k, queries, keys, seed), eps)
 
@@ -163,6 +167,8 @@ def save(path: str, metrics: dict[int, np.ndarray], meta: dict | None = None) ->
 
 def _load_fresh(path: str):
   """_load keyed by the file's modification time and size: a rewritten file is read again."""
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"path={path!r} must be a file path")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"metric file {path!r} does not exist")
   st = os.stat(path)
@@ -179,7 +185,12 @@ def _load(path: str, mtime_ns: int, size: int):
         raise MetricFileError(f"{path!r}: not a metric file of format {FILE_FORMAT}")
       info = json.loads(str(z["config"]))
       out = {}
-      for layer in info["layers"]:
+      layers = info.get("layers") if isinstance(info, dict) else None
+      if not isinstance(layers, list) or not all(
+          isinstance(x, int) and not isinstance(x, bool) for x in layers):
+        raise MetricFileError(f"{path!r}: config's layers must be a list of ints; got "
+                              f"{layers!r}")
+      for layer in layers:
         key = f"layer_{int(layer)}"
         if key not in z.files:
           raise MetricFileError(f"{path!r}: missing array {key!r}")

@@ -188,6 +188,8 @@ def save(path: str, plan: dict) -> None:
 
 def load(path: str) -> dict:
   """A plan written by `save`, validated (layer keys back to int)."""
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"path={path!r} must be a file path")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"plan file {path!r} does not exist")
   try:
@@ -197,6 +199,8 @@ def load(path: str) -> dict:
     raise PlanFileError(f"{path!r} is not a JSON plan file: {e}") from e
   if not isinstance(raw, dict) or not isinstance(raw.get("methods"), dict):
     raise PlanFileError(f"{path!r}: no 'methods' mapping")
+  if not isinstance(raw.get("recall", {}), dict):
+    raise PlanFileError(f"{path!r}: 'recall' must be a mapping of layer to recall")
   try:
     plan = {**raw, "methods": {int(k): v for k, v in raw["methods"].items()},
             "recall": {int(k): v for k, v in raw.get("recall", {}).items()}}

@@ -80,6 +80,10 @@ def prefill_inputs(q, k, w, *, k_scale=None, metric=None, layer=None, corrector=
   if q.ndim != 3 or w.shape != q.shape[:2] or k.shape != (n, q.shape[2]) or q.shape[0] != n:
     raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)} must be "
                      f"[N, H, D], [N, D], [N, H]")
+  if n == 0:
+    raise ValueError("k is empty: the sequence needs at least one token")
+  if not jnp.issubdtype(w.dtype, jnp.floating):
+    raise ValueError(f"w.dtype={w.dtype} must be a float type")
   if k_scale is not None:
     _checks.check_real_dtype("k_scale", k_scale)
     k_scale = xp.asarray(k_scale)

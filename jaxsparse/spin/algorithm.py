@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse import _checks
 from jaxsparse.spin.config import NEG_INF, SpinConfig
 from pallas_kernels._util import counter_hash, flush_zero, words_seed
 
@@ -41,7 +42,8 @@ def init_state(capacity: int, config: SpinConfig, batch: tuple = (), *,
   [B, K]: at K = capacity / block_size (2048 at 128K slots) jax would alias the donated age to
   those indices and XLA would copy age every step. An int32 age built by hand works as well.
   """
-  from jaxsparse._checks import check_int
+  from jaxsparse._checks import check_instance, check_int
+  check_instance("config", config, SpinConfig)
   check_int("capacity", capacity, 1)
   if capacity % config.block_size:
     raise ValueError(f"capacity={capacity} must be a multiple of block_size={config.block_size}")
@@ -204,6 +206,25 @@ def key_seed(key):
   return words_seed(lambda i: words[i], words.shape[0])
 
 
+STATE_KEYS = ("V", "D", "VM", "VB", "DB", "age", "step", "warm")
+
+
+def check_state(state, config, name: str = "state") -> None:
+  """`state` is what `init_state` returns (a dict of its arrays) and `config` a SpinConfig;
+  ValueError naming the argument otherwise."""
+  from jaxsparse._checks import check_instance
+  check_instance("config", config, SpinConfig)
+  if not isinstance(state, dict):
+    raise ValueError(f"{name} must be the dict spin.init_state returns; got "
+                     f"{type(state).__name__}")
+  missing = [k for k in STATE_KEYS if k not in state]
+  if missing:
+    raise ValueError(f"{name} lacks {', '.join(missing)}: build it with spin.init_state")
+  bad = [k for k in STATE_KEYS if not hasattr(state[k], "shape")]
+  if bad:
+    raise ValueError(f"{name}[{bad[0]!r}] must be an array; got {type(state[bad[0]]).__name__}")
+
+
 def check_key(key, name: str = "key") -> None:
   """Refuse anything but one PRNG key: a typed key (`jax.random.key`, shape ()) or a raw
   uint32 key (`jax.random.PRNGKey`, shape [2] for the default implementation)."""
@@ -327,6 +348,7 @@ def _select_blocks(state, pos, length, config: SpinConfig, seed, prio=None):
   return jnp.where(state["warm"], mask, valid)
 
 
+@_checks.array_args("pos", "lengths", optional=("priorities",))
 def select_blocks_batched(state, pos, lengths, config: SpinConfig, key, priorities=None):
   """`select_blocks` for B requests: state with a leading batch axis, pos/lengths [B], one key
   (request b explores with `request_seeds(key, B)[b]`) -> masks [B, num_blocks] bool (the

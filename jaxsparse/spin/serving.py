@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse.indexer import sanitize_paged
-from jaxsparse.spin.algorithm import (check_key, compact_blocks, query_priorities,
+from jaxsparse import _checks
+from jaxsparse.spin.algorithm import (check_key, check_state, compact_blocks, query_priorities,
                                       realized_sparsity, select_rows, update_block_states,
                                       update_blocks)
 from jaxsparse.spin.config import NEG_INF, SpinConfig
@@ -43,6 +44,7 @@ def _aligned_width(width: int, num_blocks: int) -> int:
 
 def _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config):
   from jaxsparse.indexer import _validate_paged
+  check_state(state, config)
   _validate_paged(q, k_cache, block_table, lengths, w, k_scale)
   if config.explore == "query":
     want = (*state["V"].shape[:-1], block_table.shape[1], k_cache.shape[-1])
@@ -61,6 +63,7 @@ def _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config):
     raise ValueError(f"state batch {state['V'].shape[0]} must equal q.shape[0]={q.shape[0]}")
 
 
+@_checks.array_args("q", "k_cache", "block_table", "lengths", "w", optional=("k_scale",))
 def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
                 k_scale=None, implementation=None, decode_config=None, topk_config=None,
                 warm=None, sorted=True, checked=False):  # noqa: A002
@@ -265,6 +268,7 @@ def _fused_group(rows: int, n: int, config: SpinConfig, topk_config) -> int:
 _decode_step = jax.jit(_decode_step_impl, static_argnums=(8, 9, 10, 11, 12, 13))
 
 
+@_checks.array_args("q", "k_cache", "block_table", "lengths", "w", optional=("k_scale",))
 def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinConfig, key, *,
                      k_scale=None, implementation=None, decode_config=None, topk_config=None,
                      warm=None, checked=False):
@@ -348,11 +352,15 @@ def _decode_rows_impl(state, q, k_cache, block_table, lengths, w, key, k_scale, 
 _decode_rows = jax.jit(_decode_rows_impl, static_argnums=(8, 9, 10, 11, 12))
 
 
+@_checks.array_args("accepted")
 def commit(state, pending, accepted, config: SpinConfig):
   """Deferred EMA update after verification: rows 0..accepted[b] in order
   (update_policy="prefix") or row 0 only ("row0"). accepted: [B] int drafts accepted, each in
   [0, R - 1]; concrete values outside it, fractional ones or a non-integer dtype raise
   ValueError; traced ones are clipped to [0, R - 1] (README "Input rules")."""
+  check_state(state, config)
+  if not isinstance(pending, dict) or not hasattr(pending.get("scores"), "shape"):
+    raise ValueError("pending must be the dict decode_step_rows returns (with its 'scores')")
   rows = pending["scores"].shape[1]
   bsz = pending["scores"].shape[0]
   a = accepted if isinstance(accepted, jax.core.Tracer) else np.asarray(accepted)

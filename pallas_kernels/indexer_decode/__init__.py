@@ -86,7 +86,8 @@ def _decode(q, k_cache, block_table, lengths, w, k_scale, config, platform, grou
   bsz, rows, heads, d = q.shape
   max_blocks = block_table.shape[1]
   if not is_pow2(d):
-    raise NotImplementedError(f"head dim D={d} must be a power of two for the Pallas kernels")
+    raise ValueError(f"head dim D={d} (q.shape[-1]) must be a power of two for the Pallas "
+                     "kernels; implementation=\"xla\" takes any D")
   lens = row_lengths(lengths, rows)  # [B, R]
   if (platform.kind == "gpu" and not group_max
       and _use_mosaic(q, k_cache, max_blocks, config, platform)):

@@ -59,7 +59,8 @@ def _prefill(q, k, w, k_scale, query_positions, config, platform):
   t, h, d = q.shape
   n = k.shape[0]
   if not is_pow2(d):
-    raise NotImplementedError(f"head dim D={d} must be a power of two for the Pallas kernels")
+    raise ValueError(f"head dim D={d} (q.shape[-1]) must be a power of two for the Pallas "
+                     "kernels; implementation=\"xla\" takes any D")
   if query_positions is None:
     pos = jnp.full((t,), n - 1, jnp.int32)
   else:
