@@ -54,7 +54,8 @@ def as_array(name: str, x):
 def array_args(*names: str, optional: tuple = ()):
   """Decorator for public functions: the arguments `names` (and `optional` ones unless None)
   go through `as_array` first, so a list is taken as an array and None, a string or a ragged
-  list is a ValueError naming the argument, not an AttributeError deep inside."""
+  list is a ValueError naming the argument, not an AttributeError deep inside; float64 arrays
+  are taken as float32 (what jax does without x64, on every path alike)."""
   def wrap(fn):
     sig = inspect.signature(fn)
 
@@ -68,6 +69,8 @@ def array_args(*names: str, optional: tuple = ()):
           if name in names and x.ndim == 0:
             raise ValueError(f"{name} must be an array with at least one axis; got a 0-d "
                              "value")
+          if np.dtype(x.dtype) == np.float64:  # computed in float32, as jax does without x64
+            x = x.astype(np.float32)
           bound.arguments[name] = _to_int32_range(x) if x64 else x
       if x64:  # the library computes in 32 bits (its kernels index with int32)
         with jax.enable_x64(False):

@@ -514,7 +514,6 @@ _IVF = ivf.IVFConfig(topk=4, budget=32, seal_window=16, cluster_size=4, refit_in
     (lambda: jaxsparse.prep.hadamard_rotate(np.float32(1)), "x must be an array with"),
     (lambda: jaxsparse.prep.apply_rope(_Q, np.arange(8) + 0.5, rope_dims=4), "positions.dtype"),
     (lambda: jaxsparse.prep.unpack_fp8_paged_cache(None), "packed must be an array"),
-    (lambda: jaxsparse.causal_prefill_topk(_Q.astype(np.float64), _K, _W, 2), "q.dtype=float64"),
     (lambda: ivf.prefill_topk(_Q[:0], _K[:0], _W[:0].astype(np.float32), _IVF), "k is empty"),
     (lambda: ivf.prefill_topk(_Q, _K, np.ones((8, 2), np.int32), _IVF), "w.dtype=int32"),
     (lambda: ivf.prefill_topk(_Q, _K, _W.astype(np.float32), _IVF, corrector=3),
@@ -601,3 +600,21 @@ def test_kernel_paths_under_jax_enable_x64():
                                                                 implementation=impl))
         np.testing.assert_array_equal(g(jnp.full((8,), big, jnp.int64))[1],
                                       np_topk(rule_scores(q, k, w), 3)[1])
+
+
+def test_float64_inputs_are_float32_on_every_path():
+  """float64 arrays (numpy's default) give exactly the float32 results, on every function."""
+  import jaxsparse.distributed  # noqa: F401
+  rng = np.random.default_rng(5)
+  q, k = rng.standard_normal((32, 2, 16)), rng.standard_normal((32, 16))
+  w = rng.uniform(0, 1, (32, 2))
+  f32 = [a.astype(np.float32) for a in (q, k, w)]
+  pos = np.arange(32)
+  calls = [lambda q, k, w: jaxsparse.indexer_scores(q, k, w, query_positions=pos),
+           lambda q, k, w: jaxsparse.prefill_topk(q, k, w, 4, query_positions=pos),
+           lambda q, k, w: jaxsparse.causal_prefill_topk(q, k, w, 4),
+           lambda q, k, w: ivf.prefill_topk(q, k, w, _IVF),
+           lambda q, k, w: jaxsparse.distributed.sharded_prefill_topk(q, k, w, 4, block=8)]
+  for call in calls:
+    for a, b in zip(jax.tree.leaves(call(q, k, w)), jax.tree.leaves(call(*f32))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
