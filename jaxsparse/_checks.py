@@ -94,6 +94,12 @@ def _to_int32_range(x):
   return xp.clip(x, lo, hi).astype(np.int32)
 
 
+def check_bool(name: str, value, *, none: bool = False) -> None:
+  """A bool (None too when `none`), never 1, "yes" or a numpy bool array."""
+  if not (isinstance(value, (bool, np.bool_)) or (none and value is None)):
+    raise ValueError(f"{name}={value!r} must be {'None, ' if none else ''}True or False")
+
+
 def check_instance(name: str, value, cls) -> None:
   """`value` is a `cls` (a config object, a Mesh), else ValueError naming `name`."""
   if not isinstance(value, cls):

@@ -196,6 +196,7 @@ def sanitize_paged(block_table, lengths, num_blocks: int, page: int = PAGE_SIZE,
   (not traced) inputs are always checked eagerly and raise ValueError.
   """
   from jax.experimental import checkify
+  _checks.check_bool("checked", checked)
   max_blocks = block_table.shape[1]
   cap = max_blocks * page
   lengths = _checks.widen_int(jnp.asarray(lengths))

@@ -36,6 +36,7 @@ def apply_rope(x, positions, *, rope_dims: int = 64, base: float = 10000.0,
     raise ValueError(f"positions.dtype={positions.dtype} must be an integer type")
   _checks.check_int("rope_dims", rope_dims)
   _checks.check_real("base", base)
+  _checks.check_bool("interleaved", interleaved)
   if base <= 0:
     raise ValueError(f"base={base!r} must be > 0")
   d = x.shape[-1]
@@ -161,6 +162,8 @@ def prepare_indexer_inputs(q, k, proj, positions_q, positions_k, *, rope_dims: i
   folded into w), k [N, D] (float8_e4m3fn if fp8_keys else bfloat16), k_scale [N] float32 or
   None, w [T, H] float32).
   """
+  for name, flag in (("hadamard", hadamard), ("fp8_keys", fp8_keys), ("fp8_queries", fp8_queries)):
+    _checks.check_bool(name, flag)
   if fp8_queries and not fp8_keys:
     raise ValueError("fp8_queries=True needs fp8_keys=True (the dot runs fp8 x fp8)")
   d = q.shape[-1]

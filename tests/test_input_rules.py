@@ -531,6 +531,15 @@ _IVF = ivf.IVFConfig(topk=4, budget=32, seal_window=16, cluster_size=4, refit_in
     (lambda: jaxsparse.spin.commit(jaxsparse.spin.init_state(64, jaxsparse.spin.SpinConfig(
         block_size=64), (2,)), None, np.zeros(2, np.int32), jaxsparse.spin.SpinConfig(
         block_size=64)), "pending must be"),
+    (lambda: jaxsparse.prep.apply_rope(_Q, np.arange(8), rope_dims=4, interleaved="no"),
+     "interleaved='no' must be True or False"),
+    (lambda: jaxsparse.distributed.sharded_prefill_topk(_Q, _K, _W, 2, fp8_keys=1),
+     "fp8_keys=1 must be True or False"),
+    (lambda: jaxsparse.distributed.sharded_ivf_prefill_topk(_Q, _K, _W, _IVF, devices=[None]),
+     "devices must be jax devices"),
+    (lambda: jaxsparse.paged_indexer_scores(_Q[:2], np.ones((1, 64, 16), np.float32),
+                                            np.zeros((2, 1), np.int32), np.ones(2, np.int32),
+                                            _W[:2], checked="yes"), "checked='yes'"),
 ])
 def test_wrong_kinds_of_argument_refused_with_their_name(make, match):
   """None, strings, ragged lists, a config or mesh of another type, an empty sequence: one

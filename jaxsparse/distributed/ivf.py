@@ -72,6 +72,9 @@ def sharded_ivf_prefill_topk(q, k, w, config, *, devices=None, metric=None, corr
   devices = list(jax.devices() if devices is None else devices)
   if not devices:
     raise ValueError("devices must not be empty")
+  bad = [d for d in devices if not isinstance(d, jax.Device)]
+  if bad:
+    raise ValueError(f"devices must be jax devices (jax.devices()); got {bad[0]!r}")
   _checks.check_implementation(implementation)
   plat = backend.kernel_platform() if backend.resolve(implementation) == "pallas" else None
   corrector, qmap, amat = x.corrector, x.qmap, x.metric

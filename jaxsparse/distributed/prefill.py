@@ -127,6 +127,7 @@ def sharded_prefill_topk(q, k, w, topk: int, *, mesh: Mesh | None = None, axis: 
   from jaxsparse import backend
   _checks.check_implementation(implementation)
   kernels = backend.resolve(implementation) == "pallas"
+  _checks.check_bool("fp8_keys", fp8_keys)
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
   for _name, _x in (("q", q), ("k", k), ("w", w)):

@@ -98,8 +98,8 @@ def decode_step(state, q, k_cache, block_table, lengths, w, config: SpinConfig, 
   check_key(key)
   lengths = sanitize_paged(block_table, lengths, k_cache.shape[0], config.block_size,
                            checked=checked)
-  if warm not in (None, True, False):
-    raise ValueError(f"warm={warm!r} must be None, True or False")
+  _checks.check_bool("warm", warm, none=True)
+  _checks.check_bool("checked", checked)
   if not isinstance(sorted, bool):
     raise ValueError(f"sorted={sorted!r} must be a bool")
   return _decode_step(state, q, k_cache, block_table, lengths, w, key, k_scale, config,
@@ -294,8 +294,8 @@ def decode_step_rows(state, q, k_cache, block_table, lengths, w, config: SpinCon
                      "[B, R, H, D] / [B, R, H]")
   _validate_step(state, q, k_cache, block_table, lengths, w, k_scale, config)
   check_key(key)
-  if warm not in (None, True, False):
-    raise ValueError(f"warm={warm!r} must be None, True or False")
+  _checks.check_bool("warm", warm, none=True)
+  _checks.check_bool("checked", checked)
   known = None if isinstance(state["warm"], jax.core.Tracer) else bool(
       np.asarray(state["warm"]).all())
   if warm is True and known is False:
