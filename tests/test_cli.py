@@ -335,6 +335,15 @@ def test_eval_on_a_prefill_trace_compares_attentionindex_hisa_and_full(tmp_path,
   assert "--budget=50" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def _override(opts: list, argv: list) -> list:
+  """`opts` with the options of `argv` (OPTION VALUE pairs) set to their values there, the
+  others appended: an option is given once."""
+  opts, new = list(opts), dict(zip(argv[::2], argv[1::2]))
+  for i in range(0, len(opts), 2):
+    opts[i + 1] = new.pop(opts[i], opts[i + 1])
+  return opts + [a for kv in new.items() for a in kv]
+
+
 def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
   """`jaxsparse plan` writes what `ivf.plan.calibrate` gives on the pooled traces; `eval
   --plan` adds a row whose recall is each layer's planned method's; mismatches are named."""
@@ -366,7 +375,7 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
   capsys.readouterr()
   for argv, msg in [(["--budget", "300"], "calibrated with --budget=200, not 300"),
                     (["--plan", str(tmp_path / "none.json")], "does not exist")]:
-    bad = opts + ["--plan", out] + argv
+    bad = _override(opts + ["--plan", out], argv)
     assert cli.main(["eval", "--trace", held] + bad) == 2
     assert msg in capsys.readouterr().err
   one = str(tmp_path / "one.npz")
@@ -375,7 +384,8 @@ def test_plan_calibrates_on_several_traces_and_eval_uses_it(tmp_path, capsys):
   assert "does not cover the trace's layers [9]" in capsys.readouterr().err
   for argv, msg in [(["--budget", "50"], "--budget=50"), (["--z", "-1"], "--z=-1"),
                     (["--trace", str(tmp_path / "no.npz")], "does not exist")]:
-    assert cli.main(["plan", "--trace", paths[0], "--out", out] + opts + argv) == 2
+    assert cli.main(["plan"] + _override(["--trace", paths[0], "--out", out] + opts,
+                                         argv)) == 2
     assert msg in capsys.readouterr().err
 
 

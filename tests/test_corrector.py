@@ -38,7 +38,7 @@ def _trace(path, seed, n=512, h=2, d=16):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
   d = tmp_path_factory.mktemp("corr")
-  return _trace(d / "train.npz", 0), _trace(d / "eval.npz", 1)
+  return _trace(d / "train.npz", 0), _trace(d / "eval.npz", 1), _trace(d / "val.npz", 2)
 
 
 @pytest.fixture(scope="module")
@@ -192,16 +192,25 @@ def test_damaged_checkpoints_are_an_error_not_a_restart(trained, tmp_path):
     (["--budget", "10"], "budget=10"),
     (["--target-power", "0"], "--target-power=0.0"),
     (["--train-trace", "/nonexistent.npz"], "--train-trace"),
+    (["--eval-trace", "{train}"], "--eval-trace='{train}' is also a --train-trace"),
+    (["--val-trace", "{train}"], "--val-trace='{train}' is also a --train-trace"),
+    (["--steps", "5", "--steps", "6"], "argument --steps: given more than once"),
 ])
 def test_bad_options_are_one_line_errors(extra, msg, data, tmp_path, capsys):
-  argv = ["--out", str(tmp_path / "o"), "--train-trace", data[0], "--eval-trace", data[1],
-          "--seal-window", "64", "--cluster-size", "16", "--refit-interval", "128"]
-  argv += extra
+  """The usage, then one error line naming the option, exit status 2."""
+  given = {"--out": str(tmp_path / "o"), "--train-trace": data[0], "--eval-trace": data[1],
+           "--seal-window": "64", "--cluster-size": "16", "--refit-interval": "128"}
+  if extra[0] in given and extra.count(extra[0]) == 1:
+    given[extra[0]] = extra[1].format(train=data[0])
+    extra = []
+  argv = [a for kv in given.items() for a in kv] + [a.format(train=data[0]) for a in extra]
   with pytest.raises(SystemExit) as e:
     tc.main(argv)
   assert e.value.code == 2
-  err = capsys.readouterr().err
-  assert msg in err and "Traceback" not in err
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert lines[0].startswith("usage: python -m train.corrector"), lines
+  assert [ln for ln in lines if "error:" in ln] == [lines[-1]], lines
+  assert msg.format(train=data[0]) in lines[-1] and "Traceback" not in "\n".join(lines)
 
 
 def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(data, tmp_path):
@@ -210,7 +219,7 @@ def test_a_correction_that_does_not_pay_on_validation_exports_as_plain_means(dat
   the file marks the layer plain and `ivf.evaluate` uses the member means for it."""
   out = str(tmp_path / "gate")
   cfg = tc.CorrectorTrainConfig(out=out, train_trace=data[0], eval_trace=data[1],
-                                val_trace=data[0], steps=2, lr=1e-9, **SMALL)
+                                val_trace=data[2], steps=2, lr=1e-9, **SMALL)
   r = tc.train(cfg, progress=lambda s: None)["layers"][0]
   assert r["kept"] is False and r["val_recall_corrected"] <= r["val_recall_plain"]
   assert r["recall_shipped"] == r["recall_plain"]

@@ -209,12 +209,26 @@ def test_no_good_checkpoint_is_an_error_not_a_restart(tmp_path, trained, corpus)
 
 
 def test_refuses_configurations_that_lose_work(tmp_path, trained, corpus):
+  """A rerun into a folder holding checkpoints resumes only with the run's options: fewer or
+  more steps (the learning-rate schedule spans the total) and other shapes are refused."""
   out, _, _ = trained
-  with pytest.raises(checkpoints.CheckpointError, match="rewrite history"):
-    tr.train(tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "schedule": "48:2"}),
-             progress=False)
+  for schedule in ("48:2", "48:3,64:5"):
+    with pytest.raises(checkpoints.CheckpointError, match="--schedule .*differs.*new --out"):
+      tr.train(tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "schedule": schedule}),
+               progress=False)
   with pytest.raises(checkpoints.CheckpointError, match="--heads=4"):
     tr.train(tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "heads": 4}), progress=False)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_leaves_its_folder_free(tmp_path, corpus):
+  """run.json without a checkpoint beside it: a run of other options takes the folder."""
+  out = str(tmp_path / "s")
+  other = tr.TrainConfig(out=out, corpus=corpus, **{**TINY, "heads": 4})
+  checkpoints.prepare_out(out)
+  checkpoints.write_identity(out, other.identity(), other.steps)
+  os.makedirs(os.path.join(out, "checkpoints"))
+  cfg = tr.TrainConfig(out=out, corpus=corpus, **TINY)
+  checkpoints.check_identity(out, cfg.identity(), cfg.steps)  # no error
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -229,12 +243,16 @@ def test_refuses_configurations_that_lose_work(tmp_path, trained, corpus):
     (["--out", "/proc/forbidden", "--window", "64", "--steps", "2"], "not a writable"),
 ])
 def test_config_errors_before_the_model_loads(argv, msg, capsys, tmp_path):
+  """The usage, then one error line, exit status 2."""
   base = [] if "--out" in argv else ["--out", str(tmp_path / "o")]
   with pytest.raises(SystemExit) as e:
     tr.main(base + argv)
   assert e.value.code == 2
   err = capsys.readouterr().err
-  assert msg in err and "Traceback" not in err and err.count("\n") <= 2
+  lines = err.strip().splitlines()
+  assert lines[0].startswith("usage: python -m train.indexer"), err
+  assert [ln for ln in lines if "error:" in ln] == [lines[-1]], err
+  assert msg in lines[-1] and "Traceback" not in err
 
 
 def test_trace_cli_records_from_the_exported_file_and_eval_replays(trained, tmp_path, capsys):

@@ -12,9 +12,11 @@ that never silently starts over.
   directory with neither Orbax's step files nor a checksum) are moved aside with a warning
   before Orbax sees them, so they never count as the newest step (nor as steps already taken)
   nor push intact steps out of the kept ones.
-- `OUT/run.json` records the options a resumed run must share (head count, seed, ...) and the
-  total steps: a rerun that changes them, or asks for fewer steps than were already taken, is
-  refused before the model loads.
+- `OUT/run.json` records the options a resumed run must share (head count, seed, length
+  schedule, ...) and the total steps (the learning-rate schedule spans them): once a checkpoint
+  exists, a rerun that changes them is refused before the model loads, so a resumed run ends
+  with the parameters of an uninterrupted one. A run stopped before its first checkpoint
+  leaves nothing to resume: a run of other options may reuse its folder.
 """
 from __future__ import annotations
 
@@ -50,9 +52,32 @@ def _identity_path(out):
   return os.path.join(out, "run.json")
 
 
-def check_identity(out: str, identity: dict, steps: int) -> None:
+RESUME = ("a rerun resumes only with the options the run started with (its learning-rate "
+          "schedule spans its total steps): repeat them to resume, or give a new --out to start "
+          "a new run")
+
+
+def _checkpointed_steps(out: str) -> list[int]:
+  """The steps saved under `out`'s checkpoint folders (`checkpoints/`, a corrector's
+  `layerN/`; never the `.bad` and `.sums` folders beside them)."""
+  if not os.path.isdir(out):
+    return []
+  return [step for name in sorted(os.listdir(out))
+          if not name.endswith((".bad", ".sums"))
+          for step in _step_dirs(os.path.join(out, name))]
+
+
+def check_identity(out: str, identity: dict, steps: int, options: dict | None = None) -> None:
+  """Refuse a rerun into `out` that changes the options recorded in its run.json (`identity`
+  and the total `steps`), once the run there has saved a checkpoint: a run stopped before its
+  first checkpoint left nothing to resume, and a new run may take its folder. options: the
+  command-line option naming an identity field where it is not `--field-name`."""
   path = _identity_path(out)
-  if not os.path.isfile(path):
+  saved = _checkpointed_steps(out)
+  if not os.path.isfile(path) or not saved:
+    if saved and steps < max(saved):
+      raise CheckpointError(f"{out} already holds step {max(saved)}; {steps} total steps would "
+                            f"rewrite history: {RESUME}")
     return
   try:
     with open(path) as f:
@@ -61,12 +86,12 @@ def check_identity(out: str, identity: dict, steps: int) -> None:
     raise CheckpointError(f"{path} is unreadable ({e}); move --out aside to start anew") from None
   for k, v in identity.items():
     if k in prev.get("identity", {}) and prev["identity"][k] != v:
-      raise CheckpointError(f"--{k.replace('_', '-')}={v!r} differs from the run in {out} "
-                            f"({prev['identity'][k]!r}); use a new --out to change it")
-  done = _latest_step_number(os.path.join(out, "checkpoints"))
-  if done is not None and steps < done:
-    raise CheckpointError(f"{out} already holds step {done}; {steps} total steps would rewrite "
-                          f"history (use a new --out, or at least {done} steps)")
+      name = (options or {}).get(k, f"--{k.replace('_', '-')}")
+      raise CheckpointError(f"{name}={v!r} differs from the run in {out} "
+                            f"({prev['identity'][k]!r}): {RESUME}")
+  if prev.get("steps", steps) != steps or steps < max(saved):
+    raise CheckpointError(f"{steps} total steps differ from the run in {out} "
+                          f"({prev.get('steps', max(saved))}): {RESUME}")
 
 
 def write_identity(out: str, identity: dict, steps: int) -> None:

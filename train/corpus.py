@@ -10,6 +10,7 @@ the Linux sources (a GPU box) train on the same ids.
 """
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -18,6 +19,20 @@ import numpy as np
 __all__ = ["build", "check_linux", "main"]
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
+CHARS_PER_TOKEN = 3  # the standard library's modules tokenise at more (3.65 on average)
+
+
+def check_without_linux(tokens: int) -> None:
+  """Without the Linux sources only the standard-library modules are read: ValueError naming
+  --tokens when they cannot hold `tokens` ids (fewer than one a CHARS_PER_TOKEN characters),
+  found before anything is tokenised."""
+  from jaxsparse.model import text
+  chars = sum(len(d) for d in text.stdlib_modules())
+  if tokens > chars // CHARS_PER_TOKEN:
+    raise ValueError(f"--tokens={tokens} needs the Linux documentation: the standard-library "
+                     f"modules alone ({chars:,} characters) hold fewer than "
+                     f"{chars // CHARS_PER_TOKEN:,} tokens, and {text.LINUX_TARBALL} does not "
+                     f"exist (install linux-source-6.1, pass --linux, or lower --tokens)")
 
 
 def build(tokens: int, linux: str | None = None) -> np.ndarray:
@@ -35,9 +50,15 @@ def build(tokens: int, linux: str | None = None) -> np.ndarray:
 
 
 def check_linux(path: str) -> None:
-  """--linux: an extracted Linux tree (a folder) or an xz-compressed tarball; ValueError
-  naming the option for anything else."""
+  """--linux: an extracted Linux tree (a folder holding Documentation/, at its top or one
+  level down) or an xz-compressed tarball; ValueError naming the option for anything else."""
   if os.path.isdir(path):
+    if not any(os.path.isdir(d) for d in
+               glob.glob(os.path.join(glob.escape(path), "Documentation")) +
+               glob.glob(os.path.join(glob.escape(path), "*", "Documentation"))):
+      raise ValueError(f"--linux={path!r} is a folder without Documentation/: not an "
+                       f"extracted Linux tree (give its top folder, or the .tar.xz of "
+                       f"linux-source-6.1)")
     return
   if not os.path.isfile(path):
     raise ValueError(f"--linux={path!r} does not exist (an extracted Linux tree or the "
@@ -67,6 +88,10 @@ def main(argv=None) -> int:
     check_out("--out", a.out, (".npy",))
     if a.linux is not None:
       check_linux(a.linux)
+    else:
+      from jaxsparse.model import text
+      if not os.path.exists(text.LINUX_TARBALL):
+        check_without_linux(a.tokens)
   except (CliError, ValueError) as e:
     p.error(str(e))
   from jaxsparse.model.fetch import FetchError

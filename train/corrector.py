@@ -19,8 +19,10 @@ not raise recall there is exported as plain means: `ivf.evaluate` then uses the 
 for it (the file lists it in meta["plain_layers"]).
 
 Checkpoints per layer (Orbax, atomic, the latest two kept) hold parameters, optimizer state and
-step; a rerun with the same --out resumes and ends with the same parameters as an uninterrupted
-run. OUT/correctors.npz is the export `ivf.evaluate(..., corrector=PATH, layer=L)` loads.
+step; a rerun with the same --out and options resumes and ends with the same parameters as an
+uninterrupted run (once a checkpoint exists, a rerun that changes --steps, --lr, the traces, ...
+is refused: a new --out starts a new run). --eval-trace and --val-trace must be other files
+than the training traces. OUT/correctors.npz is the export `ivf.evaluate(..., corrector=PATH, layer=L)` loads.
 """
 from __future__ import annotations
 
@@ -102,11 +104,30 @@ class CorrectorTrainConfig:
         for path in paths:
           if not os.path.isfile(path):
             raise ConfigError(f"{option}: {path!r} does not exist")
+      self._check_held_out()
       self.ivf_config()
     except ConfigError:
       raise
     except ValueError as e:
       raise ConfigError(option_names(str(e), IVF_OPTIONS)) from None
+
+  def _check_held_out(self) -> None:
+    """--eval-trace and --val-trace must be other files than every --train-trace (and than
+    each other's): recall on the training data says nothing about held-out text."""
+    train = {os.path.realpath(p): p for p in self.train_trace.split(",") if p}
+    seen = {}
+    for name in ("eval_trace", "val_trace"):
+      path = getattr(self, name)
+      if not path:
+        continue
+      option, real = f"--{name.replace('_', '-')}", os.path.realpath(path)
+      if real in train:
+        raise ConfigError(f"{option}={path!r} is also a --train-trace ({train[real]!r}); give "
+                          f"a trace of text the steps never see")
+      if real in seen:
+        raise ConfigError(f"{option}={path!r} is the same file as {seen[real]}; give two "
+                          f"different texts")
+      seen[real] = f"{option}={path!r}"
 
   def ivf_config(self):
     from jaxsparse import ivf
@@ -117,7 +138,7 @@ class CorrectorTrainConfig:
     return {k: getattr(self, k) for k in ("train_trace", "topk", "budget", "seal_window",
                                           "cluster_size", "refit_interval", "member_features",
                                           "hidden", "scale", "lr", "queries", "seed",
-                                          "target_power")}
+                                          "target_power", "steps")}
 
 
 IVF_OPTIONS = {name: f"--{name.replace('_', '-')}" for name in
@@ -327,8 +348,6 @@ def _load_trace(option: str, path: str):
 
 def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   out = os.path.abspath(cfg.out)
-  checkpoints.prepare_out(out)
-  checkpoints.check_identity(out, cfg.identity(), cfg.steps)
   from jaxsparse.ivf import corrector as C
   trs = [_load_trace("--train-trace", p) for p in cfg.train_trace.split(",")]
   ev = _load_trace("--eval-trace", cfg.eval_trace)
@@ -354,6 +373,8 @@ def train(cfg: CorrectorTrainConfig, progress=print) -> dict:
   for name, t in named:
     if t.k.shape[1] <= 2 * cfg.seal_window:
       raise ConfigError(f"{name} has {t.k.shape[1]} tokens; needs more than 2 x --seal-window")
+  checkpoints.prepare_out(out)  # the traces checked, before --out is touched
+  checkpoints.check_identity(out, cfg.identity(), cfg.steps)
   checkpoints.write_identity(out, cfg.identity(), cfg.steps)
   models, results = {}, []
   for li in idx:
@@ -424,7 +445,7 @@ def main(argv=None, prog: str = "python -m train.corrector") -> int:
     cfg = CorrectorTrainConfig(**vars(a))
     rep = train(cfg)
   except (ConfigError, checkpoints.CheckpointError) as e:
-    p.exit(2, f"{p.prog}: error: {e}\n")
+    p.error(str(e))  # the usage, then one error line, exit status 2
   for r in rep["layers"]:
     if "recall_plain" in r:
       print(f"layer {r['layer']}: held-out recall plain {r['recall_plain']:.4f} -> corrected "

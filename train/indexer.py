@@ -6,18 +6,22 @@ causal prefix; the indexer's input (the layer's normalised attention input) carr
 One scan over the layers runs the base model and, per layer, the indexer's loss and gradient,
 so memory holds one layer's [T, T] attention at a time, never all layers'.
 
-A length curriculum (`--schedule 2048:300,4096:200,8192:300`: window:steps, in order) moves
-to the model's full 8,192-token context. Training text is long documents (standard-library
-modules, the Linux documentation; `--corpus` takes pre-tokenised ids) and never the
-evaluation text (`jaxsparse.model.text.held_out_text`).
+A length curriculum (`--schedule 2048:300,4096:200,8192:700`: window:steps, the windows
+increasing) moves to the model's full 8,192-token context. Training text is long documents
+(standard-library modules, the Linux documentation; `--corpus` takes pre-tokenised ids) and
+never the evaluation text (`jaxsparse.model.text.held_out_text`).
 
-  python -m train.indexer --out runs/indexer --schedule 2048:300,4096:200,8192:700 \\
-      --max-seconds 420    (the run of the shipped indexers, below)
-  jaxsparse train indexer --out runs/cpu --window 256 --steps 20 --eval-windows 1 \\
-      --eval-tokens 512 --recall-k 64          (a CPU-sized run: about a minute on 2 cores)
+  jaxsparse train indexer --out runs/idx --schedule 2048:300,4096:200,8192:700 \\
+      --max-seconds 420                   (the run of the shipped indexers, on one GPU)
+  jaxsparse train indexer --out runs/tiny --window 128 --steps 10 --num-layers 2 \\
+      --eval-windows 1 --eval-tokens 256 --recall-k 64          (a CPU-sized run)
 
-Checkpoints (Orbax, atomic, the latest two kept) hold parameters, optimizer state and step; a
-rerun with the same --out resumes and ends with the same parameters as an uninterrupted run.
+`python -m train.indexer` takes the same options. Checkpoints (Orbax, atomic, the latest two
+kept) hold parameters, optimizer state and step; a rerun with the same --out and options
+resumes and ends with the same parameters as an uninterrupted run. Once a checkpoint exists, a
+rerun that changes the run's options (--schedule or --window/--steps, which set the total
+steps the learning-rate schedule spans, --heads, --seed, ...) is refused: a new --out starts
+a new run.
 The trained indexers are exported to OUT/indexers.npz (`lightning.save_indexers` format).
 """
 from __future__ import annotations
@@ -56,6 +60,9 @@ def parse_schedule(schedule: str) -> tuple[tuple[int, int], ...]:
                         f"got {part!r}") from None
     if w < 2 or s < 1:
       raise ConfigError(f"--schedule={schedule!r}: window {w} and steps {s} must be >= 2, >= 1")
+    if stages and w <= stages[-1][0]:
+      raise ConfigError(f"--schedule={schedule!r}: window {w} follows window {stages[-1][0]}; "
+                        f"the windows of a length curriculum increase stage by stage")
     stages.append((w, s))
   return tuple(stages)
 
@@ -98,6 +105,11 @@ class TrainConfig:
     if not 0 <= self.num_layers <= MODEL_LAYERS:
       raise ConfigError(f"--num-layers={self.num_layers} must lie in [0, {MODEL_LAYERS}] (the "
                         f"model's layers; 0: all)")
+    from jaxsparse.cli._common import CliError, check_power_of_two
+    try:
+      check_power_of_two("--head-dim", self.head_dim, 16, 256)
+    except CliError as e:
+      raise ConfigError(str(e)) from None
     if self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim:
       raise ConfigError(f"--rope-dims={self.rope_dims} must be even and <= --head-dim")
     if self.eval_tokens <= self.recall_k:
@@ -130,7 +142,10 @@ class TrainConfig:
   def identity(self) -> dict:
     """The fields a resumed run must share with the run that wrote the checkpoints."""
     return {k: getattr(self, k) for k in ("heads", "head_dim", "rope_dims", "num_layers", "seed",
-                                          "corpus", "lr", "leak")}
+                                          "corpus", "lr", "leak", "schedule")}
+
+  IDENTITY_OPTIONS = {"schedule": "--schedule (or --window:--steps)"}
+  """The option that sets an identity field not spelled `--field-name`."""
 
 
 OPTION_HELP = {
@@ -166,6 +181,9 @@ def read_ids(path: str) -> np.ndarray:
   if not isinstance(ids, np.ndarray):
     ids.close()
     raise ConfigError(f"--corpus={path!r} is an npz archive; give one .npy array of token ids")
+  if ids.ndim != 1:
+    raise ConfigError(f"--corpus={path!r} holds an array of shape {ids.shape}; token ids are "
+                      f"one 1-D array (numpy.save of the ids in order)")
   if ids.dtype.kind not in "iu":
     raise ConfigError(f"--corpus={path!r} holds {ids.dtype} values; token ids are integers")
   if ids.size and ids.min() < 0:
@@ -177,6 +195,8 @@ def read_ids(path: str) -> np.ndarray:
 
 
 def load_corpus(cfg: TrainConfig):
+  """(token ids, description): the --corpus file's ids, checked, or the training documents
+  tokenised; ConfigError when they hold no window of the schedule's longest."""
   if cfg.corpus:
     if not os.path.isfile(cfg.corpus):
       raise ConfigError(f"--corpus={cfg.corpus!r} does not exist")
@@ -276,9 +296,13 @@ def held_out_windows(n: int, tokens: int):
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
   out = os.path.abspath(cfg.out)
+  # a --corpus file is checked before --out is touched; the documents are tokenised (slow)
+  # only once the run's folder and identity pass
+  ids, corpus_desc = load_corpus(cfg) if cfg.corpus else (None, None)
   checkpoints.prepare_out(out)
-  checkpoints.check_identity(out, cfg.identity(), cfg.steps)
-  ids, corpus_desc = load_corpus(cfg)
+  checkpoints.check_identity(out, cfg.identity(), cfg.steps, TrainConfig.IDENTITY_OPTIONS)
+  if ids is None:
+    ids, corpus_desc = load_corpus(cfg)
   from flax import nnx
   from jaxsparse.model import lightning, llama
   base = llama.load_model(cfg.num_layers or None)
@@ -394,7 +418,7 @@ def main(argv=None, prog: str = "python -m train.indexer") -> int:
     cfg = config_from_args(a)
     rep = train(cfg)
   except (ConfigError, checkpoints.CheckpointError, FetchError) as e:
-    p.exit(2, f"{p.prog}: error: {e}\n")
+    p.error(str(e))  # the usage, then one error line, exit status 2
   keys = ("steps_done", "stopped_early", "first_loss", "last_loss", "mean_recall",
           "min_recall", "max_zero_share")
   print(json.dumps({k: rep[k] for k in keys if k in rep}, indent=1))

@@ -11,8 +11,8 @@ __all__ = ["MODEL_LAYERS", "MODEL_CONTEXT", "MODEL_VOCAB", "FORMATTER", "PLOT_FO
            "CliError", "Parser", "fail", "positive", "integer", "number", "int_list",
            "float_list", "str_list", "path_list", "comma_list", "comma_ints", "comma_paths",
            "option_names", "reject_given", "fill_defaults", "check_writable", "check_out",
-           "check_plot", "check_text", "check_power_of_two", "load_trace", "indexers_path",
-           "load_indexers"]
+           "check_plot", "check_text", "check_power_of_two", "check_topk", "check_budget",
+           "check_count", "check_path_given", "load_trace", "indexers_path", "load_indexers"]
 
 MODEL_LAYERS = 30  # SmolLM2-135M (checked against the GGUF when the model loads)
 MODEL_CONTEXT = 8192
@@ -25,14 +25,50 @@ class CliError(Exception):
   """A wrong invocation: printed as one error line, exit status 2."""
 
 
+def _once(action_class):
+  """`action_class` refusing a second occurrence of its option on one command line (`--k 256
+  --k 128`, `--k=256 --k 128`): argparse would silently keep the last one."""
+  class Once(action_class):
+    def __call__(self, parser, namespace, values, option_string=None):
+      given = getattr(parser, "_given", None)
+      if option_string is not None and given is not None:
+        if self.dest in given:
+          first = given[self.dest]
+          also = "" if first == option_string else f" (as {first})"
+          raise argparse.ArgumentError(self, f"given more than once{also}; give it once")
+        given[self.dest] = option_string
+      super().__call__(parser, namespace, values, option_string)
+  Once.__name__ = Once.__qualname__ = f"Once{action_class.__name__}"
+  return Once
+
+
 class Parser(argparse.ArgumentParser):
   """Every command's parser: options are spelled out in full (`--k` is never taken for
-  `--keys`), and its subcommands' parsers are of this class too."""
+  `--keys`), an option is given at most once (a repeat is an error naming it, never a silent
+  last-one-wins), and its subcommands' parsers are of this class too. An option meant to
+  repeat would take action="append" (none does)."""
 
   def __init__(self, *args, **kwargs):
     kwargs.setdefault("allow_abbrev", False)
     kwargs.setdefault("formatter_class", FORMATTER)
     super().__init__(*args, **kwargs)
+    for name, cls in ((None, argparse._StoreAction), ("store", argparse._StoreAction),
+                      ("store_const", argparse._StoreConstAction),
+                      ("store_true", argparse._StoreTrueAction),
+                      ("store_false", argparse._StoreFalseAction)):
+      self.register("action", name, _once(cls))
+
+  def add_argument(self, *args, **kwargs):
+    """Every required option's help ends in "(required)", as the optional ones' in their
+    default."""
+    h = kwargs.get("help")
+    if kwargs.get("required") and h and h != argparse.SUPPRESS and "required" not in h:
+      kwargs["help"] = f"{h[:-1]}; required)" if h.endswith(")") else f"{h} (required)"
+    return super().add_argument(*args, **kwargs)
+
+  def parse_known_args(self, args=None, namespace=None):
+    self._given = {}  # dest -> the option string that set it, on this command line
+    return super().parse_known_args(args, namespace)
 
 
 def fail(parser: argparse.ArgumentParser, message) -> int:
@@ -229,6 +265,36 @@ def check_power_of_two(option: str, v: int, lo: int, hi: int) -> None:
   if v & (v - 1) or not lo <= v <= hi:
     raise CliError(f"{option}={v} is not supported: the kernels take powers of two in "
                    f"[{lo}, {hi}]")
+
+
+def check_topk(k: int, context: int, where: str) -> None:
+  """The one rule of every command: a top-K must be below the context it selects from
+  (`where`: "--slots=8192", "the trace's 512 tokens")."""
+  if k >= context:
+    raise CliError(f"--k={k} must be below {where}: a top-K that keeps everything selects "
+                   f"nothing")
+
+
+def check_budget(budget: int, context: int, where: str, default: bool = False) -> None:
+  """A candidate budget must be below the context (`where`): one that holds every key scores
+  them all, and its recall is 1 by construction. default: --budget was left out."""
+  if budget >= context:
+    raise CliError(f"--budget={budget}{' (the default)' if default else ''} must be below "
+                   f"{where}: a budget that holds every key scores them all")
+
+
+def check_count(option: str, value: int, available: int, what: str) -> None:
+  """A count the input bounds (`--queries`, `--keys`): above `available` is an error naming
+  the option and the count, never silently capped."""
+  if value > available:
+    raise CliError(f"{option}={value} exceeds the {available:,} {what}")
+
+
+def check_path_given(option: str, value) -> None:
+  """An option given an empty path (`--trace ""`) is an error, never its default."""
+  if value is not None and not str(value).strip():
+    raise CliError(f"{option}={value!r} is empty: give a file, or leave {option} out for its "
+                   f"default")
 
 
 def load_trace(option: str, path: str):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 from ._common import (FORMATTER, PLOT_FORMATS, CliError, check_out, check_plot,
-                      check_power_of_two, fill_defaults, int_list, positive, reject_given,
-                      str_list)
+                      check_power_of_two, check_topk, fill_defaults, int_list, positive,
+                      reject_given, str_list)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -77,8 +77,7 @@ def run(args) -> int:
   check_power_of_two("--heads", args.heads, 1, 128)
   if args.slots % 64:
     raise CliError(f"--slots={args.slots} must be a multiple of the 64-slot page")
-  if args.k > args.slots:
-    raise CliError(f"--k={args.k} must not exceed --slots={args.slots}")
+  check_topk(args.k, args.slots, f"--slots={args.slots}")
   if args.chunk > args.slots // 4:
     raise CliError(f"--chunk={args.chunk} must not exceed the prefill's --slots / 4 = "
                    f"{args.slots // 4} keys")
@@ -114,8 +113,7 @@ def run(args) -> int:
 
 
 def _run_prefill(args) -> int:
-  if args.k > min(args.tokens):
-    raise CliError(f"--k={args.k} must not exceed the smallest --tokens")
+  check_topk(args.k, min(args.tokens), f"the smallest --tokens ({min(args.tokens)})")
   from jaxsparse.distributed import STRATEGIES
   bad = [s for s in args.strategies if s not in STRATEGIES]
   if bad or not args.strategies:

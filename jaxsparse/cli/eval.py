@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
-from ._common import (FORMATTER, PLOT_FORMATS, CliError, check_out, check_plot, fill_defaults,
-                      float_list, load_trace, option_names, positive, reject_given)
+from ._common import (FORMATTER, PLOT_FORMATS, CliError, check_budget, check_count, check_out,
+                      check_path_given, check_plot, check_topk, fill_defaults, float_list,
+                      load_trace, option_names, positive, reject_given)
 from ._index import DEFAULTS, check_metric, index_options, ivf_config
 
 __all__ = ["HELP", "LEGEND", "DECODE_DEFAULTS", "PREFILL_DEFAULTS", "add_parser", "run"]
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
   """Register the command on the top-level parser's subparsers."""
   e = sub.add_parser("eval", help="replay a real decode trace: SPIN and baselines against "
                      "exact DSA (the main job)", description=HELP, formatter_class=FORMATTER)
-  e.add_argument("--trace", default="", help="decode or prefill trace .npz (default: the "
+  e.add_argument("--trace", default=None, help="decode or prefill trace .npz (default: the "
                  "shipped decode trace)")
   e.add_argument("--k", type=positive("--k"), default=None,
                  help=f"top-K size (default {DECODE_DEFAULTS['k']} on a decode trace, "
@@ -78,18 +79,18 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
   from jaxsparse import traces
+  check_path_given("--trace", args.trace)
   path = args.trace or traces.default_trace_path()
   tr = load_trace("--trace", path)
   if tr.kind == "prefill":
     reject_given(args, [n for n in DECODE_DEFAULTS if n != "k"], "to a prefill trace")
+    default_budget = args.budget is None
     fill_defaults(args, PREFILL_DEFAULTS)
-    return _run_prefill(args, path, tr)
+    return _run_prefill(args, path, tr, default_budget)
   reject_given(args, [n for n in PREFILL_DEFAULTS if n != "k"], "to a decode trace")
   fill_defaults(args, DECODE_DEFAULTS)
   ctx = int(tr.lengths[0]) - tr.rows + 1
-  if args.k >= ctx:
-    raise CliError(f"--k={args.k} must be below the trace's smallest context ({ctx} slots): "
-                   f"a top-K that keeps everything selects nothing")
+  check_topk(args.k, ctx, f"the trace's smallest context ({ctx} slots)")
   for rho in args.sparsities:
     if not 0 <= rho < 1:
       raise CliError(f"--sparsities: {rho} must lie in [0, 1)")
@@ -141,17 +142,20 @@ def run(args) -> int:
   return 0
 
 
-def _run_prefill(args, path, tr) -> int:
+def _run_prefill(args, path, tr, default_budget: bool = False) -> int:
   """A prefill trace: AttentionIndex, HiSA and full DSA recall of the causal full top-K."""
   import numpy as np
   from jaxsparse import ivf
   n = tr.k.shape[1]
   cfg = ivf_config(args)
-  plan = _load_plan(args, cfg, tr) if args.plan else None
-  if args.k >= n:
-    raise CliError(f"--k={args.k} must be below the trace's {n} tokens")
+  check_topk(args.k, n, f"the trace's {n} tokens")
   if n <= args.seal_window:
     raise CliError(f"--seal-window={args.seal_window} must be below the trace's {n} tokens")
+  check_budget(args.budget, n, f"the trace's {n} tokens", default=default_budget)
+  check_count("--queries", args.queries, n - args.seal_window,
+              f"query positions of the trace (its {n:,} tokens after the first "
+              f"--seal-window={args.seal_window})")
+  plan = _load_plan(args, cfg, tr) if args.plan else None
   check_out("--out", args.out, (".json",))
   pos = np.unique(np.linspace(args.seal_window, n - 1, args.queries).astype(np.int64))
   print(f"trace    {path}\n         prefill, {n:,} tokens, layers "

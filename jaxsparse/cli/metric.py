@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ._common import FORMATTER, CliError, check_out, number, path_list, positive
+from ._common import FORMATTER, CliError, check_count, check_out, number, path_list, positive
 from ._index import prefill_traces
 
 __all__ = ["HELP", "add_parser", "run"]
@@ -43,6 +43,12 @@ def run(args) -> int:
     if tr.layers.tolist() != trs[0].layers.tolist():
       raise CliError(f"--trace={path!r} holds layers {tr.layers.tolist()}, the first trace "
                      f"{trs[0].layers.tolist()}: every trace must hold the same layers")
+  for path, tr in zip(args.trace, trs):  # the pairs `ivf.metric.sample_pairs` draws
+    n = tr.k.shape[1]
+    check_count("--queries", args.queries, n - n // 16,
+                f"query positions of --trace={path!r} (its {n:,} tokens from position "
+                f"{n // 16:,})")
+    check_count("--keys", args.keys, n, f"keys of --trace={path!r} (its longest prefix)")
   metrics = ivf_metric.fit_traces(trs, eps=args.eps, queries=args.queries, keys=args.keys)
   ivf_metric.save(args.out, metrics, meta={"traces": [os.path.basename(t) for t in args.trace],
                                            "eps": args.eps, "queries": args.queries,

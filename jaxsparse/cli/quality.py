@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from ._common import (FORMATTER, MODEL_CONTEXT, PLOT_FORMATS, CliError, check_out, check_plot,
-                      check_text, indexers_path, int_list, integer, load_indexers,
-                      option_names, positive)
+from ._common import (FORMATTER, MODEL_CONTEXT, PLOT_FORMATS, CliError, check_budget,
+                      check_out, check_plot, check_text, check_topk, indexers_path, int_list,
+                      integer, load_indexers, option_names, positive)
 
 __all__ = ["HELP", "add_parser", "run"]
 
@@ -78,8 +78,8 @@ def add_parser(sub) -> None:
   q.add_argument("--seed", type=integer("--seed", low=0), default=0,
                  help="SPIN exploration and task placement seed (default 0)")
   q.add_argument("--plot", default="", help="with methods: each figure against context length "
-                 f"({', '.join(PLOT_FORMATS)})")
-  q.add_argument("--out", default="", help="also write the figures here (.json)")
+                 f"({', '.join(PLOT_FORMATS)}; default none)")
+  q.add_argument("--out", default="", help="also write the figures here (.json; default none)")
   q.set_defaults(func=run)
 
 
@@ -114,9 +114,10 @@ def _inloop_plan(args):
                      f"first quarter), got {t}")
     if "passkey" in tasks and t < 128:
       raise CliError(f"--task passkey needs --tokens of at least 128, got {t}")
+    if args.budget is not None and kinds & set(BUDGET_KINDS):
+      check_budget(args.budget, t, f"--tokens={t}")
     for kk in args.k:
-      if kk >= t:
-        raise CliError(f"--k={kk} must be below --tokens={t}")
+      check_topk(kk, t, f"--tokens={t}")
       s = inloop.LoopSettings.for_window(t, kk, decode_from=args.decode_from,
                                          budget=args.budget)
       try:  # what the measurement checks per window length and K, before the model loads
@@ -226,8 +227,7 @@ def run(args) -> int:
   args.tokens = args.tokens[0]
   if args.tokens > MODEL_CONTEXT:
     raise CliError(f"--tokens={args.tokens} exceeds the model's {MODEL_CONTEXT}-token context")
-  if max(args.k) >= args.tokens:
-    raise CliError(f"--k={max(args.k)} must be below --tokens={args.tokens}")
+  check_topk(max(args.k), args.tokens, f"--tokens={args.tokens}")
   check_out("--out", args.out, (".json",))
   s = check_text("--text", args.text)
   ipath = indexers_path("--indexers", args.indexers)

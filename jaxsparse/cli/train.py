@@ -16,9 +16,10 @@ head-summed attention, base model frozen), with a length curriculum up to 8,192 
 A CPU run is for small --schedule or --window values only.
 
 examples:
-  jaxsparse train indexer --out runs/idx --schedule 2048:300,4096:200,8192:1300
+  jaxsparse train indexer --out runs/idx --schedule 2048:300,4096:200,8192:700 \\
+      --max-seconds 420                   (the run of the shipped indexers, on one GPU)
   jaxsparse train indexer --out runs/tiny --window 128 --steps 10 --num-layers 2 \\
-      --eval-windows 1 --eval-tokens 256 --recall-k 64
+      --eval-windows 1 --eval-tokens 256 --recall-k 64          (a CPU-sized run)
   jaxsparse train corrector --train-trace train.npz --eval-trace heldout.npz --out runs/corr
 """
 
@@ -32,10 +33,12 @@ def shipped_provenance() -> str:
   path = lightning.default_indexers_path()
   with np.load(path, allow_pickle=False) as z:
     m = json.loads(str(z["meta"]))
+  total = sum(int(stage.split(":")[1]) for stage in m["schedule"].split(","))
+  stop = " (stopped there by --max-seconds)" if m.get("stopped_early") else ""
   return textwrap.fill(
-      f"The shipped indexers ({os.path.basename(path)}) ran {m['steps_done']:,} steps of "
-      f"--schedule {m['schedule']} in {m['train_seconds'] / 60:.0f} minutes on one "
-      f"{m['trained_on']}.", width=95)
+      f"The shipped indexers ({os.path.basename(path)}) ran {m['steps_done']:,} of the "
+      f"{total:,} steps of --schedule {m['schedule']} in {m['train_seconds'] / 60:.0f} minutes "
+      f"on one {m['trained_on']}{stop}.", width=95, break_on_hyphens=False)
 
 
 def add_parser(sub) -> None:
