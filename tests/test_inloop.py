@@ -282,7 +282,7 @@ def test_task_and_method_errors():
     (["--methods", "spin:1.5"], "--methods: 'spin:1.5'"),
     (["--methods", "spin:0.4", "--decode-from", "4096"], "--decode-from=4096 must lie inside"),
     (["--methods", "ivf", "--budget", "100"], "--k=64: --budget=100 must exceed"),
-    (["--task", "copy", "--tokens", "200", "--k", "64"], "--task copy needs --tokens"),
+    (["--task", "copy", "--tokens", "200"], "--task copy needs --tokens"),
     (["--task", "ppl,recall"], "--task='ppl,recall'"),
     (["--methods", "dsa", "--plot", "q.gif"], "--plot='q.gif': the file name must end in one "
      "of .png, .pdf, .svg"),
@@ -294,7 +294,8 @@ def test_cli_inloop_errors_name_the_option_before_loading(args, msg, capsys, tmp
   monkeypatch.setenv("JAXSPARSE_GGUF", str(tmp_path / "absent.gguf"))  # nothing may load
   text = tmp_path / "t.txt"
   text.write_text("words " * 100)
-  argv = ["quality", "--text", str(text), "--tokens", "4096", "--k", "64"] + args
+  base = ["--tokens", "4096"] if "--tokens" not in args else []  # each option given once
+  argv = ["quality", "--text", str(text), "--k", "64"] + base + args
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
   lines = err.strip().splitlines()  # the command's usage, then one error line
