@@ -253,9 +253,9 @@ def test_cli_fits_a_metric_and_eval_adds_its_row(tmp_path, capsys):
                     (["--trace", held, "--metric", str(tmp_path / "no.npz")], "does not exist")]:
     assert cli.main(["eval"] + argv + opts) == 2
     assert msg in capsys.readouterr().err
-  for argv, msg in [(["--eps", "0"], "--eps=0"),
+  for argv, msg in [(["--trace", paths[0], "--eps", "0"], "--eps=0"),
                     (["--trace", str(tmp_path / "no.npz")], "does not exist")]:
-    assert cli.main(["fit-metric", "--trace", paths[0], "--out", out] + argv) == 2
+    assert cli.main(["fit-metric", "--out", out] + argv) == 2
     assert msg in capsys.readouterr().err
 
 
