@@ -167,6 +167,8 @@ def _validate_paged(q, k_cache, block_table, lengths, w, k_scale):
   _checks.check_fp8_pairing(q, k_cache, "k_cache")
   capacity = block_table.shape[1] * page
   lens = _checks.concrete_values(lengths)
+  if lens is not None and lens.dtype.kind in "iu" and lens.dtype != np.uint64:
+    lens = lens.astype(np.int64)  # widened: int8 65 + 63 must not wrap in the page count
   if lens is not None:
     if (lens < 0).any() or (lens > capacity).any():
       raise ValueError(f"lengths must lie in [0, {capacity}] (block_table.shape[1] * {page}); "

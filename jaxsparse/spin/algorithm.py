@@ -353,6 +353,7 @@ def select_blocks_batched(state, pos, lengths, config: SpinConfig, key, prioriti
   """`select_blocks` for B requests: state with a leading batch axis, pos/lengths [B], one key
   (request b explores with `request_seeds(key, B)[b]`) -> masks [B, num_blocks] bool (the
   step and the benchmarks share this). priorities: [B, num_blocks] explore="query"'s."""
+  _checks.check_instance("config", config, SpinConfig)
   seeds = request_seeds(key, pos.shape[0])
   if priorities is None:
     return jax.vmap(_select_blocks, in_axes=(0, 0, 0, None, 0))(state, pos, lengths, config,

@@ -359,8 +359,10 @@ def commit(state, pending, accepted, config: SpinConfig):
   [0, R - 1]; concrete values outside it, fractional ones or a non-integer dtype raise
   ValueError; traced ones are clipped to [0, R - 1] (README "Input rules")."""
   check_state(state, config)
-  if not isinstance(pending, dict) or not hasattr(pending.get("scores"), "shape"):
-    raise ValueError("pending must be the dict decode_step_rows returns (with its 'scores')")
+  if not isinstance(pending, dict) or not hasattr(pending.get("scores"), "shape") \
+      or "sel" not in pending or getattr(pending["scores"], "ndim", 0) < 2:
+    raise ValueError("pending must be the dict decode_step_rows returns (its 'scores' "
+                     "[B, R, ...] and 'sel')")
   rows = pending["scores"].shape[1]
   bsz = pending["scores"].shape[0]
   a = accepted if isinstance(accepted, jax.core.Tracer) else np.asarray(accepted)
