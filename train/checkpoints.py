@@ -21,6 +21,7 @@ that never silently starts over.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 import shutil
@@ -29,11 +30,21 @@ import warnings
 import jax
 import numpy as np
 
-__all__ = ["CheckpointError", "Manager", "prepare_out", "check_identity", "write_identity"]
+__all__ = ["CheckpointError", "Manager", "prepare_out", "check_identity", "write_identity",
+           "check_run_limits"]
 
 
 class CheckpointError(RuntimeError):
   """A checkpoint directory that cannot be resumed from; the message says why."""
+
+
+def check_run_limits(max_seconds: float, seed: int, error=ValueError) -> None:
+  """The options every resumable training run shares: --max-seconds finite and >= 0 (0: no
+  limit), --seed >= 0; `error` (the command's config error) names the option."""
+  if not (max_seconds >= 0 and math.isfinite(max_seconds)):
+    raise error(f"--max-seconds={max_seconds} must be a finite number >= 0 (0: no limit)")
+  if seed < 0:
+    raise error(f"--seed={seed} must be >= 0")
 
 
 def prepare_out(out: str) -> None:

@@ -85,11 +85,7 @@ class CorrectorTrainConfig:
       v = getattr(self, name)
       if not (v > 0 and math.isfinite(v)):
         raise ConfigError(f"--{name.replace('_', '-')}={v} must be a positive finite number")
-    if not (self.max_seconds >= 0 and math.isfinite(self.max_seconds)):
-      raise ConfigError(f"--max-seconds={self.max_seconds} must be a finite number >= 0 "
-                        f"(0: no limit)")
-    if self.seed < 0:
-      raise ConfigError(f"--seed={self.seed} must be >= 0")
+    checkpoints.check_run_limits(self.max_seconds, self.seed, ConfigError)
     if not self.out:
       raise ConfigError("--out must name a directory")
     from jaxsparse.cli._common import comma_ints, comma_paths, option_names

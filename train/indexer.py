@@ -96,11 +96,7 @@ class TrainConfig:
       raise ConfigError(f"--lr={self.lr} must be a positive finite number")
     if not 0 <= self.leak < 1:
       raise ConfigError(f"--leak={self.leak} must lie in [0, 1)")
-    if not (self.max_seconds >= 0 and math.isfinite(self.max_seconds)):
-      raise ConfigError(f"--max-seconds={self.max_seconds} must be a finite number >= 0 "
-                        f"(0: no limit)")
-    if self.seed < 0:
-      raise ConfigError(f"--seed={self.seed} must be >= 0")
+    checkpoints.check_run_limits(self.max_seconds, self.seed, ConfigError)
     from jaxsparse.cli._common import MODEL_CONTEXT, MODEL_LAYERS
     if not 0 <= self.num_layers <= MODEL_LAYERS:
       raise ConfigError(f"--num-layers={self.num_layers} must lie in [0, {MODEL_LAYERS}] (the "
